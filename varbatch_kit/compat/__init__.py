@@ -1,0 +1,1 @@
+"""Compatibility layers that reproduce other frameworks' exact signatures."""

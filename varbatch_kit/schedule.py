@@ -1,0 +1,380 @@
+"""`build_schedule`: rollouts → steps → DP ranks → micro-batches.
+
+"Pack first, distribute second" (SLIME_SEMANTICS §2): each step holds
+exactly ``global_batch_size`` rollouts (so a variable number of samples); the
+step's samples are packed into micro-batches by the configured packer, the
+bin count is aligned to a multiple of ``dp`` (times ``mb_group`` under
+virtual pipelining), and the micro-batches are distributed over DP ranks.
+Every rank gets the same number of micro-batches per step.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass, field
+from functools import cached_property
+
+import numpy as np
+
+from varbatch_kit.config import ScheduleConfig
+from varbatch_kit.distribution import BinWeights, get_distribution
+from varbatch_kit.flops import ModelShape
+from varbatch_kit.packing import PackInput, get_packer, split_to_target
+from varbatch_kit.rollouts import Rollouts
+
+__all__ = ["Step", "Schedule", "build_schedule", "ScheduleInvariantError", "step_rollout_groups"]
+
+log = logging.getLogger("varbatch_kit")
+
+
+class ScheduleInvariantError(AssertionError):
+    """A schedule broke one of its invariants (a bug in a packer or distribution)."""
+
+
+@dataclass(frozen=True, eq=False)
+class Step:
+    """One training step of a schedule.
+
+    Attributes
+    ----------
+    index:
+        Step number (0-based).
+    rollout_ids:
+        The step's rollout ids, in order of first appearance.
+    sample_indices:
+        Global sample indices of the step, in step-local order (rollout after
+        rollout, each rollout's samples in their original order).
+    micro_batches:
+        The step's micro-batches (global sample indices) in bin order, before
+        distribution.
+    rank_bins:
+        ``rank_bins[r]`` = positions in ``micro_batches`` that rank r trains,
+        in training order.
+    """
+
+    index: int
+    rollout_ids: np.ndarray
+    sample_indices: np.ndarray
+    micro_batches: list[np.ndarray]
+    rank_bins: list[list[int]]
+
+    @property
+    def num_microbatches(self) -> int:
+        """Micro-batches per rank (the same on every rank)."""
+        return len(self.rank_bins[0])
+
+    @property
+    def num_rollouts(self) -> int:
+        return int(self.rollout_ids.size)
+
+    @property
+    def num_samples(self) -> int:
+        return int(self.sample_indices.size)
+
+    @property
+    def ranks(self) -> list[list[np.ndarray]]:
+        """``ranks[r]`` = rank r's micro-batches as arrays of global sample indices."""
+        return [[self.micro_batches[b] for b in bins] for bins in self.rank_bins]
+
+
+def step_rollout_groups(rollouts: Rollouts, global_batch_size: int):
+    """Cut rollouts (first-appearance order) into steps of ``global_batch_size``.
+
+    Returns ``(steps, dropped_rollout_ids, dropped_samples)`` where each step
+    is ``(rollout_ids, sample_indices)``.
+    """
+    if isinstance(global_batch_size, bool) or not isinstance(
+            global_batch_size, (int, np.integer)) or global_batch_size < 1:
+        raise ValueError(f"global_batch_size must be a positive integer, got {global_batch_size!r}")
+    ids, groups = rollouts.rollout_order()
+    n_roll = ids.size
+    num_steps = n_roll // global_batch_size
+    if num_steps < 1:
+        raise ValueError(
+            f"global_batch_size={global_batch_size} rollouts per step, but the batch holds only "
+            f"{n_roll} rollouts: use global_batch_size <= {n_roll}"
+        )
+    steps = []
+    for s in range(num_steps):
+        lo, hi = s * global_batch_size, (s + 1) * global_batch_size
+        steps.append((ids[lo:hi], np.concatenate(groups[lo:hi]).astype(np.int64)))
+    kept = num_steps * global_batch_size
+    dropped_ids = ids[kept:]
+    dropped = (np.sort(np.concatenate(groups[kept:])).astype(np.int64) if kept < n_roll
+               else np.zeros(0, dtype=np.int64))
+    return steps, dropped_ids, dropped
+
+
+@dataclass(frozen=True, eq=False)
+class Schedule:
+    """Steps → DP ranks → micro-batches of global sample indices.
+
+    Built by :func:`build_schedule`. ``dropped_samples`` are the samples of
+    trailing rollouts that did not fill a step.
+    """
+
+    config: ScheduleConfig
+    rollouts: Rollouts
+    steps: list[Step]
+    dropped_rollout_ids: np.ndarray
+    dropped_samples: np.ndarray
+    model: ModelShape | None = None
+    sample_flops: np.ndarray | None = field(default=None, repr=False)
+
+    @property
+    def num_steps(self) -> int:
+        return len(self.steps)
+
+    @property
+    def num_microbatches(self) -> list[int]:
+        """Micro-batches per rank for each step."""
+        return [s.num_microbatches for s in self.steps]
+
+    def __repr__(self) -> str:
+        c = self.config
+        return (
+            f"Schedule({self.num_steps} steps, dp={c.dp}, cp={c.cp}, packing={c.packing!r}, "
+            f"distribution={c.distribution!r}, micro-batches/rank={self.num_microbatches}, "
+            f"dropped {self.dropped_samples.size} samples)"
+        )
+
+    # --------------------------------------------------------------- slime
+    def to_slime(self):
+        """slime's ``(partitions, micro_batch_indices, num_microbatches, global_batch_sizes)``."""
+        dp = self.config.dp
+        partitions: list[list[int]] = [[] for _ in range(dp)]
+        mb_indices: list[list[list[int]]] = [[] for _ in range(dp)]
+        for step in self.steps:
+            for r, bins in enumerate(step.rank_bins):
+                for b in bins:
+                    members = step.micro_batches[b].tolist()
+                    start = len(partitions[r])
+                    partitions[r].extend(members)
+                    mb_indices[r].append(list(range(start, start + len(members))))
+        return (
+            partitions,
+            mb_indices,
+            self.num_microbatches,
+            [self.config.global_batch_size] * self.num_steps,
+        )
+
+    # --------------------------------------------------------------- tables
+    @cached_property
+    def _mb_frame(self):
+        import pandas as pd
+
+        tokens = self.rollouts.total_len
+        flops = self.sample_flops
+        cap = self.config.cap
+        rows = {k: [] for k in ("step", "rank", "micro_batch", "bin", "samples", "tokens",
+                                "flops", "over_cap")}
+        for step in self.steps:
+            for r, bins in enumerate(step.rank_bins):
+                for j, b in enumerate(bins):
+                    mb = step.micro_batches[b]
+                    t = int(tokens[mb].sum())
+                    rows["step"].append(step.index)
+                    rows["rank"].append(r)
+                    rows["micro_batch"].append(j)
+                    rows["bin"].append(b)
+                    rows["samples"].append(int(mb.size))
+                    rows["tokens"].append(t)
+                    rows["flops"].append(float(flops[mb].sum()) if flops is not None else np.nan)
+                    rows["over_cap"].append(bool(cap is not None and t > cap))
+        return pd.DataFrame(rows)
+
+    def micro_batch_table(self):
+        """A pandas table with one row per (step, rank, micro-batch)."""
+        return self._mb_frame.copy()
+
+    def stats(self):
+        """A pandas table per step × rank.
+
+        Columns: ``step, rank, samples, tokens, flops, micro_batches,
+        max_mb_tokens, cap_violations`` (micro-batches over the token cap;
+        always 0 on the static path, which has no cap).
+        """
+        mb = self._mb_frame
+        g = mb.groupby(["step", "rank"], sort=True)
+        out = g.agg(
+            samples=("samples", "sum"),
+            tokens=("tokens", "sum"),
+            flops=("flops", "sum"),
+            micro_batches=("micro_batch", "size"),
+            max_mb_tokens=("tokens", "max"),
+            cap_violations=("over_cap", "sum"),
+        ).reset_index()
+        if self.sample_flops is None:
+            out["flops"] = np.nan
+        return out
+
+    # --------------------------------------------------------------- check
+    def check(self) -> "Schedule":
+        """Verify every invariant; raise :class:`ScheduleInvariantError` naming the broken one.
+
+        Returns ``self`` so calls chain.
+        """
+        cfg, roll = self.config, self.rollouts
+
+        def fail(msg: str) -> None:
+            raise ScheduleInvariantError(msg)
+
+        expected, dropped_ids, dropped = step_rollout_groups(roll, cfg.global_batch_size)
+        if len(expected) != self.num_steps:
+            fail(f"{self.num_steps} steps, expected {len(expected)}")
+        if not np.array_equal(dropped, self.dropped_samples):
+            fail("dropped samples are not exactly the trailing rollouts' samples")
+        cap = cfg.cap
+        respects_cap = cfg.dynamic and get_packer(cfg.packing).respects_cap
+        seen = np.zeros(len(roll), dtype=bool)
+        for s, (step, (ids, samples)) in enumerate(zip(self.steps, expected)):
+            where = f"step {s}"
+            if not np.array_equal(step.rollout_ids, ids):
+                fail(f"{where}: holds rollouts {step.rollout_ids[:5]}..., expected {ids[:5]}...")
+            if not np.array_equal(step.sample_indices, samples):
+                fail(f"{where}: sample_indices are not its rollouts' samples in order")
+            k = len(step.micro_batches)
+            if k % cfg.align:
+                fail(f"{where}: {k} micro-batches, not a multiple of align={cfg.align}")
+            if any(mb.size == 0 for mb in step.micro_batches):
+                fail(f"{where}: an empty micro-batch")
+            flat = np.concatenate(step.micro_batches)
+            if flat.size != samples.size or not np.array_equal(np.sort(flat), np.sort(samples)):
+                fail(f"{where}: micro-batches do not hold each step sample exactly once")
+            if seen[flat].any():
+                fail(f"{where}: a sample already used by an earlier step")
+            seen[flat] = True
+            if len(step.rank_bins) != cfg.dp:
+                fail(f"{where}: {len(step.rank_bins)} ranks, expected dp={cfg.dp}")
+            counts = {len(b) for b in step.rank_bins}
+            if counts != {k // cfg.dp}:
+                fail(f"{where}: micro-batches per rank {sorted(counts)}, expected {k // cfg.dp}")
+            all_bins = sorted(b for bins in step.rank_bins for b in bins)
+            if all_bins != list(range(k)):
+                fail(f"{where}: ranks do not split the micro-batches disjointly and completely")
+            if respects_cap:
+                for j, mb in enumerate(step.micro_batches):
+                    if mb.size > 1 and int(roll.total_len[mb].sum()) > cap:
+                        fail(f"{where}: micro-batch {j} holds {mb.size} samples and "
+                             f"{int(roll.total_len[mb].sum())} tokens > cap {cap}")
+        parts, mbi, nmb, gbs = self.to_slime()
+        for r in range(cfg.dp):
+            if len(mbi[r]) != sum(nmb):
+                fail(f"rank {r}: {len(mbi[r])} micro-batches, expected {sum(nmb)}")
+            flat = [i for m in mbi[r] for i in m]
+            if flat != list(range(len(parts[r]))):
+                fail(f"rank {r}: micro_batch_indices do not enumerate its partition")
+        return self
+
+
+def _static_alignment_error(step: int, n: int, k: int, cfg: ScheduleConfig) -> ValueError:
+    align, m = cfg.align, cfg.micro_batch_size
+    good_m = [c for c in range(1, n + 1) if math.ceil(n / c) % align == 0]
+    hint = (f"micro_batch_size in {good_m[:8]}" if good_m else
+            f"a step with at least {align} samples")
+    return ValueError(
+        f"step {step}: {n} samples in micro-batches of micro_batch_size={m} give {k} "
+        f"micro-batches, not a multiple of dp*mb_group={align} (static batching cannot split "
+        f"micro-batches). Use {hint} for this step, or a global_batch_size whose steps hold a "
+        f"multiple of micro_batch_size*dp*mb_group={m * align} samples (for one-sample "
+        f"rollouts: global_batch_size={m * align}, {2 * m * align}, ...)"
+    )
+
+
+def build_schedule(
+    rollouts: Rollouts,
+    config: ScheduleConfig,
+    model: ModelShape | None = None,
+    *,
+    progress: bool = False,
+) -> Schedule:
+    """Turn a rollout batch into training steps → DP ranks → micro-batches.
+
+    Parameters
+    ----------
+    rollouts:
+        The batch (samples with their rollout ids).
+    config:
+        Layout and policy; see :class:`ScheduleConfig`.
+    model:
+        Model shape for FLOPs weights; required by FLOPs-based packings and
+        distributions, optional otherwise (then ``stats()`` has no FLOPs).
+    progress:
+        Show a tqdm progress bar over steps.
+
+    Raises
+    ------
+    ValueError
+        For impossible layouts (too few rollouts, a step with fewer samples
+        than dp, a bin count that cannot be aligned), naming the step and
+        what would work.
+    """
+    if not isinstance(rollouts, Rollouts):
+        raise ValueError(f"rollouts must be a varbatch_kit.Rollouts, got {type(rollouts).__name__}")
+    if not isinstance(config, ScheduleConfig):
+        raise ValueError(f"config must be a ScheduleConfig, got {type(config).__name__}")
+    packer = get_packer(config.packing)
+    distribution = get_distribution(config.distribution)
+    if model is None and (packer.needs_flops or distribution.needs_flops):
+        need = config.packing if packer.needs_flops else config.distribution
+        raise ValueError(
+            f"{need!r} balances FLOPs and needs a model shape: pass "
+            "model=ModelShape.preset('qwen3-8b') (or another preset / from_hf_config)"
+        )
+    if model is not None and not isinstance(model, ModelShape):
+        raise ValueError(f"model must be a ModelShape or None, got {type(model).__name__}")
+    groups, dropped_ids, dropped = step_rollout_groups(rollouts, config.global_batch_size)
+    if dropped.size:
+        log.warning(
+            "dropping %d trailing rollouts (%d samples) that do not fill a step of "
+            "global_batch_size=%d", dropped_ids.size, dropped.size, config.global_batch_size)
+    lengths = rollouts.total_len
+    flops = model.forward_flops(lengths) if model is not None else None
+    dp, align = config.dp, config.align
+
+    steps: list[Step] = []
+    iterator = groups
+    if progress:
+        from tqdm.auto import tqdm
+
+        iterator = tqdm(groups, desc="scheduling steps", unit="step")
+    for s, (ids, samples) in enumerate(iterator):
+        n = samples.size
+        if n < dp:
+            raise ValueError(
+                f"step {s} holds {n} samples but dp={dp}: every rank needs at least one sample. "
+                f"Use dp <= {n} or a larger global_batch_size"
+            )
+        step_len = lengths[samples]
+        inp = PackInput(
+            lengths=step_len,
+            flops=None if flops is None else flops[samples],
+            cap=config.cap,
+            micro_batch_size=config.micro_batch_size,
+        )
+        bins = packer.fn(inp)
+        k = len(bins)
+        target = max(math.ceil(k / align) * align, align)
+        if config.dynamic:
+            if target > n:
+                raise ValueError(
+                    f"step {s} holds {n} samples but the layout needs {target} micro-batches "
+                    f"(a multiple of dp*mb_group={align}, at least one sample each); slime stalls "
+                    "here (its issue #2065). Use a smaller dp or mb_group, or a larger "
+                    "global_batch_size"
+                )
+            bins = split_to_target(bins, step_len, target, step=s)
+        elif k != target:
+            raise _static_alignment_error(s, n, k, config)
+        micro_batches = [samples[np.asarray(b, dtype=np.int64)] for b in bins]
+        step_flops = None if flops is None else flops[samples].tolist()
+        weights = BinWeights(
+            tokens=np.array([int(step_len[b].sum()) for b in bins], dtype=np.int64),
+            # summed in bin order, as slime does, so ties break identically
+            flops=None if step_flops is None else np.array(
+                [sum(step_flops[i] for i in b) for b in bins], dtype=np.float64),
+        )
+        rank_bins = distribution.fn(weights, dp)
+        steps.append(Step(s, ids, samples, micro_batches, [list(b) for b in rank_bins]))
+    return Schedule(config, rollouts, steps, dropped_ids, dropped, model, flops)
