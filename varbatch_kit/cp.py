@@ -1,0 +1,247 @@
+"""Zigzag context-parallel (CP) slicing: which tokens of a sample each CP rank sees.
+
+Under zigzag CP a sequence of ``T`` tokens is cut into ``2 * cp_size`` chunks of
+``chunk_size = ceil(T / (2 * cp_size))`` tokens (the last ones may run past ``T``:
+that is padding). CP rank ``r`` owns chunk ``r`` and chunk ``2 * cp_size - 1 - r``,
+so every rank holds one early and one late chunk and the causal-attention work is
+balanced.
+
+A language model's logit at position ``j`` predicts token ``j + 1``. With prompt
+length ``P = T - R`` the response tokens sit at positions ``[P, T)`` and are
+predicted by the logits at ``[P - 1, T - 1)``. For each owned chunk ``[c0, c1)``
+the rank therefore scores
+
+- the logits range ``[max(c0, P - 1), min(c1, T - 1))`` (empty when start >= end),
+- the token range, that range shifted by ``+1``,
+- the response positions ``token - P``: a contiguous piece of the response.
+
+The owned pieces of all CP ranks tile ``[0, R)`` exactly once, so any per-token
+sum computed on CP-local slices adds up over the CP group to the full-sequence
+sum. This is what makes the reporting math in :mod:`varbatch_kit.report`
+CP-invariant.
+
+Everything here is pure: integers in, integers (or sliced tensors) out. The CP
+rank and size are always arguments; nothing asks a process group for them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+__all__ = [
+    "ZigzagSlice",
+    "zigzag_chunk_size",
+    "zigzag_slice",
+    "cp_local_response_length",
+    "cp_local_response_lengths",
+    "slice_response_for_cp",
+    "slice_flat_responses_for_cp",
+    "validate_cp",
+]
+
+Range = tuple[int, int]
+EMPTY: Range = (0, 0)
+
+
+@dataclass(frozen=True)
+class ZigzagSlice:
+    """What CP rank ``cp_rank`` of ``cp_size`` sees of one sample.
+
+    Ranges are half-open ``(start, end)`` pairs. ``chunks``, ``logits_ranges``
+    and ``token_ranges`` count from the beginning of the prompt;
+    ``response_ranges`` count from the first response token. An empty range is
+    ``(0, 0)`` (the convention slime uses).
+    """
+
+    total_length: int
+    response_length: int
+    cp_rank: int
+    cp_size: int
+    chunk_size: int
+    chunks: tuple[Range, Range]
+    logits_ranges: tuple[Range, Range]
+    token_ranges: tuple[Range, Range]
+    response_ranges: tuple[Range, Range]
+
+    @property
+    def prompt_length(self) -> int:
+        return self.total_length - self.response_length
+
+    @property
+    def local_response_length(self) -> int:
+        """Number of response tokens (and loss-mask entries) this rank sees."""
+        return sum(end - start for start, end in self.response_ranges)
+
+
+def validate_cp(cp_rank: int, cp_size: int) -> None:
+    """Raise ``ValueError`` unless ``cp_size >= 1`` and ``0 <= cp_rank < cp_size``."""
+    if isinstance(cp_size, bool) or not isinstance(cp_size, int) or cp_size < 1:
+        raise ValueError(f"cp_size={cp_size!r} is invalid; it must be an integer >= 1")
+    if isinstance(cp_rank, bool) or not isinstance(cp_rank, int) or not 0 <= cp_rank < cp_size:
+        raise ValueError(
+            f"cp_rank={cp_rank!r} is outside [0, cp_size) = [0, {cp_size}); "
+            f"pass an integer 0..{cp_size - 1}"
+        )
+
+
+def _validate_lengths(total_length: int, response_length: int) -> None:
+    if not isinstance(total_length, int) or total_length < 1:
+        raise ValueError(f"total_length={total_length!r} is invalid; it must be an integer >= 1")
+    if not isinstance(response_length, int) or response_length < 0:
+        raise ValueError(
+            f"response_length={response_length!r} is invalid; it must be an integer >= 0"
+        )
+    if response_length > total_length:
+        raise ValueError(
+            f"response_length={response_length} > total_length={total_length}; the response "
+            f"is part of the sequence, so response_length must be <= total_length"
+        )
+    if response_length > 0 and response_length == total_length:
+        raise ValueError(
+            f"response_length={response_length} == total_length={total_length} (no prompt): "
+            f"the first response token is predicted by the last prompt token's logit, so CP "
+            f"slicing needs total_length >= response_length + 1"
+        )
+
+
+def zigzag_chunk_size(total_length: int, cp_size: int) -> int:
+    """``ceil(total_length / (2 * cp_size))``: the length of each of the ``2*cp`` chunks."""
+    validate_cp(0, cp_size)
+    if not isinstance(total_length, int) or total_length < 1:
+        raise ValueError(f"total_length={total_length!r} is invalid; it must be an integer >= 1")
+    return -(-total_length // (2 * cp_size))
+
+
+def zigzag_slice(
+    total_length: int, response_length: int, *, cp_rank: int, cp_size: int
+) -> ZigzagSlice:
+    """The chunks, logits ranges, token ranges and response ranges CP rank ``cp_rank`` owns.
+
+    >>> s = zigzag_slice(12, 8, cp_rank=0, cp_size=2)   # P = 4, chunks of 3
+    >>> s.chunks, s.logits_ranges, s.response_ranges
+    (((0, 3), (9, 12)), ((0, 0), (9, 11)), ((0, 0), (6, 8)))
+    """
+    validate_cp(cp_rank, cp_size)
+    _validate_lengths(total_length, response_length)
+    prompt_length = total_length - response_length
+    chunk_size = zigzag_chunk_size(total_length, cp_size)
+    chunk_ids = (cp_rank, 2 * cp_size - 1 - cp_rank)
+    chunks = tuple((k * chunk_size, (k + 1) * chunk_size) for k in chunk_ids)
+    logits, tokens, responses = [], [], []
+    for c0, c1 in chunks:
+        start, end = max(c0, prompt_length - 1), min(c1, total_length - 1)
+        if start < end:
+            logits.append((start, end))
+            tokens.append((start + 1, end + 1))
+            responses.append((start + 1 - prompt_length, end + 1 - prompt_length))
+        else:
+            logits.append(EMPTY)
+            tokens.append(EMPTY)
+            responses.append(EMPTY)
+    return ZigzagSlice(
+        total_length=total_length,
+        response_length=response_length,
+        cp_rank=cp_rank,
+        cp_size=cp_size,
+        chunk_size=chunk_size,
+        chunks=chunks,  # type: ignore[arg-type]
+        logits_ranges=tuple(logits),  # type: ignore[arg-type]
+        token_ranges=tuple(tokens),  # type: ignore[arg-type]
+        response_ranges=tuple(responses),  # type: ignore[arg-type]
+    )
+
+
+def cp_local_response_length(
+    total_length: int, response_length: int, *, cp_rank: int, cp_size: int
+) -> int:
+    """How many response tokens CP rank ``cp_rank`` sees (``response_length`` when cp=1)."""
+    if cp_size == 1:
+        validate_cp(cp_rank, cp_size)
+        return response_length
+    return zigzag_slice(
+        total_length, response_length, cp_rank=cp_rank, cp_size=cp_size
+    ).local_response_length
+
+
+def cp_local_response_lengths(
+    total_lengths: Sequence[int],
+    response_lengths: Sequence[int],
+    *,
+    cp_rank: int,
+    cp_size: int,
+) -> list[int]:
+    """:func:`cp_local_response_length` for each sample."""
+    if len(total_lengths) != len(response_lengths):
+        raise ValueError(
+            f"len(total_lengths)={len(total_lengths)} != len(response_lengths)="
+            f"{len(response_lengths)}; pass one entry per sample in both"
+        )
+    return [
+        cp_local_response_length(int(t), int(r), cp_rank=cp_rank, cp_size=cp_size)
+        for t, r in zip(total_lengths, response_lengths)
+    ]
+
+
+def slice_response_for_cp(
+    values: torch.Tensor, total_length: int, *, cp_rank: int, cp_size: int
+) -> torch.Tensor:
+    """The part of a per-response-token tensor that CP rank ``cp_rank`` sees.
+
+    ``values`` has the sample's full response along dim 0 (a loss mask, log
+    probs, advantages...). Returns the concatenation of the rank's two response
+    pieces (a view-backed copy; gradients flow). With ``cp_size == 1`` the
+    tensor is returned unchanged.
+    """
+    response_length = int(values.shape[0])
+    validate_cp(cp_rank, cp_size)
+    if cp_size == 1:
+        if response_length > total_length:
+            _validate_lengths(total_length, response_length)
+        return values
+    s = zigzag_slice(total_length, response_length, cp_rank=cp_rank, cp_size=cp_size)
+    (a0, a1), (b0, b1) = s.response_ranges
+    return torch.cat([values[a0:a1], values[b0:b1]], dim=0)
+
+
+def slice_flat_responses_for_cp(
+    flat_values: torch.Tensor,
+    total_lengths: Sequence[int],
+    response_lengths: Sequence[int],
+    *,
+    cp_rank: int,
+    cp_size: int,
+) -> torch.Tensor:
+    """Slice a flat tensor of full responses (samples concatenated) to CP rank ``cp_rank``.
+
+    The result is the samples' CP-local pieces, concatenated in sample order:
+    the layout :mod:`varbatch_kit.report` expects on a CP rank.
+    """
+    expected = sum(int(r) for r in response_lengths)
+    if flat_values.shape[0] != expected:
+        raise ValueError(
+            f"flat_values has length {flat_values.shape[0]} but sum(response_lengths) = "
+            f"{expected}; pass the samples' full responses concatenated"
+        )
+    if len(total_lengths) != len(response_lengths):
+        raise ValueError(
+            f"len(total_lengths)={len(total_lengths)} != len(response_lengths)="
+            f"{len(response_lengths)}; pass one entry per sample in both"
+        )
+    validate_cp(cp_rank, cp_size)
+    if cp_size == 1:
+        for t, r in zip(total_lengths, response_lengths):
+            if int(r) > int(t):
+                _validate_lengths(int(t), int(r))
+        return flat_values
+    pieces = flat_values.split([int(r) for r in response_lengths], dim=0)
+    return torch.cat(
+        [
+            slice_response_for_cp(p, int(t), cp_rank=cp_rank, cp_size=cp_size)
+            for p, t in zip(pieces, total_lengths)
+        ]
+        or [flat_values[:0]],
+        dim=0,
+    )
