@@ -28,7 +28,7 @@ def _as_int_array(name: str, values) -> np.ndarray:
         bad = ~np.isfinite(arr) | (arr != np.round(arr))
         if bad.any():
             i = int(np.flatnonzero(bad)[0])
-            raise ValueError(f"{name}[{i}] = {arr[i]!r} is not an integer token count")
+            raise ValueError(f"{name}[{i}] = {arr[i].item()!r} is not an integer token count")
     return arr.astype(np.int64)
 
 
