@@ -26,6 +26,7 @@ rank and size are always arguments; nothing asks a process group for them.
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -33,13 +34,13 @@ import torch
 
 __all__ = [
     "ZigzagSlice",
-    "zigzag_chunk_size",
-    "zigzag_slice",
     "cp_local_response_length",
     "cp_local_response_lengths",
-    "slice_response_for_cp",
     "slice_flat_responses_for_cp",
+    "slice_response_for_cp",
     "validate_cp",
+    "zigzag_chunk_size",
+    "zigzag_slice",
 ]
 
 Range = tuple[int, int]
@@ -76,41 +77,71 @@ class ZigzagSlice:
         return sum(end - start for start, end in self.response_ranges)
 
 
-def validate_cp(cp_rank: int, cp_size: int) -> None:
-    """Raise ``ValueError`` unless ``cp_size >= 1`` and ``0 <= cp_rank < cp_size``."""
-    if isinstance(cp_size, bool) or not isinstance(cp_size, int) or cp_size < 1:
+def _as_int(name: str, value: object) -> int:
+    """``value`` as a Python int (numpy and 0-d torch integers accepted), else ValueError."""
+    integer = None
+    if isinstance(value, torch.Tensor):
+        if value.numel() == 1 and not value.is_floating_point() and value.dtype != torch.bool:
+            integer = int(value.item())
+    elif not isinstance(value, bool):
+        try:
+            integer = operator.index(value)  # type: ignore[arg-type]
+        except TypeError:
+            integer = None
+    if integer is None:
+        raise ValueError(f"{name}={value!r} is not an integer; pass an integer")
+    return integer
+
+
+def validate_cp(cp_rank: int, cp_size: int) -> tuple[int, int]:
+    """Check ``cp_size >= 1`` and ``0 <= cp_rank < cp_size``; return both as ints.
+
+    Raises ``ValueError`` naming the bad value otherwise.
+    """
+    cp_size = _as_int("cp_size", cp_size)
+    cp_rank = _as_int("cp_rank", cp_rank)
+    if cp_size < 1:
         raise ValueError(f"cp_size={cp_size!r} is invalid; it must be an integer >= 1")
-    if isinstance(cp_rank, bool) or not isinstance(cp_rank, int) or not 0 <= cp_rank < cp_size:
+    if not 0 <= cp_rank < cp_size:
         raise ValueError(
             f"cp_rank={cp_rank!r} is outside [0, cp_size) = [0, {cp_size}); "
             f"pass an integer 0..{cp_size - 1}"
         )
+    return cp_rank, cp_size
 
 
-def _validate_lengths(total_length: int, response_length: int) -> None:
-    if not isinstance(total_length, int) or total_length < 1:
-        raise ValueError(f"total_length={total_length!r} is invalid; it must be an integer >= 1")
-    if not isinstance(response_length, int) or response_length < 0:
-        raise ValueError(
-            f"response_length={response_length!r} is invalid; it must be an integer >= 0"
-        )
+def _check_response_fits(total_length: int, response_length: int) -> None:
     if response_length > total_length:
         raise ValueError(
             f"response_length={response_length} > total_length={total_length}; the response "
             f"is part of the sequence, so response_length must be <= total_length"
         )
+
+
+def _validate_lengths(total_length: int, response_length: int) -> tuple[int, int]:
+    total_length = _as_int("total_length", total_length)
+    response_length = _as_int("response_length", response_length)
+    if total_length < 1:
+        raise ValueError(f"total_length={total_length!r} is invalid; it must be an integer >= 1")
+    if response_length < 0:
+        raise ValueError(
+            f"response_length={response_length!r} is invalid; it must be an integer >= 0"
+        )
+    _check_response_fits(total_length, response_length)
     if response_length > 0 and response_length == total_length:
         raise ValueError(
             f"response_length={response_length} == total_length={total_length} (no prompt): "
             f"the first response token is predicted by the last prompt token's logit, so CP "
             f"slicing needs total_length >= response_length + 1"
         )
+    return total_length, response_length
 
 
 def zigzag_chunk_size(total_length: int, cp_size: int) -> int:
     """``ceil(total_length / (2 * cp_size))``: the length of each of the ``2*cp`` chunks."""
-    validate_cp(0, cp_size)
-    if not isinstance(total_length, int) or total_length < 1:
+    _, cp_size = validate_cp(0, cp_size)
+    total_length = _as_int("total_length", total_length)
+    if total_length < 1:
         raise ValueError(f"total_length={total_length!r} is invalid; it must be an integer >= 1")
     return -(-total_length // (2 * cp_size))
 
@@ -124,8 +155,8 @@ def zigzag_slice(
     >>> s.chunks, s.logits_ranges, s.response_ranges
     (((0, 3), (9, 12)), ((0, 0), (9, 11)), ((0, 0), (6, 8)))
     """
-    validate_cp(cp_rank, cp_size)
-    _validate_lengths(total_length, response_length)
+    cp_rank, cp_size = validate_cp(cp_rank, cp_size)
+    total_length, response_length = _validate_lengths(total_length, response_length)
     prompt_length = total_length - response_length
     chunk_size = zigzag_chunk_size(total_length, cp_size)
     chunk_ids = (cp_rank, 2 * cp_size - 1 - cp_rank)
@@ -158,8 +189,11 @@ def cp_local_response_length(
     total_length: int, response_length: int, *, cp_rank: int, cp_size: int
 ) -> int:
     """How many response tokens CP rank ``cp_rank`` sees (``response_length`` when cp=1)."""
+    cp_rank, cp_size = validate_cp(cp_rank, cp_size)
     if cp_size == 1:
-        validate_cp(cp_rank, cp_size)
+        total_length = _as_int("total_length", total_length)
+        response_length = _as_int("response_length", response_length)
+        _check_response_fits(total_length, response_length)
         return response_length
     return zigzag_slice(
         total_length, response_length, cp_rank=cp_rank, cp_size=cp_size
@@ -196,10 +230,9 @@ def slice_response_for_cp(
     tensor is returned unchanged.
     """
     response_length = int(values.shape[0])
-    validate_cp(cp_rank, cp_size)
+    cp_rank, cp_size = validate_cp(cp_rank, cp_size)
     if cp_size == 1:
-        if response_length > total_length:
-            _validate_lengths(total_length, response_length)
+        _check_response_fits(_as_int("total_length", total_length), response_length)
         return values
     s = zigzag_slice(total_length, response_length, cp_rank=cp_rank, cp_size=cp_size)
     (a0, a1), (b0, b1) = s.response_ranges
@@ -230,11 +263,10 @@ def slice_flat_responses_for_cp(
             f"len(total_lengths)={len(total_lengths)} != len(response_lengths)="
             f"{len(response_lengths)}; pass one entry per sample in both"
         )
-    validate_cp(cp_rank, cp_size)
+    cp_rank, cp_size = validate_cp(cp_rank, cp_size)
     if cp_size == 1:
         for t, r in zip(total_lengths, response_lengths):
-            if int(r) > int(t):
-                _validate_lengths(int(t), int(r))
+            _check_response_fits(int(t), int(r))
         return flat_values
     pieces = flat_values.split([int(r) for r in response_lengths], dim=0)
     return torch.cat(
