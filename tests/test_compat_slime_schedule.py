@@ -1,0 +1,36 @@
+"""slime-signature scheduling helpers agree with hand-derived values and the core."""
+
+from types import SimpleNamespace
+
+from varbatch_kit import ModelShape
+from varbatch_kit.compat.slime import (
+    calculate_fwd_flops,
+    expand_bins_by_splitting,
+    first_fit_pack,
+    get_seqlen_balanced_partitions,
+)
+
+
+def test_first_fit_pack_arrival_order():
+    # cap 130: 60 -> b0; 50 -> b0 (110); 30 -> b1 (b0 would be 140); 40 -> b1 (70);
+    # 20 -> b0 (exactly 130: the cap is inclusive)
+    assert first_fit_pack([60, 50, 30, 40, 20], 130) == [[0, 1, 4], [2, 3]]
+    # an over-cap sample ends up alone
+    assert first_fit_pack([10, 400, 10], 100) == [[0, 2], [1]]
+
+
+def test_expand_bins_by_splitting():
+    # largest bin [0,1,2] (60): by length 30(2), 20(1), 10(0): 30->h0, 20->h1, 10->h1
+    assert expand_bins_by_splitting([[0, 1, 2], [3]], [10, 20, 30, 5], 3) == [[2], [3], [1, 0]]
+
+
+def test_balanced_partitions_matches_pinned():
+    assert get_seqlen_balanced_partitions([1, 2, 3, 4], 2, True) == [[0, 3], [1, 2]]
+
+
+def test_calculate_fwd_flops_from_args():
+    args = SimpleNamespace(num_layers=2, hidden_size=16, num_attention_heads=2,
+                           num_query_groups=2, kv_channels=8, ffn_hidden_size=64, vocab_size=32)
+    assert calculate_fwd_flops([10], args) == [180480.0]
+    shape = ModelShape.from_args(args)
+    assert calculate_fwd_flops([7, 900], args) == shape.forward_flops([7, 900]).tolist()
