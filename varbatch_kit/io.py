@@ -44,6 +44,9 @@ def _from_columns(cols: dict[str, Any], path: Path) -> Rollouts:
     masks = cols.get("loss_mask")
     if masks is not None and all(m is None for m in masks):
         masks = None
+    elif masks is not None:  # a sample without a mask trains on every response token
+        masks = [np.ones(int(n), dtype=np.int8) if m is None else m
+                 for m, n in zip(masks, cols["response_len"])]
     try:
         return Rollouts(
             prompt_len=np.asarray(cols["prompt_len"]),
@@ -141,7 +144,7 @@ def read_trace(path: str | Path) -> Rollouts:
         raise TraceError(
             f"trace {str(p)!r}: unknown format {suffix!r}; use .jsonl, .parquet or a slime .pt dump"
         )
-    if not cols or not cols.get("response_len"):
+    if not cols or not any(len(v) for v in cols.values()):
         raise TraceError(f"trace {str(p)!r} holds no samples")
     return _from_columns(cols, p)
 

@@ -1,0 +1,117 @@
+"""Trace files: round trips, bundled traces, clear errors, safe .pt loading."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from varbatch_kit import Rollouts
+from varbatch_kit.io import TraceError, bundled_traces, read_trace, write_trace
+
+
+def sample():
+    return Rollouts(prompt_len=[3, 4, 5], response_len=[2, 1, 3], rollout_id=[7, 7, 9],
+                    loss_masks=[[1, 0], [1], [0, 1, 1]])
+
+
+@pytest.mark.parametrize("suffix", [".jsonl", ".parquet"])
+def test_round_trip(tmp_path, suffix):
+    r = sample()
+    back = read_trace(write_trace(r, tmp_path / f"t{suffix}"))
+    assert back.prompt_len.tolist() == [3, 4, 5]
+    assert back.rollout_id.tolist() == [7, 7, 9]
+    assert [m.tolist() for m in back.loss_masks] == [[1, 0], [1], [0, 1, 1]]
+    assert back.mask_sums().tolist() == [1, 1, 2]
+
+
+def test_rollout_id_optional(tmp_path):
+    p = tmp_path / "t.jsonl"
+    p.write_text('{"prompt_len": 1, "response_len": 2}\n{"prompt_len": 3, "response_len": 4}\n')
+    r = read_trace(p)
+    assert r.rollout_id.tolist() == [0, 1] and r.num_rollouts == 2
+
+
+def test_bundled_traces_match_their_recorded_generator():
+    import sys
+    from pathlib import Path
+
+    traces = bundled_traces()
+    assert set(traces) == {"math", "agentic", "long_context"}
+    params = json.loads((next(iter(traces.values())).parent / "traces.json").read_text())
+    for name, path in traces.items():
+        kw = dict(params[name])
+        kw["samples_per_rollout"] = tuple(kw["samples_per_rollout"])
+        kw["prompt_len"] = tuple(kw["prompt_len"])
+        regenerated = Rollouts.synthetic(**kw)
+        on_disk = read_trace(path)
+        assert np.array_equal(on_disk.total_len, regenerated.total_len), name
+        assert np.array_equal(on_disk.rollout_id, regenerated.rollout_id), name
+    assert Path(sys.executable).exists()
+
+
+@pytest.mark.parametrize("content,match", [
+    ('{"prompt_len": 1}\n', r"lacks column\(s\) \['response_len'\]"),
+    ('{"prompt_len": 1, "response_len": 0}\n', r"response_len\[0\] = 0 is not positive"),
+    ("not json\n", "line 1 is not JSON"),
+    ("", "holds no samples"),
+    ('[1, 2]\n', "line 1 is not a JSON object"),
+])
+def test_malformed_jsonl(tmp_path, content, match):
+    p = tmp_path / "bad.jsonl"
+    p.write_text(content)
+    with pytest.raises(TraceError, match=match) as e:
+        read_trace(p)
+    assert "bad.jsonl" in str(e.value)
+
+
+def test_missing_and_unknown(tmp_path):
+    with pytest.raises(ValueError, match="does not exist"):
+        read_trace(tmp_path / "nope.jsonl")
+    (tmp_path / "x.csv").write_text("a")
+    with pytest.raises(ValueError, match="unknown format '.csv'"):
+        read_trace(tmp_path / "x.csv")
+    (tmp_path / "x.parquet").write_text("not parquet")
+    with pytest.raises(ValueError, match="not a readable Parquet file"):
+        read_trace(tmp_path / "x.parquet")
+
+
+def test_slime_dump_plain_containers(tmp_path):
+    samples = [
+        {"tokens": list(range(10)), "response_length": 4, "loss_mask": [1, 1, 0, 1],
+         "group_index": 0},
+        {"tokens": torch.arange(6), "response_length": 2, "loss_mask": torch.tensor([1, 1]),
+         "group_index": 0},
+        {"tokens": list(range(5)), "response_length": 5, "group_index": 3},
+    ]
+    p = tmp_path / "rollout_0.pt"
+    torch.save({"rollout_id": 0, "samples": samples}, p)
+    r = read_trace(p)
+    assert r.prompt_len.tolist() == [6, 4, 0]
+    assert r.response_len.tolist() == [4, 2, 5]
+    assert r.rollout_id.tolist() == [0, 0, 3]
+
+
+class Sample:  # an arbitrary class: loading it would need unpickling code
+    def __init__(self):
+        self.tokens = [1, 2]
+
+
+def test_slime_dump_with_objects_is_refused(tmp_path):
+    p = tmp_path / "rollout_1.pt"
+    torch.save({"samples": [Sample()]}, p)
+    with pytest.raises(TraceError, match="need unpickling arbitrary code"):
+        read_trace(p)
+
+
+def test_synthetic_properties():
+    r = Rollouts.synthetic(500, samples_per_rollout=(1, 6), response_len=800,
+                           max_response_len=2000, seed=5)
+    assert r.num_rollouts == 500 and len(r) > 500
+    assert r.response_len.max() == 2000  # truncation spike
+    assert (r.response_len == 2000).sum() > 5
+    same = Rollouts.synthetic(500, samples_per_rollout=(1, 6), response_len=800,
+                              max_response_len=2000, seed=5)
+    assert np.array_equal(r.total_len, same.total_len)
+    with pytest.raises(ValueError, match="samples_per_rollout"):
+        Rollouts.synthetic(5, samples_per_rollout=(3, 1))
