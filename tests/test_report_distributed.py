@@ -1,0 +1,88 @@
+"""Layout invariance with real torch.distributed (gloo) worker processes.
+
+Worlds of 2 and 4 ranks cover (dp, cp) in {(1,2), (2,1), (1,4), (2,2), (4,1)}
+((1,1) is the in-process reference). Every rank computes only its own share;
+reports, gradients and logs meet through real all_reduce / all_gather_object.
+"""
+
+import socket
+import time
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+from _report_cases import emulated_gradient, mixed_case, relative_difference, report_gradient
+
+from varbatch_kit.report import get_report_mode
+
+pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(180)]
+
+WORKER_TIMEOUT_S = 120
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_world(world: int, outdir) -> list[dict]:
+    """Spawn ``world`` gloo ranks, wait with a deadline, return each rank's results."""
+    from _report_dist_worker import run
+
+    ctx = mp.start_processes(
+        run, args=(world, free_port(), str(outdir)), nprocs=world, join=False, start_method="spawn"
+    )
+    deadline = time.monotonic() + WORKER_TIMEOUT_S
+    try:
+        while not ctx.join(timeout=0.5):
+            if time.monotonic() > deadline:
+                pytest.fail(f"{world} gloo workers did not finish within {WORKER_TIMEOUT_S} s")
+    finally:
+        for p in ctx.processes:  # only the processes this test started
+            if p.is_alive():
+                p.kill()
+                p.join(5)
+    return [torch.load(outdir / f"rank{r}.pt", weights_only=False) for r in range(world)]
+
+
+@pytest.fixture(scope="module")
+def reference_gradients():
+    case = mixed_case()
+    out = {}
+    for name in ("per_rollout_mean", "per_token"):
+        mode = get_report_mode(name)
+        out[name] = emulated_gradient(mode, case, [[list(range(case.n))]], 1)
+        assert relative_difference(out[name], report_gradient(mode, case)) < 1e-12
+    return out
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_reports_gradients_and_logs_across_real_ranks(world, tmp_path, reference_gradients):
+    ranks = run_world(world, tmp_path)
+    layouts = [(dp, world // dp) for dp in (1, 2, 4) if world % dp == 0]
+    assert layouts == ([(1, 2), (2, 1)] if world == 2 else [(1, 4), (2, 2), (4, 1)])
+    for rank, results in enumerate(ranks):
+        assert "error" not in results
+        for dp, cp in layouts:
+            out = results[(dp, cp)]
+            where = f"rank {rank}, dp={dp}, cp={cp}"
+            for name in ("per_rollout_mean", "per_token"):
+                # §5: 1249.875 from the core (divisor) and the slime compat (slot 0) paths
+                for core, compat in out[("1249.875", name)]:
+                    assert core == pytest.approx(1249.875, rel=1e-14), where
+                    assert compat == pytest.approx(1249.875, rel=1e-14), where
+                expected = 8.0 if name == "per_rollout_mean" else 6.5
+                for core, compat in out[("small", name)]:
+                    assert core == pytest.approx(expected, rel=1e-14), where
+                    assert compat == pytest.approx(expected, rel=1e-14), where
+                assert out[("unit_grad", name)] == pytest.approx(1249.875, rel=1e-14), where
+                grad = out[("mlp_grad", name)]
+                assert relative_difference(grad, reference_gradients[name]) < 1e-6, where
+            reduced, error = out["rollout_log"]
+            if rank == 0:
+                assert reduced["log_probs"] == pytest.approx(1249.875, rel=1e-14)
+                assert reduced["rank_id"] == pytest.approx((world - 1) / 2)
+            else:
+                assert reduced is None
+            assert error is not None and "'kl' is a (sum, count) pair on ranks [0]" in error
