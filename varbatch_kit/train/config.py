@@ -1,0 +1,211 @@
+"""`TrainConfig`: one training run — layout, reporting mode, model size, optimiser, debug hooks."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, fields, replace
+from typing import Any
+
+from varbatch_kit.config import ScheduleConfig
+from varbatch_kit.flops import ModelShape
+
+__all__ = ["SCHEDULE_FIELDS", "TrainConfig"]
+
+# ScheduleConfig fields that TrainConfig.with_() routes to the schedule
+SCHEDULE_FIELDS = tuple(f.name for f in fields(ScheduleConfig))
+
+LR_DECAY_STYLES = ("constant", "linear", "cosine")
+LR_INCREMENTS = ("auto", "rollouts", "samples")
+DEVICES = ("auto", "cpu", "cuda")
+
+
+def _default_schedule() -> ScheduleConfig:
+    return ScheduleConfig(dp=1, global_batch_size=4, max_tokens_per_gpu=256)
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Everything one training run needs besides the rollouts.
+
+    Layout and policy
+        ``schedule``: a :class:`~varbatch_kit.ScheduleConfig` (dp, cp,
+        global_batch_size in rollouts, micro_batch_size or
+        max_tokens_per_gpu, packing, distribution). ``cp > 1`` is *emulated*
+        on CPU and without TransformerEngine: every CP rank runs the full
+        forward and computes the loss and reports on its zigzag slice;
+        gradients are averaged over all dp*cp ranks.
+    ``mode``
+        Loss / report normalisation, a name in
+        :data:`varbatch_kit.report.REPORT_MODES` (``per_rollout_mean`` is
+        slime's default; ``naive_*`` modes are for comparison only).
+    Model (megatron-core ``GPTModel``, local layer spec, learned absolute positions)
+        ``num_layers``, ``hidden_size``, ``num_attention_heads``,
+        ``ffn_hidden_size`` (default ``4 * hidden_size``), ``vocab_size``,
+        ``max_seq_len`` (default: the longest sample of the rollouts).
+    Optimiser (megatron-core Adam, ``OptimizerParamScheduler``)
+        ``lr``, ``min_lr``, ``lr_decay_style`` (constant / linear / cosine),
+        ``lr_warmup_fraction`` (of the decay horizon), ``weight_decay``,
+        ``adam_beta1``, ``adam_beta2``, ``adam_eps``, ``clip_grad`` (0 = off).
+        ``lr_increment``: what one step advances the LR schedule by:
+        ``rollouts`` or ``samples`` of that step; ``auto`` = rollouts when
+        the mode divides by the rollout count, samples otherwise. The decay
+        horizon is the total over all trained steps.
+    Data
+        ``seed`` (model init and toy task), ``n_samples_per_prompt`` (GRPO
+        group size, in rollouts).
+    Run
+        ``max_steps`` (default: every step of the schedule), ``device``
+        (auto / cpu / cuda), ``timeout_s``, ``threads_per_worker`` (default:
+        CPU cores / world size), ``save_params_at`` (1-based steps after
+        whose optimiser step rank 0 saves the parameters), ``label``.
+    Debug
+        ``fail_at_step`` / ``fail_rank``: that rank raises at the start of
+        that (1-based) step — used to test failure handling.
+    """
+
+    schedule: ScheduleConfig = field(default_factory=_default_schedule)
+    mode: str = "per_rollout_mean"
+    # model
+    num_layers: int = 2
+    hidden_size: int = 64
+    num_attention_heads: int = 4
+    ffn_hidden_size: int | None = None
+    vocab_size: int = 64
+    max_seq_len: int | None = None
+    # optimiser
+    lr: float = 3e-3
+    min_lr: float = 3e-4
+    lr_decay_style: str = "cosine"
+    lr_warmup_fraction: float = 0.0
+    lr_increment: str = "auto"
+    weight_decay: float = 0.0
+    adam_beta1: float = 0.9
+    adam_beta2: float = 0.999
+    adam_eps: float = 1e-8
+    clip_grad: float = 1.0
+    # data
+    seed: int = 1234
+    n_samples_per_prompt: int = 4
+    # run
+    max_steps: int | None = None
+    device: str = "auto"
+    timeout_s: float = 600.0
+    threads_per_worker: int | None = None
+    save_params_at: tuple[int, ...] = ()
+    label: str | None = None
+    # debug
+    fail_at_step: int | None = None
+    fail_rank: int = 0
+
+    def __post_init__(self) -> None:
+        from varbatch_kit.report import get_report_mode
+
+        if not isinstance(self.schedule, ScheduleConfig):
+            raise ValueError(  # noqa: TRY004 - user errors are ValueError (DESIGN.md)
+                f"schedule must be a ScheduleConfig, got {type(self.schedule).__name__}")
+        get_report_mode(self.mode)
+        if self.schedule.vpp != 1:
+            raise ValueError(
+                f"schedule.vpp={self.schedule.vpp}: the training engine has no pipeline "
+                "parallelism; use vpp=1")
+        for name in ("num_layers", "hidden_size", "num_attention_heads", "vocab_size",
+                     "n_samples_per_prompt"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"{name} must be a positive integer, got {v!r}")
+        if self.hidden_size % self.num_attention_heads:
+            raise ValueError(
+                f"hidden_size={self.hidden_size} is not divisible by "
+                f"num_attention_heads={self.num_attention_heads}")
+        for name in ("ffn_hidden_size", "max_seq_len", "max_steps", "threads_per_worker",
+                     "fail_at_step"):
+            v = getattr(self, name)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+                raise ValueError(f"{name} must be a positive integer or None, got {v!r}")
+        if not (math.isfinite(self.lr) and self.lr > 0):
+            raise ValueError(f"lr must be a positive number, got {self.lr!r}")
+        if not (0 <= self.min_lr <= self.lr):
+            raise ValueError(f"min_lr must be in [0, lr={self.lr}], got {self.min_lr!r}")
+        if self.lr_decay_style not in LR_DECAY_STYLES:
+            raise ValueError(
+                f"lr_decay_style={self.lr_decay_style!r}; choose one of {LR_DECAY_STYLES}")
+        if not 0 <= self.lr_warmup_fraction < 1:
+            raise ValueError(
+                f"lr_warmup_fraction must be in [0, 1), got {self.lr_warmup_fraction!r}")
+        if self.lr_increment not in LR_INCREMENTS:
+            raise ValueError(
+                f"lr_increment={self.lr_increment!r}; choose one of {LR_INCREMENTS}")
+        if self.device not in DEVICES:
+            raise ValueError(f"device={self.device!r}; choose one of {DEVICES}")
+        if self.clip_grad < 0 or self.weight_decay < 0:
+            raise ValueError("clip_grad and weight_decay must be >= 0")
+        if not self.timeout_s > 0:
+            raise ValueError(f"timeout_s must be > 0, got {self.timeout_s!r}")
+        object.__setattr__(self, "save_params_at", tuple(int(s) for s in self.save_params_at))
+        if any(s < 1 for s in self.save_params_at):
+            raise ValueError(f"save_params_at holds 1-based steps, got {self.save_params_at}")
+        if not 0 <= self.fail_rank < self.world_size:
+            raise ValueError(
+                f"fail_rank={self.fail_rank} is not a rank of a world of {self.world_size}")
+
+    # ----------------------------------------------------------------- derived
+    @property
+    def dp(self) -> int:
+        return self.schedule.dp
+
+    @property
+    def cp(self) -> int:
+        return self.schedule.cp
+
+    @property
+    def world_size(self) -> int:
+        """Worker processes: dp * cp."""
+        return self.schedule.dp * self.schedule.cp
+
+    @property
+    def ffn(self) -> int:
+        return self.ffn_hidden_size or 4 * self.hidden_size
+
+    def model_shape(self) -> ModelShape:
+        """The tiny GPT's shape, for FLOPs-balanced packings and distributions."""
+        return ModelShape(
+            num_layers=self.num_layers,
+            hidden_size=self.hidden_size,
+            num_attention_heads=self.num_attention_heads,
+            ffn_hidden_size=self.ffn,
+            vocab_size=self.vocab_size,
+            name="varbatch-tiny-gpt",
+        )
+
+    def lr_increment_unit(self) -> str:
+        """``rollouts`` or ``samples``: what the LR schedule counts."""
+        if self.lr_increment != "auto":
+            return self.lr_increment
+        from varbatch_kit.report import get_report_mode
+
+        return "rollouts" if get_report_mode(self.mode).divisor == "rollouts" else "samples"
+
+    @property
+    def name(self) -> str:
+        """A short label: the given one, else ``dp2 cp1 first_fit/strided per_rollout_mean``."""
+        if self.label:
+            return self.label
+        s = self.schedule
+        return f"dp{s.dp} cp{s.cp} {s.packing}/{s.distribution} {self.mode}"
+
+    def with_(self, **changes: Any) -> TrainConfig:
+        """A copy with fields changed; schedule fields (dp, cp, packing, ...) go to the schedule."""
+        sched = {k: changes.pop(k) for k in list(changes) if k in SCHEDULE_FIELDS}
+        if sched:
+            changes["schedule"] = changes.get("schedule", self.schedule).with_(**sched)
+        return replace(self, **changes)
+
+    def summary(self) -> dict[str, Any]:
+        """Flat dict of the fields a comparison table shows."""
+        s = self.schedule
+        return {
+            "label": self.name, "dp": s.dp, "cp": s.cp, "packing": s.packing,
+            "distribution": s.distribution, "global_batch_size": s.global_batch_size,
+            "micro_batch_size": s.micro_batch_size, "max_tokens_per_gpu": s.max_tokens_per_gpu,
+            "mode": self.mode,
+        }
