@@ -1,0 +1,395 @@
+"""The training worker: one process per rank, started by ``torchrun`` (see :mod:`.launch`).
+
+Run as ``python -m varbatch_kit.train.loop JOB_DIR``. ``JOB_DIR/job.pkl``
+holds the rollouts and one or more :class:`TrainConfig` s of the same world
+size; they train one after the other, each from the same seed, writing to
+its own output folder.
+
+World layout
+------------
+``dp * cp`` processes. World rank ``w`` is DP rank ``w // cp`` and CP rank
+``w % cp``. megatron-core is initialised with tensor = pipeline = context
+parallel size 1, so *its* data-parallel group is the whole world (DP x CP):
+Megatron DDP averages gradients over all ``dp * cp`` ranks, which is the
+gradient reduction CP needs. Context parallelism itself is **emulated**:
+megatron-core's context-parallel attention and packed ``thd`` batches need
+TransformerEngine, so every CP rank runs the full forward of its DP rank's
+micro-batch and computes the loss and the reported metrics on its own zigzag
+slice of every response (:mod:`varbatch_kit.cp`). Gradients, losses and
+reports are what real CP computes; the compute and memory savings are not.
+
+One training step, top to bottom (:func:`train_step`)
+------------------------------------------------------
+1. The step's normalisers over *all* of its samples (per-rollout
+   denominators, the report divisor) and the loss prescale factor
+   (:mod:`varbatch_kit.report`, SLIME_SEMANTICS §5).
+2. This DP rank's micro-batches (from the :class:`~varbatch_kit.Schedule`),
+   each packed into one row (:mod:`.batch`).
+3. megatron-core's forward/backward schedule over them. The loss function
+   returns ``(prescale * loss_sum, num_tokens, {"values": [...]})``: the
+   policy-gradient loss ``-advantage * log p`` summed with the mode's
+   denominators over the CP-local response tokens.
+4. The megatron-core optimizer step (gradient norm before clipping), then
+   ``OptimizerParamScheduler.step(increment=<rollouts or samples of the step>)``.
+5. The report: micro-batch value vectors summed, all-reduced over DP x CP,
+   divided by the step divisor; rank 0 appends one JSON line.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import pickle
+import signal
+import sys
+import time
+import traceback
+import warnings
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from varbatch_kit.rollouts import Rollouts
+from varbatch_kit.train.config import TrainConfig
+
+__all__ = ["CP_NOTE", "Job", "main", "setup_process", "train", "train_step"]
+
+CP_NOTE = (
+    "context parallelism is emulated at the loss level: every CP rank runs the full forward "
+    "and computes loss and reports on its zigzag slice; gradients are averaged over dp*cp ranks"
+)
+METRIC_KEYS = ("loss", "nll", "entropy", "token_acc", "advantage")
+
+
+@dataclass
+class Job:
+    """What the launcher hands to the workers (pickled into ``JOB_DIR/job.pkl``)."""
+
+    configs: list[TrainConfig]
+    rollouts: Rollouts
+    out_dirs: list[str]
+    device: str  # "cpu" or "cuda"
+
+
+# --------------------------------------------------------------------------- process setup
+def _die_with_parent() -> None:
+    """Linux: get SIGKILL when the parent (torchrun) dies, so no worker outlives it."""
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
+def setup_process(device: str, threads: int | None = None) -> torch.device:
+    """torch.distributed + megatron-core parallel state for this worker.
+
+    CUDA + NCCL when ``device == "cuda"``; else CPU + gloo with the CPU shim.
+    """
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    if device == "cuda":
+        local_rank = int(os.environ.get("LOCAL_RANK", rank))
+        torch.cuda.set_device(local_rank)
+        dev, backend = torch.device("cuda", local_rank), "nccl"
+    else:
+        from varbatch_kit.train import cpu_shim
+
+        cpu_shim.activate()
+        torch.set_num_threads(threads or max(1, (os.cpu_count() or 1) // world))
+        dev, backend = torch.device("cpu"), "gloo"
+    if not dist.is_initialized():
+        dist.init_process_group(backend=backend, rank=rank, world_size=world)
+    from megatron.core import parallel_state
+
+    if not parallel_state.model_parallel_is_initialized():
+        # tp = pp = cp = 1: megatron's data-parallel group spans all dp * cp ranks
+        parallel_state.initialize_model_parallel(1, 1)
+    return dev
+
+
+# --------------------------------------------------------------------------- one run
+def _lr_of(optimizer) -> float:
+    return float(optimizer.param_groups[0]["lr"])
+
+
+def train(cfg: TrainConfig, rollouts: Rollouts, out_dir: Path, device: torch.device) -> None:
+    """Train ``cfg`` on ``rollouts`` from scratch; rank 0 writes ``out_dir/steps.jsonl``."""
+    from megatron.core.distributed import (
+        DistributedDataParallel,
+        DistributedDataParallelConfig,
+        finalize_model_grads,
+    )
+    from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+    from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
+    from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
+
+    from varbatch_kit.report import get_report_mode
+    from varbatch_kit.schedule import build_schedule
+    from varbatch_kit.train.data import make_toy_data
+    from varbatch_kit.train.model import build_gpt
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    if world != cfg.world_size:
+        raise RuntimeError(f"{cfg.name}: world size {world}, config needs {cfg.world_size}")
+    out_dir = Path(out_dir)
+    mode = get_report_mode(cfg.mode)
+
+    # the plan: steps -> DP ranks -> micro-batches, and the toy task's tokens and advantages
+    schedule = build_schedule(rollouts, cfg.schedule, model=cfg.model_shape())
+    steps = schedule.steps[: cfg.max_steps] if cfg.max_steps else schedule.steps
+    data = make_toy_data(rollouts, vocab_size=cfg.vocab_size, seed=cfg.seed,
+                         n_samples_per_prompt=cfg.n_samples_per_prompt)
+    max_seq_len = cfg.max_seq_len or int(rollouts.total_len.max())
+
+    # model, DDP over all dp*cp ranks, optimizer, LR schedule — identical init on every rank
+    torch.manual_seed(cfg.seed)
+    model_parallel_cuda_manual_seed(cfg.seed, inference_rng_tracker=True, force_reset_rng=True)
+    gpt = build_gpt(cfg, max_seq_len=max_seq_len,
+                    per_token_loss=mode.megatron_per_token_loss).to(device)
+    model = DistributedDataParallel(gpt.config, DistributedDataParallelConfig(), gpt)
+    model.broadcast_params()
+    gpt.config.finalize_model_grads_func = finalize_model_grads
+    gpt.config.no_sync_func = model.no_sync
+    optimizer = get_megatron_optimizer(
+        OptimizerConfig(optimizer="adam", lr=cfg.lr, min_lr=cfg.min_lr,
+                        weight_decay=cfg.weight_decay, adam_beta1=cfg.adam_beta1,
+                        adam_beta2=cfg.adam_beta2, adam_eps=cfg.adam_eps,
+                        clip_grad=cfg.clip_grad),
+        [model],
+    )
+    unit = cfg.lr_increment_unit()
+    increments = [s.num_rollouts if unit == "rollouts" else s.num_samples for s in steps]
+    horizon = max(sum(increments), 1)
+    scheduler = OptimizerParamScheduler(
+        optimizer, init_lr=0.0, max_lr=cfg.lr, min_lr=cfg.min_lr,
+        lr_warmup_steps=int(cfg.lr_warmup_fraction * horizon), lr_decay_steps=horizon,
+        lr_decay_style=cfg.lr_decay_style, start_wd=cfg.weight_decay,
+        end_wd=cfg.weight_decay, wd_incr_steps=horizon, wd_incr_style="constant",
+    )
+
+    if rank == 0:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        meta = {
+            "config": cfg.summary(), "device": device.type, "world_size": world,
+            "cp_emulated": cfg.cp > 1, "cp_note": CP_NOTE if cfg.cp > 1 else "",
+            "parameters": sum(p.numel() for p in gpt.parameters()),
+            "max_seq_len": max_seq_len, "num_steps": len(steps), "lr_increment": unit,
+            "torch": torch.__version__,
+        }
+        (out_dir / "meta.json").write_text(json.dumps(meta, indent=1))
+    consumed = 0
+    for number, step in enumerate(steps, start=1):
+        if cfg.fail_at_step == number and rank == cfg.fail_rank:
+            raise RuntimeError(f"fail_at_step={number}: rank {rank} raises on purpose (debug hook)")
+        record = train_step(cfg, mode, model, optimizer, step, rollouts, data, device)
+        record["lr"] = _lr_of(optimizer)  # the LR this step's update used
+        scheduler.step(increment=increments[number - 1])  # rollouts or samples of this step
+        consumed += increments[number - 1]
+        record.update(step=number, lr_increment=increments[number - 1], lr_consumed=consumed,
+                      lr_next=_lr_of(optimizer))
+        if rank == 0:
+            if number in cfg.save_params_at:
+                torch.save({n: p.detach().cpu().clone() for n, p in gpt.named_parameters()},
+                           out_dir / f"params_step{number}.pt")
+            with open(out_dir / "steps.jsonl", "a") as f:  # one line per step, flushed now
+                f.write(json.dumps(_ordered(record, cfg, device)) + "\n")
+    dist.barrier()
+    if rank == 0:
+        (out_dir / "done").write_text("ok\n")
+
+
+def _ordered(record: dict, cfg: TrainConfig, device: torch.device) -> dict:
+    head = {k: record.pop(k) for k in ("step", "rollouts", "samples", "tokens")}
+    tail = {"mode": cfg.mode, "dp": cfg.dp, "cp": cfg.cp, "cp_emulated": cfg.cp > 1,
+            "packing": cfg.schedule.packing, "distribution": cfg.schedule.distribution,
+            "device": device.type, "label": cfg.name}
+    return {**head, **record, **tail}
+
+
+# --------------------------------------------------------------------------- one step
+def train_step(cfg, mode, model, optimizer, step, rollouts, data, device) -> dict:
+    """Forward/backward over this rank's micro-batches, optimizer step, reduced report."""
+    from megatron.core.pipeline_parallel import get_forward_backward_func
+
+    from varbatch_kit.cp import slice_flat_responses_for_cp
+    from varbatch_kit.train.batch import pack, response_token_stats
+
+    t0 = time.perf_counter()
+    rank, world = dist.get_rank(), dist.get_world_size()
+    dp_rank, cp_rank = divmod(rank, cfg.cp)
+    n_mb = step.num_microbatches
+
+    # 1. step-wide normalisers over ALL samples of the step (before packing)
+    samples = step.sample_indices
+    local_of = {int(g): i for i, g in enumerate(samples)}
+    all_masks = rollouts.masks()
+    masks = {int(g): torch.as_tensor(all_masks[g], dtype=torch.float64) for g in samples}
+    rank_of_sample = np.empty(samples.size, dtype=np.int64)
+    for r, mbs in enumerate(step.ranks):
+        for mb in mbs:
+            rank_of_sample[[local_of[int(g)] for g in mb]] = r
+    norm = mode.step_normalizers(
+        rollouts.rollout_id[samples], [masks[g] for g in samples],
+        global_batch_size=step.num_rollouts, dp_size=cfg.dp, cp_size=cfg.cp,
+        num_microbatches=n_mb, dp_rank_of_sample=rank_of_sample,
+    )
+    prescale = mode.loss_prescale(norm, num_microbatches=n_mb, dp_size=cfg.dp, cp_size=cfg.cp)
+
+    # 2. this DP rank's micro-batches, packed (every CP rank of the replica gets the same ones)
+    batches = [
+        pack([data.tokens[g] for g in mb], rollouts.prompt_len[mb], mb, device=device)
+        for mb in step.ranks[dp_rank]
+    ]
+
+    def loss_func(batch, logits):
+        idx = [int(g) for g in batch.sample_indices]
+        stats = response_token_stats(logits, batch)
+        adv = torch.cat([torch.full((int(rollouts.response_len[g]),),
+                                    float(data.sample_advantage[g]), dtype=torch.float64)
+                         for g in idx]).to(device)
+        per_token = {
+            "loss": -adv * stats["logprob"],
+            "nll": -stats["logprob"].detach(),
+            "entropy": stats["entropy"],
+            "token_acc": stats["correct"],
+            "advantage": adv,
+        }
+        kw = {
+            "total_lengths": list(batch.lengths),
+            "response_lengths": list(batch.response_lens),
+            "loss_masks": [masks[g].to(device) for g in idx],
+            "sample_denominators": norm.denominators_for([local_of[g] for g in idx]),
+            "cp_rank": cp_rank,
+            "cp_size": cfg.cp,
+        }
+        sums = {}
+        for key in METRIC_KEYS:
+            local = slice_flat_responses_for_cp(
+                per_token[key], kw["total_lengths"], kw["response_lengths"],
+                cp_rank=cp_rank, cp_size=cfg.cp)
+            sums[key] = mode.microbatch_loss_sum(local, **kw)
+        num_tokens = mode.megatron_num_tokens(kw["loss_masks"])
+        values = torch.stack([torch.tensor(float(mode.count_slot(kw["loss_masks"])))]
+                             + [sums[k].detach().cpu().double() for k in METRIC_KEYS])
+        return (prescale * sums["loss"],
+                torch.tensor(num_tokens, dtype=torch.int, device=device),
+                {"values": values})
+
+    def forward_step(data_iterator, model):
+        batch = next(data_iterator)
+        logits = model(batch.tokens, batch.position_ids, batch.attention_mask)
+        return logits, partial(loss_func, batch)
+
+    # 3. megatron-core's forward/backward schedule (no pipelining), DDP grad sync at the end
+    model.zero_grad_buffer()
+    optimizer.zero_grad()
+    outputs = get_forward_backward_func()(
+        forward_step_func=forward_step,
+        data_iterator=iter(batches),
+        model=[model],
+        num_microbatches=n_mb,
+        seq_length=max(b.num_tokens for b in batches),
+        micro_batch_size=1,
+        forward_only=False,
+    )
+
+    # 4. optimizer step; grad_norm is the norm before clipping
+    ok, grad_norm, _ = optimizer.step()
+    wall = time.perf_counter() - t0
+
+    # 5. report: sum micro-batch vectors, all-reduce over DP x CP, divide by the step divisor
+    report = reduce_step_report(
+        [o["values"] for o in outputs], mode=mode, norm=norm, cp_size=cfg.cp, device=device)
+    walls = torch.tensor([wall], dtype=torch.float64, device=device)
+    gathered = [torch.zeros_like(walls) for _ in range(world)]
+    dist.all_gather(gathered, walls)
+
+    tokens = rollouts.total_len
+    per_rank = step.ranks
+    return {
+        "rollouts": step.num_rollouts,
+        "samples": step.num_samples,
+        "tokens": int(tokens[samples].sum()),
+        "loss_tokens": int(norm.num_tokens),
+        "num_microbatches": [len(mbs) for mbs in per_rank],
+        "samples_per_rank": [int(sum(mb.size for mb in mbs)) for mbs in per_rank],
+        "tokens_per_rank": [int(sum(tokens[mb].sum() for mb in mbs)) for mbs in per_rank],
+        "micro_batch_tokens": [[int(tokens[mb].sum()) for mb in mbs] for mbs in per_rank],
+        **report,
+        "reward": _reward(data, step),
+        "grad_norm": float(grad_norm) if grad_norm is not None else float("nan"),
+        "update_ok": bool(ok),
+        "report_divisor": float(norm.report_divisor),
+        "loss_prescale": float(prescale),
+        "wall_s": [float(w.item()) for w in gathered],
+        "step_time_s": max(float(w.item()) for w in gathered),
+    }
+
+
+def _reward(data, step) -> float:
+    """Mean reward of the step's rollouts (layout-free, computed from the data)."""
+    pos = {int(r): k for k, r in enumerate(data.rollout_ids)}
+    return float(np.mean([data.rollout_reward[pos[int(r)]] for r in step.rollout_ids]))
+
+
+def reduce_step_report(values, *, mode, norm, cp_size, device) -> dict[str, float]:
+    """Adapter around :func:`varbatch_kit.report.reduce_train_step_metrics`.
+
+    ``reduce_train_step_metrics`` all-reduces a CPU float64 tensor, which NCCL
+    cannot; so the local sum is all-reduced here on the training device and the
+    already-global vector is handed to it with ``group=None``.
+    """
+    from varbatch_kit.report import reduce_train_step_metrics
+
+    total = torch.zeros(len(METRIC_KEYS) + 1, dtype=torch.float64)
+    for v in values:
+        total += v
+    total = total.to(device)
+    dist.all_reduce(total)
+    divisor = None if mode.megatron_per_token_loss else norm.report_divisor
+    return reduce_train_step_metrics([total.cpu()], keys=METRIC_KEYS, divisor=divisor,
+                                     cp_size=cp_size, group=None)
+
+
+# --------------------------------------------------------------------------- entry point
+def _write_error(job_dir: Path, rank: int, text: str) -> None:
+    err_dir = job_dir / "errors"
+    err_dir.mkdir(exist_ok=True)
+    tmp = err_dir / f".rank{rank}.tmp"
+    tmp.write_text(text)
+    tmp.rename(err_dir / f"rank{rank}.txt")  # atomic: the launcher never reads half a file
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    job_dir = Path(argv[0])
+    rank = int(os.environ["RANK"])
+    _die_with_parent()
+    (job_dir / "pids").mkdir(exist_ok=True)
+    (job_dir / "pids" / f"rank{rank}.pid").write_text(str(os.getpid()))
+    warnings.filterwarnings("ignore", message=".*Transformer Engine and Apex are not installed.*")
+    current = "setup"
+    try:
+        with open(job_dir / "job.pkl", "rb") as f:
+            job: Job = pickle.load(f)
+        device = setup_process(job.device, job.configs[0].threads_per_worker)
+        for cfg, out in zip(job.configs, job.out_dirs):
+            current = cfg.name
+            train(cfg, job.rollouts, Path(out), device)
+    except BaseException:  # noqa: BLE001 - any failure must reach the launcher, then exit
+        _write_error(job_dir, rank, f"rank {rank} failed in {current!r}:\n{traceback.format_exc()}")
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(1)  # peers are stuck in collectives: do not wait for a clean shutdown
+    dist.barrier()
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
