@@ -1,0 +1,256 @@
+"""Training engine, single process: CPU shim, packed batches on the real GPTModel, toy data, config, CLI."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import warnings
+
+import numpy as np
+import pytest
+import torch
+
+from varbatch_kit import Rollouts, ScheduleConfig
+from varbatch_kit.train import TrainConfig, cpu_shim
+from varbatch_kit.train.batch import block_causal_mask, pack, response_token_stats
+from varbatch_kit.train.data import grpo_advantages, make_toy_data
+
+warnings.filterwarnings("ignore", message=".*Transformer Engine and Apex are not installed.*")
+pytestmark = pytest.mark.filterwarnings("ignore::UserWarning", "ignore::DeprecationWarning")
+
+
+# --------------------------------------------------------------------------- CPU shim
+@pytest.fixture
+def clean_shim():
+    cpu_shim.deactivate()
+    yield
+    cpu_shim.deactivate()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the shim is inactive under CUDA")
+def test_shim_patches_exactly_the_listed_names_and_not_global_torch(clean_shim):
+    import importlib
+
+    before_cuda = torch.cuda.current_device
+    before_zeros = torch.zeros
+    originals = {(m, a): getattr(importlib.import_module(m), a) for m, a in
+                 [(m, "torch") for m in cpu_shim.PATCHED_MODULES] + list(cpu_shim.PATCHED_FUNCTIONS)}
+    assert cpu_shim.activate() is True
+    assert cpu_shim.activate() is True  # idempotent
+    expected = sorted([(m, "torch") for m in cpu_shim.PATCHED_MODULES]
+                      + list(cpu_shim.PATCHED_FUNCTIONS))
+    assert cpu_shim.patched() == expected
+    # the global torch is untouched; only the listed modules see the CPU view
+    assert torch.cuda.current_device is before_cuda and torch.zeros is before_zeros
+    for (m, a), orig in originals.items():
+        assert getattr(importlib.import_module(m), a) is not orig
+    view = importlib.import_module("megatron.core.utils").torch
+    assert view.cuda.current_device() == torch.device("cpu")
+    assert view.zeros(2, device="cuda").device.type == "cpu"
+    assert view.empty(3, device=0).device.type == "cpu"
+    assert view.tensor([1.0], device=torch.device("cuda")).device.type == "cpu"
+    assert view.Tensor is torch.Tensor and view.distributed is torch.distributed
+    # a module nobody listed keeps the real torch
+    assert importlib.import_module("megatron.core.transformer.module").torch is torch
+    cpu_shim.deactivate()
+    assert cpu_shim.patched() == []
+    for (m, a), orig in originals.items():
+        assert getattr(importlib.import_module(m), a) is orig
+
+
+def test_shim_is_a_no_op_when_cuda_is_present(clean_shim, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert cpu_shim.needed() is False
+    assert cpu_shim.activate() is False
+    assert cpu_shim.patched() == []
+
+
+def test_shim_clip_replacement_scales_like_megatron():
+    ps = [torch.nn.Parameter(torch.zeros(3)) for _ in range(2)]
+    ps[0].grad = torch.tensor([3.0, 0.0, 0.0])
+    ps[1].grad = torch.tensor([0.0, 4.0, 0.0])
+    cpu_shim._clip_grad_by_total_norm_cpu(ps, max_norm=1.0, total_norm=5.0)
+    assert torch.allclose(ps[0].grad, torch.tensor([0.6, 0.0, 0.0]), atol=1e-6)
+    assert torch.allclose(ps[1].grad, torch.tensor([0.0, 0.8, 0.0]), atol=1e-6)
+    cpu_shim._clip_grad_by_total_norm_cpu(ps, max_norm=10.0, total_norm=1.0)  # no clipping
+    assert torch.allclose(ps[1].grad, torch.tensor([0.0, 0.8, 0.0]), atol=1e-6)
+
+
+# --------------------------------------------------------------------------- packed batches
+def test_block_causal_mask_hand_example():
+    m = block_causal_mask([2, 3])[0, 0]
+    allowed = (~m).int().tolist()
+    assert allowed == [
+        [1, 0, 0, 0, 0],
+        [1, 1, 0, 0, 0],
+        [0, 0, 1, 0, 0],
+        [0, 0, 1, 1, 0],
+        [0, 0, 1, 1, 1],
+    ]
+
+
+def test_pack_positions_and_response_positions():
+    b = pack([np.array([5, 6, 7]), np.array([1, 2, 3, 4])], prompt_lens=[1, 2])
+    assert b.tokens.tolist() == [[5, 6, 7, 1, 2, 3, 4]]
+    assert b.position_ids.tolist() == [[0, 1, 2, 0, 1, 2, 3]]
+    assert b.offsets == (0, 3) and b.response_lens == (2, 2)
+    # sample 0 responses (tokens 6, 7) predicted at 0, 1; sample 1 (3, 4) at 4, 5
+    assert b.response_positions().tolist() == [0, 1, 4, 5]
+    with pytest.raises(ValueError, match="prompt_len"):
+        pack([np.array([1, 2])], prompt_lens=[0])
+
+
+@pytest.fixture(scope="module")
+def megatron_single_process():
+    """torch.distributed (gloo, world 1) + megatron parallel state in this process, torn down after."""
+    from varbatch_kit.train.loop import setup_process
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": "0", "WORLD_SIZE": "1",
+               "LOCAL_RANK": "0"}
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    threads = torch.get_num_threads()
+    try:
+        device = setup_process("cuda" if torch.cuda.is_available() else "cpu", threads=threads)
+        yield device
+    finally:
+        from megatron.core import parallel_state
+
+        parallel_state.destroy_model_parallel()
+        if torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
+        cpu_shim.deactivate()
+        torch.set_num_threads(threads)
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def test_packed_losses_equal_each_sample_alone(megatron_single_process):
+    """Packing is real: per-sample log-probs of a packed row == running each sample alone."""
+    from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
+
+    from varbatch_kit.train.model import build_gpt
+
+    device = megatron_single_process
+    cfg = TrainConfig(num_layers=2, hidden_size=32, num_attention_heads=4, vocab_size=64)
+    torch.manual_seed(0)
+    model_parallel_cuda_manual_seed(0, inference_rng_tracker=True, force_reset_rng=True)
+    gpt = build_gpt(cfg, max_seq_len=32).to(device).eval()
+    rng = np.random.default_rng(0)
+    lengths, prompts = [9, 17, 5, 12], [3, 6, 1, 4]
+    seqs = [rng.integers(0, 64, n) for n in lengths]
+    with torch.no_grad():
+        packed = pack(seqs, prompts, device=device)
+        out = response_token_stats(gpt(packed.tokens, packed.position_ids,
+                                       packed.attention_mask), packed)["logprob"]
+        per_sample = out.split(list(packed.response_lens))
+        for seq, p, got in zip(seqs, prompts, per_sample):
+            alone = pack([seq], [p], device=device)
+            ref = response_token_stats(gpt(alone.tokens, alone.position_ids,
+                                           alone.attention_mask), alone)["logprob"]
+            rel = (got - ref).abs().max() / ref.abs().max()
+            assert rel < 1e-5, rel
+        # the mask matters: plain causal attention over the row leaks across samples
+        causal = block_causal_mask([packed.num_tokens], device=device)
+        leaky = response_token_stats(gpt(packed.tokens, packed.position_ids, causal),
+                                     packed)["logprob"].split(list(packed.response_lens))
+        assert (leaky[1] - per_sample[1]).abs().max() > 1e-4
+
+
+# --------------------------------------------------------------------------- toy data
+def test_grpo_advantages_hand_values():
+    adv = grpo_advantages(np.array([1.0, 0.0, 0.5, 0.5, 0.2]), 2)
+    s = np.std([1.0, 0.0], ddof=1)
+    assert np.allclose(adv[:2], [0.5 / (s + 1e-6), -0.5 / (s + 1e-6)])
+    assert np.allclose(adv[2:4], 0.0)  # equal rewards
+    assert adv[4] == 0.0  # a trailing group of one
+    with pytest.raises(ValueError, match="n_samples_per_prompt"):
+        grpo_advantages(np.zeros(2), 0)
+
+
+def test_toy_data_is_seeded_per_rollout_and_follows_the_rule():
+    r = Rollouts.synthetic(8, samples_per_rollout=(1, 3), prompt_len=(2, 5), response_len=6,
+                           max_response_len=10, seed=1)
+    d = make_toy_data(r, vocab_size=32, seed=5, n_samples_per_prompt=4)
+    # rule bookkeeping: follows_rule marks exactly the tokens equal to previous + 1
+    for i, seq in enumerate(d.tokens):
+        p = int(r.prompt_len[i])
+        assert seq.size == r.total_len[i]
+        assert np.array_equal(d.follows_rule[i], seq[p:] == (seq[p - 1:-1] + 1) % 32)
+    # reward = fraction of rule tokens over the rollout's samples (all-ones masks)
+    _ids, groups = r.rollout_order()
+    for k, members in enumerate(groups):
+        hits = sum(int(d.follows_rule[i].sum()) for i in members)
+        total = sum(int(r.response_len[i]) for i in members)
+        assert d.rollout_reward[k] == pytest.approx(hits / total)
+        assert np.all(d.sample_advantage[members] == d.rollout_advantage[k])
+    # a rollout's tokens do not depend on the other rollouts in the batch
+    last = r.subset(groups[-1])
+    d2 = make_toy_data(last, vocab_size=32, seed=5, n_samples_per_prompt=4)
+    for j, i in enumerate(groups[-1]):
+        assert np.array_equal(d2.tokens[j], d.tokens[i])
+    # and the seed matters
+    d3 = make_toy_data(r, vocab_size=32, seed=6, n_samples_per_prompt=4)
+    assert any(not np.array_equal(a, b) for a, b in zip(d.tokens, d3.tokens))
+
+
+# --------------------------------------------------------------------------- config and CLI
+def test_train_config_validation_and_helpers():
+    c = TrainConfig(schedule=ScheduleConfig(dp=2, cp=2, global_batch_size=4, micro_batch_size=1))
+    assert c.world_size == 4 and c.name == "dp2 cp2 static/strided per_rollout_mean"
+    assert c.lr_increment_unit() == "rollouts"
+    assert TrainConfig(mode="per_token").lr_increment_unit() == "samples"
+    c2 = c.with_(dp=1, packing="first_fit", max_tokens_per_gpu=64, mode="per_token")
+    assert (c2.dp, c2.schedule.packing, c2.mode) == (1, "first_fit", "per_token")
+    assert c2.model_shape().hidden_size == c.hidden_size
+    for bad, match in [({"mode": "nope"}, "report mode"), ({"hidden_size": 30}, "divisible"),
+                       ({"lr_decay_style": "step"}, "lr_decay_style"),
+                       ({"fail_rank": 3}, "fail_rank"), ({"save_params_at": (0,)}, "1-based"),
+                       ({"device": "tpu"}, "device")]:
+        with pytest.raises(ValueError, match=match):
+            TrainConfig(**bad)
+
+
+def test_run_rejects_bad_inputs_before_launching():
+    from varbatch_kit.train import run
+
+    r = Rollouts(prompt_len=[0, 3], response_len=[4, 4])
+    with pytest.raises(ValueError, match="prompt_len"):
+        run(TrainConfig(schedule=ScheduleConfig(global_batch_size=1, micro_batch_size=1)), r)
+    r = Rollouts(prompt_len=[2, 3], response_len=[4, 4])
+    with pytest.raises(ValueError, match="max_seq_len"):
+        run(TrainConfig(schedule=ScheduleConfig(global_batch_size=1, micro_batch_size=1),
+                        max_seq_len=5), r)
+    with pytest.raises(ValueError, match="global_batch_size"):
+        run(TrainConfig(schedule=ScheduleConfig(global_batch_size=3, micro_batch_size=1)), r)
+
+
+def test_cli_builds_every_combination():
+    from varbatch_kit.train import cli
+
+    p = argparse.ArgumentParser()
+    cli.add_parser(p.add_subparsers())
+    a = p.parse_args(["compare", "--dp", "1", "2", "--cp", "1", "2", "--packing", "static",
+                      "first_fit", "--micro-batch-size", "2", "--max-tokens-per-gpu", "64",
+                      "--mode", "per_rollout_mean", "per_token", "--steps", "3"])
+    configs = cli.configs_from_args(a)
+    assert len(configs) == 16
+    assert {(c.dp, c.cp, c.schedule.packing, c.mode) for c in configs} == {
+        (dp, cp, pk, m) for dp in (1, 2) for cp in (1, 2) for pk in ("static", "first_fit")
+        for m in ("per_rollout_mean", "per_token")}
+    static = [c for c in configs if c.schedule.packing == "static"]
+    assert all(c.schedule.micro_batch_size == 2 and c.max_steps == 3 for c in static)
+    a = p.parse_args(["train", "--packing", "static"])
+    with pytest.raises(ValueError, match="micro-batch-size"):
+        cli.configs_from_args(a)
+    a = p.parse_args(["train", "--dp", "2", "--rollouts", "16"])
+    (c,) = cli.configs_from_args(a)
+    assert c.dp == 2 and c.schedule.max_tokens_per_gpu == 256
+    assert len(cli.rollouts_from_args(a).rollout_order()[0]) == 16
