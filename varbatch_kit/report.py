@@ -728,6 +728,13 @@ def _resolve_mode(mode: str | ReportMode) -> ReportMode:
 # ---------------------------------------------------------------------------
 
 
+def _collective_device(group: Any) -> torch.device:
+    """The device a tensor collective on ``group`` needs: CUDA for NCCL, else CPU."""
+    if dist.get_backend(group) == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
 def reduce_train_step_metrics(
     microbatch_values: Sequence[torch.Tensor],
     *,
@@ -744,7 +751,9 @@ def reduce_train_step_metrics(
     report divisor, e.g. the rollout count) or, with ``divisor=None`` (slime's
     per-token path), by ``slot0 / cp_size``: every CP rank counted its samples'
     tokens in full. A zero token count reports 0, never NaN. A rank with no
-    micro-batches passes an empty sequence.
+    micro-batches passes an empty sequence. The sums are float64 on the CPU and
+    move, for the all-reduce only, to the device the group's backend needs
+    (CUDA for NCCL).
     """
     keys = list(keys)
     _, cp_size = validate_cp(0, cp_size)
@@ -761,7 +770,10 @@ def reduce_train_step_metrics(
             )
         total += v
     if group is not None:
-        dist.all_reduce(total, op=dist.ReduceOp.SUM, group=group)
+        device = _collective_device(group)
+        reduced = total.to(device)
+        dist.all_reduce(reduced, op=dist.ReduceOp.SUM, group=group)
+        total = reduced.cpu()
     if divisor is None:
         divisor = max(float(total[0].item()) / cp_size, 1.0)
     return {k: float(total[i + 1].item()) / divisor for i, k in enumerate(keys)}
