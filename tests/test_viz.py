@@ -1,0 +1,292 @@
+"""viz: every picture on small hand-checked inputs (trace count, axis titles, values)."""
+
+import math
+
+import numpy as np
+import pandas as pd
+import plotly.graph_objects as go
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from varbatch_kit import ModelShape, Rollouts, ScheduleConfig, build_schedule, viz
+from varbatch_kit.packing import PACKERS
+
+TINY = ModelShape(num_layers=2, hidden_size=16, num_attention_heads=2, num_query_groups=2,
+                  vocab_size=32, ffn_hidden_size=64, kv_channels=8)
+
+
+def rollouts(lengths, rollout_id=None):
+    lengths = np.asarray(lengths)
+    return Rollouts(prompt_len=np.zeros_like(lengths), response_len=lengths,
+                    rollout_id=rollout_id)
+
+
+def trace(fig, name):
+    return next(t for t in fig.data if t.name is not None and t.name.startswith(name))
+
+
+# ------------------------------------------------------------------ lengths
+def test_length_figure_with_model_has_shares_and_flops_curves():
+    r = rollouts([10, 20, 30, 40, 1000])
+    fig = viz.length_figure(r, TINY, bins=4)
+    assert isinstance(fig, go.Figure)
+    assert [t.name for t in fig.data] == [
+        "% of samples", "% of tokens", "% of FLOPs", "linear part c1 (GEMMs, LM head)",
+        "c1 + c2*L (with attention)"]
+    assert fig.layout.xaxis.title.text == "sample length (prompt + response tokens)"
+    assert fig.layout.yaxis.title.text == "% of batch"
+    assert fig.layout.xaxis2.title.text == "sample length L (tokens)"
+    assert fig.layout.yaxis2.title.text == "forward FLOPs per token"
+    # bins of width 247.5: four samples in the first bin, one in the last
+    np.testing.assert_allclose(fig.data[0].y, [80, 0, 0, 20])
+    np.testing.assert_allclose(fig.data[1].y, [100 / 11, 0, 0, 1000 / 11])
+    flops = TINY.forward_flops(np.array([10, 20, 30, 40, 1000]))
+    np.testing.assert_allclose(fig.data[2].y[-1], 100 * flops[-1] / flops.sum())
+    # the long sample carries more of the FLOPs than of the tokens: the quadratic term
+    assert fig.data[2].y[-1] > fig.data[1].y[-1]
+    c1, c2 = TINY.flops_coefficients()
+    np.testing.assert_allclose(fig.data[3].y, c1)
+    np.testing.assert_allclose(fig.data[4].y, c1 + c2 * np.asarray(fig.data[4].x))
+    share = (c2 * np.array([10, 20, 30, 40, 1000.0]) ** 2).sum() / flops.sum()
+    assert f"{100 * share:.1f}% of the batch's FLOPs" in fig.layout.annotations[-1].text
+
+
+def test_length_figure_without_model_draws_tokens_only():
+    fig = viz.length_figure(rollouts([5, 6, 7]), None, bins=2)
+    assert [t.name for t in fig.data] == ["% of samples", "% of tokens"]
+    with pytest.raises(ValueError, match="bins"):
+        viz.length_figure(rollouts([5]), None, bins=0)
+
+
+# ------------------------------------------------------------------ packing
+def test_packing_figure_stacks_samples_per_micro_batch_grouped_by_rank():
+    # first-fit with cap 10: bins [0,1,3] (5+3+2), [2,5] (8+1), [4] (7), [6,7] (4+6)
+    r = rollouts([5, 3, 8, 2, 7, 1, 4, 6], rollout_id=[0, 0, 1, 2, 3, 4, 5, 6])
+    s = build_schedule(r, ScheduleConfig(dp=2, global_batch_size=7, max_tokens_per_gpu=10), TINY)
+    fig = viz.packing_figure(s, 0)
+    assert tuple(t.name.split(" (")[0] for t in fig.data[:3]) == ("samples", "micro-batches",
+                                                                  "over cap")
+    assert fig.data[3].name == "token cap 10"
+    assert fig.layout.xaxis.title.text == "micro-batches, grouped by DP rank"
+    assert fig.layout.yaxis.title.text == "tokens per micro-batch"
+    samples, mbs = fig.data[0], fig.data[1]
+    # strided: rank 0 gets bins 0, 2; rank 1 bins 1, 3; x leaves a gap slot between ranks
+    np.testing.assert_array_equal(mbs.x, [0, 1, 3, 4])
+    np.testing.assert_array_equal(mbs.y, [10, 7, 9, 10])
+    np.testing.assert_array_equal(samples.x, [0, 0, 0, 1, 3, 3, 4, 4])
+    np.testing.assert_array_equal(samples.y, [5, 3, 2, 7, 8, 1, 4, 6])
+    np.testing.assert_array_equal(samples.base, [0, 5, 8, 0, 0, 8, 0, 4])
+    custom = np.asarray(samples.customdata)
+    np.testing.assert_array_equal(custom[:, 0], [0, 1, 3, 4, 2, 5, 6, 7])  # sample ids
+    np.testing.assert_array_equal(custom[:, 1], [0, 0, 2, 3, 1, 4, 5, 6])  # rollout ids
+    np.testing.assert_allclose(custom[:, 2], TINY.forward_flops(np.array([5, 3, 2, 7, 8, 1, 4,
+                                                                          6])))
+    np.testing.assert_array_equal(custom[:, 3], [0, 0, 0, 0, 1, 1, 1, 1])  # rank
+    np.testing.assert_array_equal(custom[:, 4], [0, 0, 0, 1, 0, 0, 1, 1])  # position on rank
+    np.testing.assert_array_equal(custom[:, 5], [10, 10, 10, 7, 9, 9, 10, 10])  # its tokens
+    # samples of rollout 0 share a colour
+    assert samples.marker.color[0] == samples.marker.color[1]
+    assert len(fig.data[2].x) == 0  # nothing over the cap
+    np.testing.assert_array_equal(fig.data[3].y, [10, 10])
+    assert next(t.text for t in [fig.layout.title]).startswith("step 0: 8 samples, 36 tokens in "
+                                                                "4 micro-batches")
+
+
+def test_packing_figure_marks_exactly_the_over_cap_micro_batches():
+    # flops_kk packing ignores the cap: 2 bins (ceil(36/20)) of ~18 tokens... with cap 12
+    r = rollouts([11, 9, 8, 8])
+    s = build_schedule(r, ScheduleConfig(dp=1, global_batch_size=4, max_tokens_per_gpu=12,
+                                         packing="flops_kk", distribution="flops_kk"), TINY)
+    fig = viz.packing_figure(s)
+    tokens = np.asarray(fig.data[1].y)
+    over = tokens > 12
+    assert over.any()
+    np.testing.assert_array_equal(fig.data[2].x, np.asarray(fig.data[1].x)[over])
+    np.testing.assert_array_equal(np.asarray(fig.data[2].customdata)[:, 0], tokens[over])
+    assert fig.data[2].name == f"over cap ({int(over.sum())})"
+    np.testing.assert_array_equal(np.asarray(fig.data[1].marker.line.color), over.astype(int))
+
+
+def test_packing_figure_lone_oversize_sample_is_marked_in_its_own_colour():
+    r = rollouts([30, 4, 5])  # 30 > cap 10 sits alone
+    s = build_schedule(r, ScheduleConfig(dp=1, global_batch_size=3, max_tokens_per_gpu=10), TINY)
+    fig = viz.packing_figure(s)
+    assert list(fig.data[1].y) == [30, 9]
+    assert list(fig.data[2].x) == [0]
+    assert list(fig.data[2].marker.color) == [1]  # 1 = single sample, 0 = violation
+
+
+def test_static_packing_figure_has_no_cap_line():
+    s = build_schedule(rollouts([1, 2, 3, 4]),
+                       ScheduleConfig(dp=2, global_batch_size=4, micro_batch_size=1))
+    fig = viz.packing_figure(s)
+    assert len(fig.data[3].x) == 0 and fig.data[3].name == "no token cap (static)"
+    assert np.isnan(np.asarray(fig.data[0].customdata)[:, 2]).all()  # no model: no FLOPs
+
+
+def test_packing_figure_rejects_a_bad_step():
+    s = build_schedule(rollouts([1, 2]), ScheduleConfig(global_batch_size=1,
+                                                        max_tokens_per_gpu=10))
+    with pytest.raises(ValueError, match="step=2 is out of range"):
+        viz.packing_figure(s, 2)
+
+
+@given(st.lists(st.integers(1, 60), min_size=4, max_size=40), st.integers(5, 50),
+       st.sampled_from(["first_fit", "flops_kk"]), st.integers(1, 2))
+def test_over_cap_marker_appears_exactly_when_a_bin_exceeds_the_cap(lengths, cap, packing, dp):
+    r = rollouts(lengths)
+    cfg = ScheduleConfig(dp=dp, global_batch_size=len(lengths), max_tokens_per_gpu=cap,
+                         packing=packing, distribution="flops_kk")
+    try:
+        s = build_schedule(r, cfg, TINY)
+    except ValueError:
+        return  # impossible layout (too few samples to split)
+    fig = viz.packing_figure(s)
+    step = s.steps[0]
+    order = [b for bins in step.rank_bins for b in bins]
+    bin_tokens = np.array([int(r.total_len[step.micro_batches[b]].sum()) for b in order])
+    np.testing.assert_array_equal(fig.data[1].y, bin_tokens)
+    over_x = set(np.asarray(fig.data[2].x).tolist())
+    assert over_x == set(np.asarray(fig.data[1].x)[bin_tokens > cap].tolist())
+    assert len(fig.data[0].x) == len(lengths)
+
+
+def test_packing_figure_is_pure():
+    r = rollouts([5, 3, 8, 2, 7, 1, 4, 6])
+    s = build_schedule(r, ScheduleConfig(dp=2, global_batch_size=4, max_tokens_per_gpu=10), TINY)
+    a = viz.packing_figure(s, 1).to_json()
+    viz.packing_figure(s, 0)
+    assert viz.packing_figure(s, 1).to_json() == a
+
+
+# ------------------------------------------------------------------ balance
+def test_balance_figure_per_rank_values_and_lower_bound():
+    r = rollouts([5, 3, 8, 2, 7, 1, 4, 6])
+    s = build_schedule(r, ScheduleConfig(dp=2, global_batch_size=8, max_tokens_per_gpu=10), TINY)
+    fig = viz.balance_figure(s)
+    assert [t.name for t in fig.data] == list(viz.BALANCE_TRACE_NAMES)
+    assert fig.layout.yaxis.title.text.startswith("FLOPs")
+    assert fig.layout.yaxis2.title.text.startswith("tokens")
+    assert fig.layout.xaxis2.title.text == "DP ranks, grouped by step"
+    f = TINY.forward_flops(r.total_len)
+    step = s.steps[0]
+    rank_tok = [sum(int(r.total_len[step.micro_batches[b]].sum()) for b in bins)
+                for bins in step.rank_bins]
+    rank_fl = [sum(float(f[step.micro_batches[b]].sum()) for b in bins) for bins in step.rank_bins]
+    assert rank_tok == [17, 19]  # bins 10+7 and 9+10
+    np.testing.assert_array_equal(fig.data[2].y, rank_tok)
+    np.testing.assert_allclose(fig.data[0].y, rank_fl)
+    mb_fl = [float(f[mb].sum()) for mb in step.micro_batches]
+    bound = max(sum(rank_fl) / 2, max(mb_fl))
+    assert fig.data[1].y[0] == pytest.approx(bound) and fig.data[1].y[1] == pytest.approx(bound)
+    assert fig.data[3].y[0] == max(36 / 2, 10)
+
+
+def test_balance_traces_report_the_worst_step():
+    r = rollouts([5, 3, 8, 2, 7, 1, 4, 6])
+    s = build_schedule(r, ScheduleConfig(dp=2, global_batch_size=4, max_tokens_per_gpu=10), TINY)
+    info = viz.balance_traces(s)["info"]
+    assert info["steps"] == [0, 1]
+    assert info["worst_makespan_ratio"] == max(info["makespan_ratio"]) >= 1.0
+    assert len(viz.balance_figure(s, steps=[1]).data[0].y) == 2
+
+
+# ------------------------------------------------------------------ sweeps
+def test_sweep_table_and_heatmap_with_an_impossible_cell():
+    r = rollouts([5, 3, 8, 2, 7, 1, 4, 6])
+    base = ScheduleConfig(dp=1, global_batch_size=8, max_tokens_per_gpu=10)
+    table = viz.sweep_table(r, base, TINY, max_tokens_per_gpu=[10, 20], dp=[1, 16])
+    assert len(table) == 4
+    ok = table[(table.dp == 1) & (table.max_tokens_per_gpu == 10)].iloc[0]
+    assert ok.micro_batches == 4 and ok.mb_lower_bound == 4 and ok.error == ""
+    bad = table[table.dp == 16]
+    assert bad.micro_batches.isna().all()
+    assert bad.error.str.contains("dp=16").all()
+    fig = viz.sweep_heatmap(table, "micro_batches")
+    assert len(fig.data) == 1 and fig.data[0].type == "heatmap"
+    assert fig.layout.xaxis.title.text == "max_tokens_per_gpu"
+    assert fig.layout.yaxis.title.text == "dp"
+    z = np.asarray(fig.data[0].z, dtype=float)
+    assert z.shape == (2, 2) and np.isnan(z[1]).all() and z[0, 0] == 4
+    assert "impossible" in fig.data[0].customdata[1][0]
+    with pytest.raises(ValueError, match="not a column"):
+        viz.sweep_heatmap(table, "nope")
+
+
+# ------------------------------------------------------------------ policies
+def test_policy_pairs_follow_the_registries():
+    pairs = viz.policy_pairs(TINY)
+    assert ("first_fit", "strided") in pairs and ("flops_kk", "flops_kk") in pairs
+    assert all(PACKERS[p].dynamic for p, _ in pairs)
+    for p, d in pairs:
+        required = getattr(PACKERS[p], "requires_distribution", None)
+        assert required in (None, d)
+    assert all(not PACKERS[p].needs_flops for p, _ in viz.policy_pairs(None))
+    assert viz.policy_pairs(None, dynamic=False) == [("static", "strided")]
+
+
+def test_policy_table_and_figure():
+    r = rollouts([5, 3, 8, 2, 7, 1, 4, 6])
+    cfg = ScheduleConfig(dp=2, global_batch_size=8, max_tokens_per_gpu=10)
+    table = viz.policy_table(r, cfg, TINY, [("first_fit", "strided"), ("flops_kk", "flops_kk")])
+    assert list(table.packing) == ["first_fit", "flops_kk"]
+    assert table.slime.tolist() == ["--use-dynamic-batch-size",
+                                    "--use-dynamic-batch-size --balance-by-flops"]
+    row = table.iloc[0]
+    assert row.micro_batches == 4 and row.mb_lower_bound == 4 and row.cap_violations == 0
+    fig = viz.policy_figure(table.assign(trace="t"))
+    assert len(fig.data) == 3
+    assert list(fig.data[0].x) == ["first_fit + strided", "flops_kk + flops_kk"]
+    bad = viz.policy_table(r, cfg.with_(dp=64), TINY, [("first_fit", "strided")])
+    assert bad.error.iloc[0] and math.isnan(bad.micro_batches.iloc[0])
+
+
+# ------------------------------------------------------------------ reports
+def test_report_figure_relative_difference_to_the_reference():
+    reports = {
+        "dp1": pd.DataFrame({"step": [0, 1, 2], "loss": [2.0, 1.0, 0.5]}),
+        "dp2": pd.DataFrame({"step": [0, 1, 2], "loss": [2.0, 1.0, 0.5]}),
+        "naive": pd.DataFrame({"step": [0, 1, 2], "loss": [2.2, 1.0, 0.25]}),
+    }
+    fig = viz.report_figure(reports, "loss")
+    assert [t.name for t in fig.data] == ["dp1", "dp2", "dp2", "naive", "naive"]
+    np.testing.assert_allclose(fig.data[2].y, [0, 0, 0])
+    np.testing.assert_allclose(fig.data[4].y, [0.1, 0, -0.5])
+    assert fig.layout.xaxis2.title.text == "training step"
+    assert fig.layout.yaxis.title.text == "loss"
+    long = pd.concat([df.assign(config=k) for k, df in reports.items()])
+    fig2 = viz.report_figure(long, "loss", reference="naive")
+    np.testing.assert_allclose(fig2.data[1].y, [2 / 2.2 - 1, 0, 1.0])
+    with pytest.raises(ValueError, match="reference"):
+        viz.report_figure(reports, "loss", reference="x")
+    with pytest.raises(ValueError, match="no column"):
+        viz.report_figure(reports, "grad_norm")
+
+
+# ------------------------------------------------------------------ simulation
+def test_step_time_and_timeline_figures_from_tables():
+    times = {"a": pd.DataFrame({"step": [0, 1], "time_s": [1.0, 2.0], "bound_s": [0.9, 1.8]}),
+             "b": pd.DataFrame({"step": [0, 1], "time_s": [1.1, 2.1], "bound_s": [0.9, 1.8]})}
+    fig = viz.step_time_figure(times)
+    assert [t.name for t in fig.data] == ["a", "b", "bound (perfect schedule)"]
+    assert fig.layout.yaxis.title.text == "seconds"
+    tl = pd.DataFrame({"step": 0, "rank": [0, 0, 1], "micro_batch": [0, 1, 0],
+                       "start_s": [0.0, 1.0, 0.0], "end_s": [1.0, 3.0, 2.0]})
+    fig = viz.timeline_figure(tl, 0)
+    assert [t.name for t in fig.data] == ["micro-batch", "waiting for the slowest rank"]
+    np.testing.assert_allclose(fig.data[0].x, [1, 2, 2])
+    np.testing.assert_allclose(fig.data[1].x, [0, 1])  # rank 1 ends at 2 s, waits 1 s
+    with pytest.raises(ValueError, match="no rows"):
+        viz.timeline_figure(tl, 3)
+
+
+def test_simulated_views_on_a_real_schedule():
+    sim_mod = pytest.importorskip("varbatch_kit.simulate")
+    r = rollouts([5, 3, 8, 2, 7, 1, 4, 6])
+    s = build_schedule(r, ScheduleConfig(dp=2, global_batch_size=4, max_tokens_per_gpu=10), TINY)
+    sim = sim_mod.simulate(s, hardware="H100")
+    fig = viz.step_time_figure({"x": sim.step_times})
+    np.testing.assert_allclose(fig.data[0].y, sim.step_times["time_s"])
+    fig = viz.timeline_figure(sim.timelines, 1)
+    assert len(fig.data[0].x) == len(sim.timelines[sim.timelines.step == 1])
