@@ -8,7 +8,7 @@ same report computed on |x| (a scale that cancellation cannot shrink).
 
 import torch
 from _report_cases import Case, emulated_gradient, relative_difference
-from hypothesis import HealthCheck, find, given, settings
+from hypothesis import HealthCheck, Phase, find, given, settings
 from hypothesis import strategies as st
 
 from varbatch_kit.report import (
@@ -21,7 +21,7 @@ from varbatch_kit.report import (
 )
 
 PROPERTY_SETTINGS = settings(
-    max_examples=100,
+    max_examples=60,
     deadline=None,
     database=None,
     derandomize=True,
@@ -81,8 +81,11 @@ def report(mode, case, layout=None, cp_size=1, values=None):
 
 def relative_drift(mode, case, layout, cp):
     base = report(mode, case)
+    diff = abs(report(mode, case, layout, cp) - base)
+    if diff == 0.0 or diff <= 1e-13 * abs(base):  # already tiny relative to the value itself
+        return diff / max(abs(base), 1e-300)
     scale = max(abs(base), report(mode, case, values=case.values.abs()), 1e-300)
-    return abs(report(mode, case, layout, cp) - base) / scale
+    return diff / scale
 
 
 @PROPERTY_SETTINGS
@@ -149,7 +152,9 @@ def test_gradient_matches_the_unsplit_gradient(step):
 
 def test_naive_modes_drift_on_some_generated_step():
     """The property above would catch them: hypothesis finds a step where each one drifts."""
-    search = settings(max_examples=300, database=None, derandomize=True, deadline=None)
+    search = settings(  # generate only: the first drifting step will do, no shrinking
+        max_examples=300, database=None, derandomize=True, deadline=None, phases=[Phase.generate]
+    )
     for name in NAIVE_MODES:
         case, layout, cp = find(
             steps(), lambda s, name=name: relative_drift(name, *s) > 1e-3, settings=search
