@@ -15,7 +15,7 @@ import pytest
 
 from varbatch_kit import Rollouts, ScheduleConfig, build_schedule
 from varbatch_kit.train import TrainConfig, TrainingError, compare, run, run_many
-from varbatch_kit.train.launch import _alive
+from varbatch_kit.train.launch import _alive, job_processes
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(420)]
 
@@ -146,6 +146,7 @@ def test_failing_worker_stops_everything_and_raises_its_traceback(tmp_path):
     assert len(err.worker_pids) == 2
     assert not any(_alive(p) for p in err.worker_pids)
     assert not _alive(err.torchrun_pid)
+    assert job_processes(err.job_dir) == []  # nothing else started for this job survives
     # step 1 did complete before the failure
     lines = (next(tmp_path.glob("run00-*")) / "steps.jsonl").read_text().splitlines()
     assert len(lines) == 1 and json.loads(lines[0])["step"] == 1
@@ -155,14 +156,28 @@ def test_cli_train_writes_the_table(tmp_path, capsys):
     from varbatch_kit.cli import main
 
     csv = tmp_path / "steps.csv"
-    rc = main(["train", "--rollouts", "8", "--global-batch-size", "4", "--dp", "2",
+    rc = main(["train", "--rollouts", "8", "--global-batch-size", "4", "--dp", "1",
                "--hidden", "32", "--heads", "2", "--quiet", "--out", str(tmp_path / "run"),
                "--csv", str(csv)])
     assert rc == 0
     out = capsys.readouterr().out
     table = pd.read_csv(csv)
     assert table["step"].tolist() == [1, 2]
-    assert "grad_norm" in out and "dp2 cp1 first_fit/strided per_rollout_mean" in out
+    assert "grad_norm" in out and "dp1 cp1 first_fit/strided per_rollout_mean" in out
     rc = main(["train", "--packing", "static", "--quiet"])
     assert rc == 2  # a user error: message on stderr, no traceback
     assert "micro-batch-size" in capsys.readouterr().err
+
+
+def test_timeout_kills_torchrun_and_workers(tmp_path):
+    from varbatch_kit.train.launch import TrainingTimeout
+
+    cfg = TrainConfig(schedule=ScheduleConfig(dp=2, global_batch_size=4, max_tokens_per_gpu=32),
+                      timeout_s=4, **TINY)
+    t0 = time.monotonic()
+    with pytest.raises(TrainingTimeout) as info:
+        run(cfg, _invariance_rollouts(), out_dir=tmp_path, progress=False)
+    assert time.monotonic() - t0 < 30
+    assert "timed out" in str(info.value)
+    assert not _alive(info.value.torchrun_pid)
+    assert job_processes(info.value.job_dir) == []

@@ -55,8 +55,10 @@ class TrainConfig:
         group size, in rollouts).
     Run
         ``max_steps`` (default: every step of the schedule), ``device``
-        (auto / cpu / cuda), ``timeout_s``, ``threads_per_worker`` (default:
-        CPU cores / world size), ``save_params_at`` (1-based steps after
+        (auto / cpu / cuda), ``timeout_s``, ``threads_per_worker`` (CPU
+        torch threads per worker, default 1: the tiny model gains nothing from
+        more, and oversubscribed cores slow OpenMP down badly),
+        ``save_params_at`` (1-based steps after
         whose optimiser step rank 0 saves the parameters), ``label``.
     Debug
         ``fail_at_step`` / ``fail_rank``: that rank raises at the start of
@@ -90,7 +92,7 @@ class TrainConfig:
     max_steps: int | None = None
     device: str = "auto"
     timeout_s: float = 600.0
-    threads_per_worker: int | None = None
+    threads_per_worker: int = 1
     save_params_at: tuple[int, ...] = ()
     label: str | None = None
     # debug
@@ -117,7 +119,11 @@ class TrainConfig:
             raise ValueError(
                 f"hidden_size={self.hidden_size} is not divisible by "
                 f"num_attention_heads={self.num_attention_heads}")
-        for name in ("ffn_hidden_size", "max_seq_len", "max_steps", "threads_per_worker",
+        if isinstance(self.threads_per_worker, bool) or not isinstance(
+                self.threads_per_worker, int) or self.threads_per_worker < 1:
+            raise ValueError(
+                f"threads_per_worker must be a positive integer, got {self.threads_per_worker!r}")
+        for name in ("ffn_hidden_size", "max_seq_len", "max_steps",
                      "fail_at_step"):
             v = getattr(self, name)
             if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):

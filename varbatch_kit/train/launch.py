@@ -183,8 +183,8 @@ def _alive(pid: int) -> bool:
 def _is_our_worker(pid: int, job_dir: Path) -> bool:
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return str(job_dir).encode() in f.read()
-    except FileNotFoundError:
+            return str(job_dir).encode() in f.read().split(b"\0")  # JOB_DIR is an argument
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
         return False
     except OSError:  # no /proc: trust the pid file
         return _alive(pid)
@@ -198,6 +198,16 @@ def _worker_pids(job_dir: Path) -> list[int]:
         except (OSError, ValueError):
             pass
     return pids
+
+
+def job_processes(job_dir: Path) -> list[int]:
+    """Live processes whose command line names ``job_dir`` (torchrun and its workers; Linux)."""
+    me, found = os.getpid(), []
+    for entry in Path("/proc").glob("[0-9]*"):
+        pid = int(entry.name)
+        if pid != me and _is_our_worker(pid, job_dir) and _alive(pid):
+            found.append(pid)
+    return found
 
 
 def _kill_all(proc: subprocess.Popen, job_dir: Path) -> None:
@@ -224,8 +234,15 @@ def _kill_all(proc: subprocess.Popen, job_dir: Path) -> None:
             except ProcessLookupError:
                 pass
             proc.wait(timeout=10)
+    # a worker that had not yet written its pid file: find it by its command line
+    for pid in job_processes(job_dir):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
     deadline = time.monotonic() + 5
-    while time.monotonic() < deadline and any(_alive(p) for p in _worker_pids(job_dir)):
+    while time.monotonic() < deadline and (job_processes(job_dir) or any(
+            _alive(p) for p in _worker_pids(job_dir))):
         time.sleep(0.05)
 
 
@@ -263,7 +280,7 @@ def _launch(configs: list[TrainConfig], rollouts: Rollouts, device: str, job_dir
     job_dir.mkdir(parents=True, exist_ok=True)
     with open(job_dir / "job.pkl", "wb") as f:
         pickle.dump(Job(list(configs), rollouts, [str(d) for d in out_dirs], device), f)
-    threads = configs[0].threads_per_worker or max(1, (os.cpu_count() or 1) // world)
+    threads = configs[0].threads_per_worker
     env = dict(os.environ)
     env.update(OMP_NUM_THREADS=str(threads), PYTHONUNBUFFERED="1",
                PYTHONPATH=os.pathsep.join(filter(None, [_package_root(),
@@ -284,14 +301,18 @@ def _launch(configs: list[TrainConfig], rollouts: Rollouts, device: str, job_dir
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
                                 start_new_session=True, cwd=str(job_dir))
     states: list[dict] = [{} for _ in configs]
+
+    def follow_reports() -> None:  # the progress bar is fed by the JSON lines rank 0 writes
+        for k, (out, st) in enumerate(zip(out_dirs, states)):
+            for rec in _read_new_lines(out / "steps.jsonl", st):
+                if bar is not None:
+                    bar.set_description(configs[k].name)
+                    bar.set_postfix(loss=f"{rec['loss']:.4g}", step=rec["step"])
+                    bar.update(1)
+
     try:
         while True:
-            for k, (out, st) in enumerate(zip(out_dirs, states)):
-                for rec in _read_new_lines(out / "steps.jsonl", st):
-                    if bar is not None:
-                        bar.set_description(configs[k].name)
-                        bar.set_postfix(loss=f"{rec['loss']:.4g}", step=rec["step"])
-                        bar.update(1)
+            follow_reports()
             errors = sorted((job_dir / "errors").glob("rank*.txt"),
                             key=lambda p: p.stat().st_mtime_ns)
             rc = proc.poll()
@@ -306,6 +327,7 @@ def _launch(configs: list[TrainConfig], rollouts: Rollouts, device: str, job_dir
                 if missing:
                     _raise_failure(proc, job_dir, [], log_path,
                                    f"torchrun exited 0 but runs did not finish: {missing}")
+                follow_reports()
                 break
             if time.monotonic() - t0 > timeout:
                 pids = _worker_pids(job_dir)
@@ -360,7 +382,8 @@ def run_many(configs: Sequence[TrainConfig], rollouts: Rollouts, *, out_dir=None
              progress: bool = True) -> list[Run]:
     """Train every configuration on ``rollouts``; one :class:`Run` per configuration, in order.
 
-    Configurations with the same world size (dp * cp) and device share one torchrun launch.
+    Configurations with the same world size (dp * cp), device and ``threads_per_worker``
+    share one torchrun launch.
     """
     configs = list(configs)
     if not configs:
@@ -376,11 +399,11 @@ def run_many(configs: Sequence[TrainConfig], rollouts: Rollouts, *, out_dir=None
     for d in out_dirs:
         if (d / "steps.jsonl").exists():
             raise ValueError(f"{d} already holds a run; pass a fresh out_dir")
-    groups: dict[tuple[int, str], list[int]] = {}
+    groups: dict[tuple[int, str, int], list[int]] = {}
     for k, (c, dev) in enumerate(zip(configs, devices)):
-        groups.setdefault((c.world_size, dev), []).append(k)
+        groups.setdefault((c.world_size, dev, c.threads_per_worker), []).append(k)
     walls = [float("nan")] * len(configs)
-    for g, ((world, dev), members) in enumerate(groups.items()):
+    for g, ((world, dev, _), members) in enumerate(groups.items()):
         wall = _launch([configs[k] for k in members], rollouts, dev,
                        root / f"job{g}-world{world}-{dev}", [out_dirs[k] for k in members],
                        [planned[k] for k in members], progress)

@@ -86,7 +86,7 @@ def _die_with_parent() -> None:
         pass
 
 
-def setup_process(device: str, threads: int | None = None) -> torch.device:
+def setup_process(device: str, threads: int = 1) -> torch.device:
     """torch.distributed + megatron-core parallel state for this worker.
 
     CUDA + NCCL when ``device == "cuda"``; else CPU + gloo with the CPU shim.
@@ -100,7 +100,7 @@ def setup_process(device: str, threads: int | None = None) -> torch.device:
         from varbatch_kit.train import cpu_shim
 
         cpu_shim.activate()
-        torch.set_num_threads(threads or max(1, (os.cpu_count() or 1) // world))
+        torch.set_num_threads(threads)
         dev, backend = torch.device("cpu"), "gloo"
     if not dist.is_initialized():
         dist.init_process_group(backend=backend, rank=rank, world_size=world)
@@ -303,8 +303,8 @@ def train_step(cfg, mode, model, optimizer, step, rollouts, data, device) -> dic
     wall = time.perf_counter() - t0
 
     # 5. report: sum micro-batch vectors, all-reduce over DP x CP, divide by the step divisor
-    report = reduce_step_report(
-        [o["values"] for o in outputs], mode=mode, norm=norm, cp_size=cfg.cp, device=device)
+    report = reduce_step_report([o["values"] for o in outputs], mode=mode, norm=norm,
+                                cp_size=cfg.cp)
     walls = torch.tensor([wall], dtype=torch.float64, device=device)
     gathered = [torch.zeros_like(walls) for _ in range(world)]
     dist.all_gather(gathered, walls)
@@ -337,23 +337,20 @@ def _reward(data, step) -> float:
     return float(np.mean([data.rollout_reward[pos[int(r)]] for r in step.rollout_ids]))
 
 
-def reduce_step_report(values, *, mode, norm, cp_size, device) -> dict[str, float]:
-    """Adapter around :func:`varbatch_kit.report.reduce_train_step_metrics`.
+def reduce_step_report(values, *, mode, norm, cp_size) -> dict[str, float]:
+    """:func:`varbatch_kit.report.reduce_train_step_metrics` over megatron's DP x CP group.
 
-    ``reduce_train_step_metrics`` all-reduces a CPU float64 tensor, which NCCL
-    cannot; so the local sum is all-reduced here on the training device and the
-    already-global vector is handed to it with ``group=None``.
+    With emulated CP, megatron's data-parallel group is the whole dp * cp world.
+    ``divisor=None`` is slime's per-token path (all-reduced token count / cp).
     """
+    from megatron.core import parallel_state
+
     from varbatch_kit.report import reduce_train_step_metrics
 
-    total = torch.zeros(len(METRIC_KEYS) + 1, dtype=torch.float64)
-    for v in values:
-        total += v
-    total = total.to(device)
-    dist.all_reduce(total)
+    group = parallel_state.get_data_parallel_group(with_context_parallel=True)
     divisor = None if mode.megatron_per_token_loss else norm.report_divisor
-    return reduce_train_step_metrics([total.cpu()], keys=METRIC_KEYS, divisor=divisor,
-                                     cp_size=cp_size, group=None)
+    return reduce_train_step_metrics(values, keys=METRIC_KEYS, divisor=divisor,
+                                     cp_size=cp_size, group=group)
 
 
 # --------------------------------------------------------------------------- entry point
