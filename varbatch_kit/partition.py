@@ -5,22 +5,49 @@ parts of near-equal value sums (SLIME_SEMANTICS §3). The result is
 deterministic and identical to slime's ``get_seqlen_balanced_partitions`` on
 the same inputs, including how ties are broken, because the heap orders and
 merges states exactly as described there.
+
+Two implementations give the same partitions:
+
+- :func:`karmarkar_karp_reference`: a plain transcription (one Python object
+  per set, ``k`` sets per state). It costs ``O(n * k)`` Python operations and
+  memory, which is what makes slime's ``--balance-by-flops`` slow (k grows
+  with n: tens of seconds at 16k samples).
+- the fast path used by :func:`karmarkar_karp` for non-negative values of one
+  numeric kind. It relies on three facts of the reference semantics:
+
+  1. sets are compared by ``(sum, count, items)``; the item lists of two
+     distinct non-empty sets are disjoint, so comparing the lists is
+     comparing their first item's index. A set is summarised by
+     ``(sum, count, first index)`` plus a node of a merge forest;
+  2. with non-negative values every non-empty set sorts before every empty
+     set, so a state is stored as its ``m <= k`` non-empty sets only (empty
+     sets are identical, their order does not matter); memory stays linear
+     in ``n``;
+  3. merging pairs set ``i`` of the first state with set ``k-1-i`` of the
+     second: non-empty sets overlap only on ``max(0, m1 + m2 - k)``
+     positions, which numpy adds in one go.
+
+  The item lists are rebuilt at the end from the merge forest (at most
+  ``n - k`` internal nodes). Sums are added in the same order as the
+  reference (IEEE addition of the same operands), so every comparison, and
+  hence every heap operation, is identical.
 """
 
 from __future__ import annotations
 
 import heapq
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
-__all__ = ["karmarkar_karp"]
+__all__ = ["karmarkar_karp", "karmarkar_karp_reference"]
 
 
+# --------------------------------------------------------------------------- reference
 class _Set:
     """Items of one part and their value sum; ordered by (sum, count, items)."""
 
-    __slots__ = ("sum", "items")
+    __slots__ = ("items", "sum")
 
     def __init__(self, items: list[tuple[int, float]], total: float) -> None:
         self.items = items
@@ -29,7 +56,7 @@ class _Set:
     def key(self):
         return (self.sum, len(self.items), self.items)
 
-    def __lt__(self, other: "_Set") -> bool:
+    def __lt__(self, other: _Set) -> bool:
         return self.key() < other.key()
 
 
@@ -45,13 +72,13 @@ class _State:
     def spread(self) -> float:
         return self.sets[0].sum - self.sets[-1].sum
 
-    def __lt__(self, other: "_State") -> bool:
+    def __lt__(self, other: _State) -> bool:
         # heapq is a min-heap: "smaller" must mean "pops first".
         if self.spread != other.spread:
             return self.spread > other.spread
         return self.sets[0].sum > other.sets[0].sum
 
-    def merge(self, other: "_State") -> "_State":
+    def merge(self, other: _State) -> _State:
         k = len(self.sets)
         merged = []
         for i in range(k):
@@ -60,25 +87,8 @@ class _State:
         return _State(merged)
 
 
-def karmarkar_karp(values: Sequence[float], k: int, equal_size: bool) -> list[list[int]]:
-    """Partition item indices ``0..n-1`` into ``k`` parts by largest differencing.
-
-    Parameters
-    ----------
-    values:
-        Item weights (token counts or FLOPs).
-    k:
-        Number of parts; every part is non-empty, so ``n >= k``.
-    equal_size:
-        Every part gets ``n / k`` items (requires ``n % k == 0``).
-
-    Returns
-    -------
-    list of k lists of item indices, each sorted ascending.
-    """
-    vals = [v.item() if isinstance(v, np.generic) else v for v in values]
-    n = len(vals)
-    if int(k) != k or k < 1:
+def _validate(n: int, k, equal_size: bool) -> int:
+    if isinstance(k, bool) or int(k) != k or k < 1:
         raise ValueError(f"k (number of partitions) must be a positive integer, got {k!r}")
     k = int(k)
     if n < k:
@@ -87,6 +97,20 @@ def karmarkar_karp(values: Sequence[float], k: int, equal_size: bool) -> list[li
         raise ValueError(
             f"equal_size partitioning needs the item count divisible by k: n={n}, k={k}"
         )
+    return k
+
+
+def karmarkar_karp_reference(values: Sequence[float], k: int,
+                             equal_size: bool) -> list[list[int]]:
+    """The plain ``O(n * k)`` transcription of SLIME_SEMANTICS §3 (same result as the fast path).
+
+    Kept as the executable specification: the fast path is tested against
+    it, and it handles the inputs the fast path does not (negative values,
+    lists mixing Python ints and floats).
+    """
+    vals = [v.item() if isinstance(v, np.generic) else v for v in values]
+    n = len(vals)
+    k = _validate(n, k, equal_size)
     order = sorted(range(n), key=lambda i: (vals[i], i))
     heap: list[_State] = []
     if equal_size:
@@ -103,6 +127,141 @@ def karmarkar_karp(values: Sequence[float], k: int, equal_size: bool) -> list[li
         heapq.heappush(heap, first.merge(second))
     parts = [sorted(i for i, _ in s.items) for s in heap[0].sets]
     assert all(parts), "Karmarkar-Karp produced an empty partition"
+    if equal_size:
+        assert all(len(p) == n // k for p in parts)
+    return parts
+
+
+# --------------------------------------------------------------------------- fast path
+class _FastState:
+    """A state as its non-empty sets, sorted descending by (sum, count, first index).
+
+    ``spread`` and ``top`` are Python scalars so heap comparisons are exactly
+    the reference's (same values, same ``__lt__``).
+    """
+
+    __slots__ = ("counts", "first", "node", "spread", "sums", "top")
+
+    def __init__(self, sums, counts, first, node, k: int) -> None:
+        if sums.size > 1:
+            order = np.argsort(-sums)  # descending by sum; ties (rare) by the full key
+            ss = sums[order]
+            if (ss[1:] == ss[:-1]).any():
+                order = np.lexsort((first, counts, sums))[::-1]
+                ss = sums[order]
+            sums, counts, first, node = ss, counts[order], first[order], node[order]
+        self.sums, self.counts, self.first, self.node = sums, counts, first, node
+        top = sums[0].item()
+        self.top = top
+        # the smallest set is empty (sum 0, an int in the reference) unless all k are used
+        self.spread = top - (sums[-1].item() if sums.size == k else 0)
+
+    def __lt__(self, other: _FastState) -> bool:
+        if self.spread != other.spread:
+            return self.spread > other.spread
+        return self.top > other.top
+
+
+def _numeric_kind(vals: np.ndarray, values: Sequence) -> str | None:
+    """'int' / 'float' when the fast path reproduces the reference exactly, else None."""
+    if vals.dtype.kind in "iu":
+        if vals.size and (vals.min() < 0 or float(np.abs(vals).sum()) >= 2.0 ** 62):
+            return None
+        return "int"
+    if vals.dtype.kind == "f":
+        if isinstance(values, np.ndarray):
+            kinds = {values.dtype.kind}
+        else:
+            kinds = {"i" if isinstance(v, (int, np.integer)) and not isinstance(v, bool)
+                     else "f" if isinstance(v, (float, np.floating)) else "?" for v in values}
+        if kinds != {"f"} or not np.isfinite(vals).all() or (vals < 0).any():
+            return None  # mixed int/float sums, NaN or negative values: use the reference
+        return "float"
+    return None
+
+
+def karmarkar_karp(values: Sequence[float], k: int, equal_size: bool) -> list[list[int]]:
+    """Partition item indices ``0..n-1`` into ``k`` parts by largest differencing.
+
+    Parameters
+    ----------
+    values:
+        Item weights (token counts or FLOPs).
+    k:
+        Number of parts; every part is non-empty, so ``n >= k``.
+    equal_size:
+        Every part gets ``n / k`` items (requires ``n % k == 0``).
+
+    Returns
+    -------
+    list of k lists of item indices, each sorted ascending. Identical to
+    :func:`karmarkar_karp_reference` (slime's result); fast path in
+    ``O(n log n + merges * k)`` numpy work and ``O(n)`` memory.
+    """
+    try:
+        vals = np.asarray(values)
+    except (TypeError, ValueError):
+        vals = np.asarray([], dtype=object)
+    n = len(values)
+    if vals.ndim != 1 or vals.size != n:
+        return karmarkar_karp_reference(values, k, equal_size)
+    k = _validate(n, k, equal_size)
+    kind = _numeric_kind(vals, values)
+    if kind is None:
+        return karmarkar_karp_reference(values, k, equal_size)
+    vals = vals.astype(np.int64 if kind == "int" else np.float64)
+    order = np.lexsort((np.arange(n), vals))  # ascending by (value, index)
+    one = np.ones(1, dtype=np.int64)
+    heap: list[_FastState] = []
+    if equal_size:
+        for start in range(0, n, k):
+            idx = order[start:start + k]
+            heapq.heappush(heap, _FastState(vals[idx], np.ones(k, dtype=np.int64), idx, idx, k))
+    else:
+        for i in order.tolist():
+            heapq.heappush(heap, _FastState(vals[i:i + 1], one, np.array([i]), np.array([i]), k))
+    left = np.empty(max(n, 1), dtype=np.int64)  # merge forest: node n+j = left[j] ++ right[j]
+    right = np.empty(max(n, 1), dtype=np.int64)
+    n_nodes = 0
+    while len(heap) > 1:
+        a = heapq.heappop(heap)
+        b = heapq.heappop(heap)
+        ma, mb = a.sums.size, b.sums.size
+        lo = k - mb  # first merged position that receives a set of b
+        if lo >= ma:  # no overlap: the non-empty sets are carried over unchanged
+            state = _FastState(np.concatenate((a.sums, b.sums)),
+                               np.concatenate((a.counts, b.counts)),
+                               np.concatenate((a.first, b.first)),
+                               np.concatenate((a.node, b.node)), k)
+        else:
+            bo = slice(k - ma, mb)  # b's sets paired with a[lo:ma], in reverse
+            n_ov = ma - lo
+            new = np.arange(n + n_nodes, n + n_nodes + n_ov, dtype=np.int64)
+            left[n_nodes:n_nodes + n_ov] = a.node[lo:ma]
+            right[n_nodes:n_nodes + n_ov] = b.node[bo][::-1]
+            n_nodes += n_ov
+            state = _FastState(
+                np.concatenate((a.sums[:lo], a.sums[lo:ma] + b.sums[bo][::-1], b.sums[:k - ma])),
+                np.concatenate((a.counts[:lo], a.counts[lo:ma] + b.counts[bo][::-1],
+                                b.counts[:k - ma])),
+                np.concatenate((a.first[:lo], a.first[lo:ma], b.first[:k - ma])),
+                np.concatenate((a.node[:lo], new, b.node[:k - ma])), k)
+        heapq.heappush(heap, state)
+    final = heap[0]
+    assert final.sums.size == k, "Karmarkar-Karp produced an empty partition"
+    lft, rgt = left[:n_nodes].tolist(), right[:n_nodes].tolist()
+    parts = []
+    for root in final.node.tolist():
+        items, stack = [], [root]
+        while stack:
+            v = stack.pop()
+            if v < n:
+                items.append(v)
+            else:
+                stack.append(lft[v - n])
+                stack.append(rgt[v - n])
+        items.sort()
+        parts.append(items)
     if equal_size:
         assert all(len(p) == n // k for p in parts)
     return parts
