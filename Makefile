@@ -20,7 +20,10 @@ $(STAMP): pyproject.toml Makefile
 demo: $(STAMP)
 	$(PY) -m varbatch_kit.demo
 
+# scripts/ensure_chromium.sh installs Debian's Chromium for tests/browser when it is
+# missing and we are root; it never fails the run (without Chromium those tests skip).
 test: $(STAMP)
+	-@sh scripts/ensure_chromium.sh
 	$(PY) -m pytest -q
 
 lab: $(STAMP)
