@@ -54,7 +54,11 @@ class ScheduleConfig:
         and more; see :data:`varbatch_kit.packing.PACKERS`). Defaults to
         ``static`` or ``first_fit`` from the path.
     distribution:
-        Name of a registered distribution (``strided``, ``flops_kk``, ...).
+        Name of a registered distribution (``strided``, ``flops_kk``,
+        ``balanced``, ...). Defaults to ``strided``, or to the distribution a
+        packing requires: ``packing="balanced"`` places samples on ranks
+        itself and needs ``distribution="balanced"`` (the default for it);
+        any other distribution with it is a ``ValueError``.
     """
 
     dp: int = 1
@@ -65,7 +69,7 @@ class ScheduleConfig:
     vpp: int = 1
     mb_group: int = 1
     packing: str | None = None
-    distribution: str = "strided"
+    distribution: str | None = None
 
     def __post_init__(self) -> None:
         from varbatch_kit.distribution import get_distribution
@@ -96,7 +100,16 @@ class ScheduleConfig:
                 f"packing={self.packing!r} needs micro_batch_size (static batching); with "
                 "max_tokens_per_gpu use a dynamic packing such as 'first_fit'"
             )
+        if self.distribution is None:
+            object.__setattr__(self, "distribution", spec.requires_distribution or "strided")
         get_distribution(self.distribution)
+        if spec.requires_distribution and self.distribution != spec.requires_distribution:
+            raise ValueError(
+                f"packing={self.packing!r} decides which rank trains each sample, so it needs "
+                f"distribution={spec.requires_distribution!r} (or leave distribution unset); got "
+                f"distribution={self.distribution!r}. To keep distribution="
+                f"{self.distribution!r}, pick another packing such as 'ffd' or 'first_fit'"
+            )
 
     # ------------------------------------------------------------- derived
     @property

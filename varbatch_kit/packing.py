@@ -8,30 +8,41 @@ step-local sample positions. Packers are registered by name in
 slime's three behaviours (SLIME_SEMANTICS §2.3-2.4) are here: ``static``
 chunks, ``first_fit`` in arrival order, ``flops_kk`` (Karmarkar-Karp on FLOPs
 into ``ceil(tokens/cap)`` bins, cap not enforced), and the bin splitting that
-aligns the bin count on the dynamic path.
+aligns the bin count on the dynamic path. They give exactly slime's bins, in
+``O(n log n)``: first-fit walks a segment tree of the bins' free room instead
+of scanning every open bin, and the splitting keeps its candidates in a heap.
+
+Beyond slime: ``ffd`` (first-fit decreasing), ``bfd`` (best-fit decreasing)
+and ``balanced`` (FLOPs-balanced micro-batches under the cap, with a local
+search over micro-batches and ranks; see :mod:`varbatch_kit.balance`).
 """
 
 from __future__ import annotations
 
+import heapq
 import math
+from bisect import bisect_left, insort
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import numpy as np
 
 from varbatch_kit.partition import karmarkar_karp
 
 __all__ = [
+    "PACKERS",
+    "AlignmentError",
     "PackInput",
     "PackerSpec",
-    "PACKERS",
-    "register_packer",
-    "get_packer",
-    "static_chunks",
+    "aligned_count",
+    "best_fit_decreasing",
     "first_fit",
+    "first_fit_decreasing",
     "flops_kk",
+    "get_packer",
+    "register_packer",
     "split_to_target",
-    "AlignmentError",
+    "static_chunks",
 ]
 
 
@@ -45,21 +56,35 @@ class PackInput:
 
     ``lengths`` are token counts; ``flops`` forward FLOPs (None when no model
     shape was given); ``cap`` the token cap per micro-batch on the dynamic
-    path (``max_tokens_per_gpu * cp``); ``micro_batch_size`` on the static path.
+    path (``max_tokens_per_gpu * cp``); ``micro_batch_size`` on the static path;
+    ``align`` the multiple the step's micro-batch count is rounded up to
+    (``dp``, times ``mb_group`` under virtual pipelining). slime's packers
+    ignore ``align`` (the bins are split to it afterwards); packers that plan
+    for the final count (``balanced``) use it.
     """
 
     lengths: np.ndarray
     flops: np.ndarray | None = None
     cap: int | None = None
     micro_batch_size: int | None = None
+    align: int = 1
 
 
 Bins = list[list[int]]
+#: ``refine(inp, bins, rank_bins) -> (bins, rank_bins)``: a stage run after the
+#: distribution that may move samples between micro-batches and ranks, keeping
+#: the micro-batch count of every rank.
+Refiner = Callable[[PackInput, Bins, list[list[int]]], tuple[Bins, list[list[int]]]]
 
 
 @dataclass(frozen=True)
 class PackerSpec:
-    """A registered packer and what it needs."""
+    """A registered packer and what it needs.
+
+    ``requires_distribution`` names the only distribution the packer works
+    with (None: any). ``refine`` is an optional stage run after the
+    distribution (see :data:`Refiner`).
+    """
 
     name: str
     fn: Callable[[PackInput], Bins]
@@ -67,28 +92,38 @@ class PackerSpec:
     needs_flops: bool  # needs a model shape
     respects_cap: bool  # only a single over-cap sample may exceed the cap
     doc: str = ""
+    requires_distribution: str | None = None
+    refine: Refiner | None = None
 
 
 PACKERS: dict[str, PackerSpec] = {}
 
 
 def register_packer(
-    name: str, *, dynamic: bool, needs_flops: bool, respects_cap: bool, doc: str = ""
+    name: str, *, dynamic: bool, needs_flops: bool, respects_cap: bool, doc: str = "",
+    requires_distribution: str | None = None, refine: Refiner | None = None,
 ):
     """Decorator registering ``fn(PackInput) -> bins`` under ``name``."""
 
     def wrap(fn: Callable[[PackInput], Bins]) -> Callable[[PackInput], Bins]:
         PACKERS[name] = PackerSpec(name, fn, dynamic, needs_flops, respects_cap,
-                                   doc or (fn.__doc__ or "").strip().splitlines()[0])
+                                   doc or (fn.__doc__ or "").strip().splitlines()[0],
+                                   requires_distribution, refine)
         return fn
 
     return wrap
 
 
 def get_packer(name: str) -> PackerSpec:
+    """The registered packer called ``name`` (``ValueError`` listing the choices otherwise)."""
     if name not in PACKERS:
         raise ValueError(f"unknown packing {name!r}; choose one of {sorted(PACKERS)}")
     return PACKERS[name]
+
+
+def aligned_count(k: int, align: int) -> int:
+    """The micro-batch count a step of ``k`` bins ends with: ``max(ceil(k/align)*align, align)``."""
+    return max(math.ceil(k / align) * align, align)
 
 
 @register_packer("static", dynamic=False, needs_flops=False, respects_cap=False)
@@ -98,29 +133,102 @@ def static_chunks(inp: PackInput) -> Bins:
     return [list(range(s, min(s + m, n))) for s in range(0, n, m)]
 
 
+def _first_fit_in_order(lengths: list[int], cap: int, order) -> Bins:
+    """First-fit of the samples visited in ``order``, in O(n log n).
+
+    A segment tree holds the free room of bins ``0..n-1`` (a bin not yet
+    opened has room ``cap``), each node the maximum of its children. The
+    leftmost leaf with room >= length is the first open bin the sample fits
+    in, or else the next unopened bin: exactly first-fit. A sample longer
+    than the cap opens the next bin, whose room becomes negative.
+    """
+    n = len(lengths)
+    size = 1
+    while size < n:
+        size *= 2
+    tree = [cap] * (2 * size)
+    bins: Bins = []
+    for i in order:
+        length = lengths[i]
+        if tree[1] >= length:
+            v = 1
+            while v < size:
+                v += v
+                if tree[v] < length:
+                    v += 1
+            b = v - size
+        else:
+            b = len(bins)
+            v = b + size
+        if b == len(bins):
+            bins.append([i])
+        else:
+            bins[b].append(i)
+        tree[v] -= length
+        v >>= 1
+        while v:
+            left, right = tree[v + v], tree[v + v + 1]
+            best = max(right, left)
+            if tree[v] == best:
+                break
+            tree[v] = best
+            v >>= 1
+    return bins
+
+
 @register_packer("first_fit", dynamic=True, needs_flops=False, respects_cap=True)
 def first_fit(inp: PackInput) -> Bins:
     """First-fit in arrival order: each sample joins the first bin it fits under the cap."""
-    cap = int(inp.cap)
+    lengths = np.asarray(inp.lengths, dtype=np.int64).tolist()
+    return _first_fit_in_order(lengths, int(inp.cap), range(len(lengths)))
+
+
+def _decreasing(lengths: np.ndarray) -> np.ndarray:
+    """Sample positions by descending length (ties: arrival order)."""
+    return np.argsort(-np.asarray(lengths, dtype=np.int64), kind="stable")
+
+
+@register_packer("ffd", dynamic=True, needs_flops=False, respects_cap=True)
+def first_fit_decreasing(inp: PackInput) -> Bins:
+    """First-fit decreasing: longest samples first, each into the first bin it fits."""
     lengths = np.asarray(inp.lengths, dtype=np.int64)
-    room = np.empty(len(lengths), dtype=np.int64)  # free tokens per open bin
+    bins = _first_fit_in_order(lengths.tolist(), int(inp.cap), _decreasing(lengths).tolist())
+    return [sorted(b) for b in bins]
+
+
+@register_packer("bfd", dynamic=True, needs_flops=False, respects_cap=True)
+def best_fit_decreasing(inp: PackInput) -> Bins:
+    """Best-fit decreasing: longest samples first, each into the fullest bin it fits."""
+    lengths = np.asarray(inp.lengths, dtype=np.int64)
+    cap = int(inp.cap)
+    n = len(lengths)
+    lens = lengths.tolist()
+    shift = n + 1
+    keys: list[int] = []  # room * shift + bin, ascending: fullest bin first, then lowest id
     bins: Bins = []
-    for i, length in enumerate(lengths.tolist()):
-        k = len(bins)
-        fits = np.flatnonzero(room[:k] >= length) if k else ()
-        if len(fits):
-            b = int(fits[0])
+    for i in _decreasing(lengths).tolist():
+        length = lens[i]
+        j = bisect_left(keys, length * shift)
+        if j < len(keys):
+            room, b = divmod(keys.pop(j), shift)
             bins[b].append(i)
-            room[b] -= length
+            room -= length
         else:
+            b = len(bins)
             bins.append([i])
-            room[k] = cap - length  # an over-cap sample opens a bin nothing else fits
-    return bins
+            room = cap - length
+        if room >= 0:
+            insort(keys, room * shift + b)
+    return [sorted(b) for b in bins]
 
 
 @register_packer("flops_kk", dynamic=True, needs_flops=True, respects_cap=False)
 def flops_kk(inp: PackInput) -> Bins:
-    """Karmarkar-Karp on FLOPs into ceil(tokens/cap) bins (slime --balance-by-flops; may exceed the cap)."""
+    """Karmarkar-Karp on FLOPs into ceil(tokens/cap) bins (slime --balance-by-flops; over cap).
+
+    The cap is not enforced: micro-batches may exceed it (slime documents the
+    out-of-memory risk).
+    """
     n = len(inp.lengths)
     k = max(1, math.ceil(int(np.sum(inp.lengths)) / int(inp.cap)))
     if k >= n:
@@ -128,24 +236,26 @@ def flops_kk(inp: PackInput) -> Bins:
     return karmarkar_karp(list(np.asarray(inp.flops, dtype=np.float64)), k, equal_size=False)
 
 
-def split_to_target(bins: Bins, lengths: np.ndarray, target: int, *, step: int | None = None) -> Bins:
+def split_to_target(bins: Bins, lengths: np.ndarray, target: int, *,
+                    step: int | None = None) -> Bins:
     """Split bins until there are ``target`` of them (slime's alignment splitting).
 
     Repeatedly the multi-sample bin with the largest token sum (ties: the
     highest position) is split in two: its samples, by descending length
     (stable), go to the lighter half (half 0 on ties). Half 0 stays in place,
     half 1 is appended. Raises :class:`AlignmentError` when only singletons
-    are left before ``target`` is reached.
+    are left before ``target`` is reached. The candidates sit in a heap keyed
+    by ``(-tokens, -position)``, so each split costs ``O(log bins)`` plus the
+    split bin's size.
     """
     bins = [list(b) for b in bins]
-    lengths = np.asarray(lengths, dtype=np.int64)
-    sums = [int(lengths[b].sum()) for b in bins]
+    if len(bins) >= target:
+        return bins
+    lens = np.asarray(lengths, dtype=np.int64).tolist()
+    heap = [(-sum(lens[i] for i in b), -j) for j, b in enumerate(bins) if len(b) > 1]
+    heapq.heapify(heap)
     while len(bins) < target:
-        best = -1
-        for j, b in enumerate(bins):
-            if len(b) > 1 and (best < 0 or sums[j] >= sums[best]):
-                best = j
-        if best < 0:
+        if not heap:
             where = f"step {step}: " if step is not None else ""
             n = sum(len(b) for b in bins)
             raise AlignmentError(
@@ -154,16 +264,24 @@ def split_to_target(bins: Bins, lengths: np.ndarray, target: int, *, step: int |
                 f"least one sample, so the step needs >= {target} samples. Use a smaller dp or "
                 "mb_group, or a larger global_batch_size"
             )
-        members = bins[best]
-        by_len = sorted(members, key=lambda i: -lengths[i])
+        best = -heapq.heappop(heap)[1]
         halves: tuple[list[int], list[int]] = ([], [])
-        half_sums = [0, 0]
-        for i in by_len:
-            h = 0 if half_sums[0] <= half_sums[1] else 1
-            halves[h].append(i)
-            half_sums[h] += int(lengths[i])
+        s0 = s1 = 0
+        for i in sorted(bins[best], key=lambda i: -lens[i]):
+            if s0 <= s1:
+                halves[0].append(i)
+                s0 += lens[i]
+            else:
+                halves[1].append(i)
+                s1 += lens[i]
         bins[best] = halves[0]
-        sums[best] = half_sums[0]
         bins.append(halves[1])
-        sums.append(half_sums[1])
+        if len(halves[0]) > 1:
+            heapq.heappush(heap, (-s0, -best))
+        if len(halves[1]) > 1:
+            heapq.heappush(heap, (-s1, -(len(bins) - 1)))
     return bins
+
+
+# the FLOPs-balanced packer and distribution register themselves on import
+from varbatch_kit import balance as _balance  # noqa: F401

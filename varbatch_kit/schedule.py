@@ -352,6 +352,7 @@ def build_schedule(
             flops=None if flops is None else flops[samples],
             cap=config.cap,
             micro_batch_size=config.micro_batch_size,
+            align=align,
         )
         bins = packer.fn(inp)
         k = len(bins)
@@ -367,7 +368,6 @@ def build_schedule(
             bins = split_to_target(bins, step_len, target, step=s)
         elif k != target:
             raise _static_alignment_error(s, n, k, config)
-        micro_batches = [samples[np.asarray(b, dtype=np.int64)] for b in bins]
         step_flops = None if flops is None else flops[samples].tolist()
         weights = BinWeights(
             tokens=np.array([int(step_len[b].sum()) for b in bins], dtype=np.int64),
@@ -376,5 +376,8 @@ def build_schedule(
                 [sum(step_flops[i] for i in b) for b in bins], dtype=np.float64),
         )
         rank_bins = distribution.fn(weights, dp)
+        if packer.refine is not None:  # e.g. 'balanced': moves samples between ranks
+            bins, rank_bins = packer.refine(inp, bins, [list(b) for b in rank_bins])
+        micro_batches = [samples[np.asarray(b, dtype=np.int64)] for b in bins]
         steps.append(Step(s, ids, samples, micro_batches, [list(b) for b in rank_bins]))
     return Schedule(config, rollouts, steps, dropped_ids, dropped, model, flops)

@@ -1,0 +1,177 @@
+"""The ``balanced`` packing/distribution: configuration, local search, properties."""
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from varbatch_kit import ModelShape, Rollouts, ScheduleConfig, build_schedule
+from varbatch_kit.balance import (
+    SearchStats,
+    balanced_distribution,
+    balanced_pack,
+    local_search,
+    refine_balanced,
+)
+from varbatch_kit.distribution import BinWeights
+from varbatch_kit.packing import PackInput, first_fit
+
+TINY = ModelShape(num_layers=2, hidden_size=16, num_attention_heads=2, num_query_groups=2,
+                  kv_channels=8, ffn_hidden_size=64, vocab_size=32)
+
+
+# ----------------------------------------------------------------------------- configuration
+def test_balanced_packing_defaults_to_balanced_distribution():
+    c = ScheduleConfig(dp=2, global_batch_size=4, max_tokens_per_gpu=100, packing="balanced")
+    assert (c.packing, c.distribution) == ("balanced", "balanced")
+    assert ScheduleConfig(dp=2, max_tokens_per_gpu=100).distribution == "strided"
+    assert ScheduleConfig(dp=2, micro_batch_size=1, distribution="balanced").distribution == \
+        "balanced"
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    ({"max_tokens_per_gpu": 100, "packing": "balanced", "distribution": "flops_kk"},
+     "needs distribution='balanced'"),
+    ({"max_tokens_per_gpu": 100, "packing": "balanced", "distribution": "strided"},
+     "pick another packing such as 'ffd'"),
+    ({"micro_batch_size": 2, "packing": "balanced"}, "packs under a token cap"),
+    ({"max_tokens_per_gpu": 100, "distribution": "balance"}, "unknown distribution 'balance'"),
+])
+def test_bad_combinations(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        ScheduleConfig(dp=2, **kwargs)
+
+
+def test_balanced_needs_a_model():
+    r = Rollouts(prompt_len=[1] * 4, response_len=[5, 6, 7, 8])
+    cfg = ScheduleConfig(dp=2, global_batch_size=4, max_tokens_per_gpu=20, packing="balanced")
+    with pytest.raises(ValueError, match="needs a model shape"):
+        build_schedule(r, cfg)
+
+
+# ----------------------------------------------------------------------------- local search
+def test_local_search_move_hand_derived():
+    # rank 0: one micro-batch {5, 4}; rank 1: {1}; FLOPs = tokens, cap 10, bound 5.
+    # Moving the 4 gives loads 5/5 (moving the 5 would give 4/6).
+    stats = SearchStats()
+    out = local_search([5, 4, 1], [5.0, 4.0, 1.0], 10, [0, 0, 1], [[0], [1]], stats=stats)
+    assert out.tolist() == [0, 1, 1]
+    assert (stats.moves, stats.swaps, stats.before, stats.after, stats.bound) == (1, 0, 9, 5, 5)
+
+
+def test_local_search_swap_hand_derived():
+    # rank 0: {3, 3} (6 tokens, cap 6), rank 1: {2, 1}. No move helps (3 -> rank 1 gives 3/6);
+    # swapping a 3 for the 2 gives 5/4 (the first of the two best swaps), then nothing helps.
+    stats = SearchStats()
+    out = local_search([3, 3, 2, 1], [3.0, 3.0, 2.0, 1.0], 6, [0, 0, 1, 1], [[0], [1]],
+                       stats=stats)
+    assert out.tolist() == [1, 0, 0, 1]
+    assert (stats.moves, stats.swaps, stats.after) == (0, 1, 5)
+
+
+def test_local_search_respects_the_cap():
+    # rank 0: {5, 4} (9 tokens, FLOPs 5 + 4), rank 1: {7} (FLOPs 1), cap 10. Without the cap,
+    # moving the 4 or swapping the 5 for the 7 would give 5/5; every such micro-batch would
+    # exceed 10 tokens with two samples, so nothing may change.
+    out = local_search([5, 4, 7], [5.0, 4.0, 1.0], 10, [0, 0, 1], [[0], [1]])
+    assert out.tolist() == [0, 0, 1]
+
+
+@given(st.lists(st.integers(1, 60), min_size=4, max_size=60), st.integers(2, 4),
+       st.integers(1, 3), st.integers(30, 90), st.randoms(use_true_random=False))
+def test_local_search_properties(lengths, dp, m, cap, rnd):
+    n = len(lengths)
+    k = dp * m
+    if n < k:
+        return
+    L = np.array(lengths)
+    f = L.astype(float) ** 1.5
+    # a valid start: one sample per micro-batch, the rest first-fit, over-cap samples alone
+    order = list(range(n))
+    rnd.shuffle(order)
+    bin_of = np.full(n, -1)
+    tok = np.zeros(k, dtype=int)
+    for b, i in enumerate(order[:k]):
+        bin_of[i], tok[b] = b, L[i]
+    for i in order[k:]:
+        fits = [b for b in range(k) if tok[b] + L[i] <= cap and not (tok[b] > cap)]
+        if not fits:
+            return
+        bin_of[i] = fits[0]
+        tok[fits[0]] += L[i]
+    rb = np.arange(k).reshape(dp, m)
+    before = np.bincount(bin_of // m, weights=f, minlength=dp).max()
+    out = local_search(L, f, cap, bin_of, rb)
+    cnt = np.bincount(out, minlength=k)
+    toks = np.bincount(out, weights=L, minlength=k)
+    assert (cnt >= 1).all()
+    assert ((cnt == 1) | (toks <= cap)).all()
+    after = np.bincount(out // m, weights=f, minlength=dp).max()
+    assert after <= before + 1e-9
+
+
+# ----------------------------------------------------------------------------- stages
+def test_balanced_pack_count_and_cap():
+    rng = np.random.default_rng(0)
+    lengths = np.clip(rng.lognormal(7, 1.0, 300).astype(int), 1, 9000)
+    flops = TINY.forward_flops(lengths)
+    inp = PackInput(lengths, flops, cap=4096, align=8)
+    bins = balanced_pack(inp)
+    assert len(bins) % 8 == 0
+    assert len(bins) <= -(-len(first_fit(inp)) // 8) * 8
+    assert sorted(i for b in bins for i in b) == list(range(300))
+    assert all(len(b) == 1 or lengths[b].sum() <= 4096 for b in bins)
+    bins2, rb2 = refine_balanced(inp, bins, balanced_distribution(
+        BinWeights(np.array([lengths[b].sum() for b in bins]),
+                   np.array([flops[b].sum() for b in bins])), 8))
+    assert [len(r) for r in rb2] == [len(bins) // 8] * 8
+    assert all(len(b) == 1 or lengths[b].sum() <= 4096 for b in bins2)
+
+
+def test_balanced_distribution_never_worse_than_kk():
+    r = Rollouts.synthetic(256, seed=11)
+    base = ScheduleConfig(dp=8, global_batch_size=64, max_tokens_per_gpu=16384,
+                          distribution="flops_kk")
+    kk = build_schedule(r, base, TINY).check()
+    bal = build_schedule(r, base.with_(distribution="balanced"), TINY).check()
+    f = kk.sample_flops
+    for a, b in zip(kk.steps, bal.steps):
+        assert [mb.tolist() for mb in a.micro_batches] == [mb.tolist() for mb in b.micro_batches]
+        worst = [max(sum(f[mb].sum() for mb in rank) for rank in s.ranks) for s in (a, b)]
+        assert worst[1] <= worst[0] * (1 + 1e-12)
+
+
+# ----------------------------------------------------------------------------- properties
+@st.composite
+def batches(draw):
+    n_roll = draw(st.integers(1, 24))
+    counts = draw(st.lists(st.integers(1, 4), min_size=n_roll, max_size=n_roll))
+    rid = np.repeat(np.arange(n_roll), counts)
+    lengths = draw(st.lists(st.integers(1, 3000), min_size=len(rid), max_size=len(rid)))
+    return np.asarray(lengths), rid
+
+
+@given(batches(), st.integers(1, 4), st.integers(1, 8), st.sampled_from([1, 2]),
+       st.integers(1, 3), st.integers(1, 2), st.sampled_from([500, 1500, 4000]))
+def test_balanced_schedule_properties(batch, dp, gbs, vpp, mb_group, cp, max_tokens):
+    lengths, rid = batch
+    r = Rollouts(prompt_len=np.zeros_like(lengths), response_len=lengths, rollout_id=rid)
+    cfg = ScheduleConfig(dp=dp, global_batch_size=gbs, vpp=vpp, mb_group=mb_group, cp=cp,
+                         max_tokens_per_gpu=max_tokens, packing="balanced")
+    ff_cfg = cfg.with_(packing="first_fit", distribution="strided")
+    try:
+        ff = build_schedule(r, ff_cfg)
+    except ValueError:
+        with pytest.raises(ValueError):
+            build_schedule(r, cfg, TINY)
+        return
+    s = build_schedule(r, cfg, TINY).check()
+    cap = cfg.cap
+    for a, b in zip(ff.steps, s.steps):
+        assert np.array_equal(a.sample_indices, b.sample_indices)  # rollout grouping kept
+        assert len(b.micro_batches) <= len(a.micro_batches)
+        assert {len(bins) for bins in b.rank_bins} == {len(b.micro_batches) // dp}
+        for mb in b.micro_batches:
+            assert mb.size == 1 or int(r.total_len[mb].sum()) <= cap
+    again = build_schedule(r, cfg, TINY)
+    assert again.to_slime() == s.to_slime()  # deterministic

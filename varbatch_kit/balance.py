@@ -1,0 +1,501 @@
+"""FLOPs balance under the token cap: the ``balanced`` packing and distribution.
+
+slime either respects the token cap and balances FLOPs only across whole
+micro-batches (first-fit + ``--balance-data``), or balances FLOPs and ignores
+the cap (``--balance-by-flops``). ``balanced`` does both, in three stages:
+
+1. **pack** (:func:`balanced_pack`): the step needs ``K`` micro-batches, the
+   fewest that first-fit decreasing (or first-fit, if it needs fewer) reaches,
+   rounded up to the alignment; so ``K`` never exceeds first-fit's count.
+   Samples, heaviest first, go to the micro-batch with the least FLOPs that
+   still has room for them ("worst-fit decreasing" on FLOPs under the cap):
+   micro-batches of near-equal FLOPs. A sample longer than the cap gets a
+   micro-batch of its own. If the FLOPs-balanced fill does not fit into ``K``
+   micro-batches, the first-fit-decreasing micro-batches are used instead.
+2. **distribute** (distribution ``balanced``, :func:`balanced_distribution`):
+   equal-count Karmarkar-Karp on micro-batch FLOPs, then swaps of whole
+   micro-batches between the busiest rank and the least busy ones.
+3. **refine** (:func:`refine_balanced`): a bounded local search that moves
+   single samples to micro-batches of other ranks, or swaps two samples
+   between ranks, whenever that lowers the busiest rank's FLOPs, keeping every
+   micro-batch under the cap (a single over-cap sample only ever swaps with
+   another sample that then sits alone) and every micro-batch non-empty, so
+   each rank keeps its micro-batch count.
+
+``ScheduleConfig(max_tokens_per_gpu=..., packing="balanced")`` selects it; the
+distribution defaults to (and must be) ``"balanced"``. The distribution
+``"balanced"`` alone (stage 2) also works after any other packing, e.g.
+``packing="first_fit", distribution="balanced"``, and then never changes the
+micro-batches.
+
+All stages are deterministic and ``O(n log n)`` per step plus a bounded number
+of local-search rounds of ``O(n)`` vectorised work each.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+
+import numpy as np
+
+from varbatch_kit.distribution import BinWeights, register_distribution
+from varbatch_kit.packing import (
+    Bins,
+    PackInput,
+    _decreasing,
+    _first_fit_in_order,
+    aligned_count,
+    register_packer,
+)
+from varbatch_kit.partition import karmarkar_karp
+
+__all__ = [
+    "SearchStats",
+    "balanced_distribution",
+    "balanced_pack",
+    "local_search",
+    "refine_balanced",
+]
+
+
+def _weights(inp: PackInput) -> np.ndarray:
+    """Per-sample FLOPs, or the token counts when no FLOPs were given."""
+    if inp.flops is not None:
+        return np.asarray(inp.flops, dtype=np.float64)
+    return np.asarray(inp.lengths, dtype=np.float64)
+
+
+def _flops_balanced_fill(lengths: np.ndarray, weights: np.ndarray, cap: int, k: int) -> Bins | None:
+    """Heaviest sample first into the lightest (by weight) of ``k`` bins that has room.
+
+    Over-cap samples first get a bin of their own. Bins without room for the
+    current sample wait in a second heap (by room) until the samples get short
+    enough; each bin moves between the heaps at most once per sample it
+    receives, so the fill is ``O((n + k) log k)``. Returns None when a sample
+    fits nowhere or a bin stays empty.
+    """
+    n = lengths.size
+    lens = lengths.tolist()
+    over = np.flatnonzero(lengths > cap)
+    if over.size > k:
+        return None
+    bins: Bins = [[] for _ in range(k)]
+    room = [cap] * k
+    load = [0.0] * k
+    for b, i in enumerate(over.tolist()):
+        bins[b].append(i)
+        room[b] = cap - lens[i]
+        load[b] = float(weights[i])
+    heap = [(0.0, b) for b in range(over.size, k)]
+    waiting: list[tuple[int, int]] = []  # (-room, bin)
+    rest = np.flatnonzero(lengths <= cap)
+    order = rest[np.lexsort((rest, -weights[rest]))].tolist()
+    w = weights.tolist()
+    for i in order:
+        length = lens[i]
+        while waiting and -waiting[0][0] >= length:
+            b = heapq.heappop(waiting)[1]
+            heapq.heappush(heap, (load[b], b))
+        while heap:
+            _, b = heapq.heappop(heap)
+            if room[b] >= length:
+                break
+            heapq.heappush(waiting, (-room[b], b))
+        else:
+            return None
+        bins[b].append(i)
+        room[b] -= length
+        load[b] += w[i]
+        heapq.heappush(heap, (load[b], b))
+    if any(not b for b in bins):
+        return None
+    assert sum(len(b) for b in bins) == n
+    return [sorted(b) for b in bins]
+
+
+def balanced_pack(inp: PackInput) -> Bins:
+    """FLOPs-balanced micro-batches under the cap, as many as first-fit(-decreasing) needs.
+
+    See the module docstring, stage 1. The count is
+    ``aligned_count(min(ffd, first_fit), inp.align)``; first-fit is only run
+    when first-fit decreasing misses the lower bound ``over-cap samples +
+    ceil(other tokens / cap)`` after alignment.
+    """
+    lengths = np.asarray(inp.lengths, dtype=np.int64)
+    cap, align = int(inp.cap), int(inp.align)
+    n = lengths.size
+    lens = lengths.tolist()
+    base = [sorted(b) for b in _first_fit_in_order(lens, cap, _decreasing(lengths).tolist())]
+    over = lengths > cap
+    lower = int(over.sum()) + math.ceil(int(lengths[~over].sum()) / cap)
+    if aligned_count(len(base), align) > aligned_count(lower, align):
+        ff = _first_fit_in_order(lens, cap, range(n))
+        if len(ff) < len(base):
+            base = ff
+    k = aligned_count(len(base), align)
+    if k > n:
+        return base  # the schedule builder reports the impossible layout
+    filled = _flops_balanced_fill(lengths, _weights(inp), cap, k)
+    return filled if filled is not None else base
+
+
+# --------------------------------------------------------------------------- local search
+class SearchStats:
+    """What a :func:`local_search` run did: rounds, moves, swaps and the max load before/after."""
+
+    __slots__ = ("after", "before", "bound", "moves", "rounds", "swaps")
+
+    def __init__(self) -> None:
+        self.rounds = self.moves = self.swaps = 0
+        self.before = self.after = self.bound = 0.0
+
+    def __repr__(self) -> str:
+        return (f"SearchStats(rounds={self.rounds}, moves={self.moves}, swaps={self.swaps}, "
+                f"max/bound {self.before / self.bound:.5f} -> {self.after / self.bound:.5f})")
+
+
+def local_search(
+    lengths: np.ndarray,
+    flops: np.ndarray,
+    cap: float,
+    bin_of: np.ndarray,
+    rank_bins: np.ndarray,
+    *,
+    max_rounds: int | None = None,
+    tol: float = 1e-5,
+    width: int = 4,
+    neighbours: int = 8,
+    full_scan: int = 1 << 16,
+    stats: SearchStats | None = None,
+) -> np.ndarray:
+    """Lower the busiest rank's FLOPs by moving and swapping samples; returns the new ``bin_of``.
+
+    Parameters
+    ----------
+    lengths, flops:
+        Per-sample tokens and FLOPs.
+    cap:
+        Token cap of a micro-batch holding two or more samples.
+    bin_of:
+        Micro-batch of each sample (not modified).
+    rank_bins:
+        ``(dp, m)`` array: the micro-batches of each rank (they stay there).
+    max_rounds:
+        Bound on the rounds (default ``8 * dp + 64``); each round applies one
+        move or swap that strictly lowers the busiest rank.
+    tol:
+        Stop when the busiest rank is within ``1 + tol`` of the lower bound
+        ``max(total / dp, largest sample)``.
+    width:
+        Swaps are tried with the ``width`` least busy ranks.
+    neighbours:
+        On large steps, the swap partners tried on a rank for each sample of
+        the busiest rank are the ``neighbours`` samples on either side of
+        the ideal partner (by FLOPs) and lighter samples at geometrically
+        growing distances; when that finds nothing, every rank is tried once.
+    full_scan:
+        Steps where (samples of the busiest rank) x (other samples) is at
+        most this try every pair instead.
+
+    Each round takes the busiest rank ``R`` and tries
+
+    - *moves*: a sample of ``R`` from a micro-batch that keeps another sample,
+      into the fullest micro-batch of another rank that has room for it;
+    - *swaps*: a sample of ``R`` against a lighter sample of one of the
+      ``width`` least busy ranks, when both micro-batches stay under the cap
+      (or hold a single sample afterwards);
+
+    and applies the one that minimises ``max(new load of R, new load of the
+    other rank, stop threshold)``, if that is below ``R``'s load. Micro-batch
+    counts per rank never change; no micro-batch empties or goes over the cap
+    with two or more samples.
+    """
+    st = stats if stats is not None else SearchStats()
+    search = _Search(lengths, flops, cap, bin_of, rank_bins)
+    if search.dp < 2 or search.L.size == 0:
+        return search.bin_of
+    st.bound, st.before = search.bound, float(search.load.max())
+    thr = search.bound * (1.0 + tol)
+    if max_rounds is None:
+        max_rounds = 8 * search.dp + 64
+    stuck = False
+    for _ in range(max_rounds):
+        R = int(np.argmax(search.load))
+        FR = float(search.load[R])
+        if FR <= thr:
+            break
+        S = np.flatnonzero(search.smp_rank == R)
+        # an operation must lower R by more than rounding noise
+        best = (FR * (1.0 - 1e-12), None)
+        best = search.best_move(R, S, thr, best)
+        exhaustive = S.size * (search.L.size - S.size) <= full_scan
+        best = search.best_swap(R, S, thr, best, None if exhaustive else
+                                (search.dp - 1 if stuck else width), neighbours)
+        op = best[1]
+        if op is None:
+            if stuck or exhaustive or width >= search.dp - 1:
+                break
+            stuck = True  # widen the swap search to all ranks once before giving up
+            continue
+        stuck = False
+        st.rounds += 1
+        if op[0] == "move":
+            search.apply_move(op[1], op[2])
+            st.moves += 1
+        else:
+            search.apply_swap(op[1], op[2])
+            st.swaps += 1
+    st.after = float(np.bincount(search.smp_rank, weights=search.f, minlength=search.dp).max())
+    return search.bin_of
+
+
+class _Search:
+    """State of :func:`local_search`: where every sample is, micro-batch fill, rank loads."""
+
+    def __init__(self, lengths, flops, cap, bin_of, rank_bins) -> None:
+        self.L = np.asarray(lengths, dtype=np.int64)
+        self.f = np.asarray(flops, dtype=np.float64)
+        self.cap = cap
+        self.bin_of = np.array(bin_of, dtype=np.int64)
+        self.RB = np.asarray(rank_bins, dtype=np.int64)
+        self.dp, m = self.RB.shape
+        k = self.dp * m
+        self.tok = np.bincount(self.bin_of, weights=self.L, minlength=k).astype(np.int64)
+        self.cnt = np.bincount(self.bin_of, minlength=k)
+        bin_rank = np.empty(k, dtype=np.int64)
+        bin_rank[self.RB] = np.arange(self.dp)[:, None]
+        self.smp_rank = bin_rank[self.bin_of]
+        self.load = np.bincount(self.smp_rank, weights=self.f, minlength=self.dp)
+        self.bound = (max(float(self.f.sum()) / self.dp, float(self.f.max()))
+                      if self.f.size else 0.0)
+        self.spread = np.unique(np.rint(1.5 ** np.arange(40)).astype(np.int64))  # 1, 2, 3, 5, ..
+
+    def best_move(self, R: int, S: np.ndarray, thr: float, best: tuple) -> tuple:
+        """Best move of a sample of ``R`` (from a micro-batch keeping another) to another rank."""
+        mov = S[self.cnt[self.bin_of[S]] >= 2]
+        if mov.size == 0:
+            return best
+        maxroom = (self.cap - self.tok[self.RB]).max(axis=1)
+        maxroom[R] = -1
+        Lm, fm = self.L[mov], self.f[mov]
+        ok = maxroom[None, :] >= Lm[:, None]
+        if not ok.any():
+            return best
+        FR = float(self.load[R])
+        val = np.maximum(FR - fm[:, None], self.load[None, :] + fm[:, None])
+        np.maximum(val, thr, out=val)
+        val[~ok] = np.inf
+        j = int(np.argmin(val))
+        if val.flat[j] < best[0]:
+            si, r = divmod(j, self.dp)
+            return float(val.flat[j]), ("move", int(mov[si]), r)
+        return best
+
+    def _pairs(self, R, S, t, inside, Fr, thr, best) -> tuple:
+        """Best swap of ``S[i]`` with ``t[i, j]`` (rank load(s) ``Fr``) among valid pairs."""
+        L, f, cnt, tok, cap = self.L, self.f, self.cnt, self.tok, self.cap
+        X = self.bin_of[S]
+        LS = L[S][:, None]
+        Lt, ft = L[t], f[t]
+        Y = self.bin_of[t]
+        d = f[S][:, None] - ft
+        ok = inside & (d > 0)
+        ok &= (cnt[X][:, None] == 1) | (tok[X][:, None] - LS + Lt <= cap)
+        ok &= (cnt[Y] == 1) | (tok[Y] - Lt + LS <= cap)
+        FR = float(self.load[R])
+        val = np.maximum(FR - d, Fr + d)
+        np.maximum(val, thr, out=val)
+        val[~ok] = np.inf
+        j = int(np.argmin(val))
+        if val.flat[j] < best[0]:
+            si, c = divmod(j, val.shape[1])
+            partner = int(np.broadcast_to(t, val.shape)[si, c])
+            return float(val.flat[j]), ("swap", int(S[si]), partner)
+        return best
+
+    def best_swap(self, R: int, S: np.ndarray, thr: float, best: tuple, width: int | None,
+                  neighbours: int) -> tuple:
+        """Best swap of a sample of ``R`` with a lighter one elsewhere.
+
+        ``width=None``: every pair. Otherwise the ``width`` least loaded
+        ranks, with partners near the ideal one and lighter ones at growing
+        distances.
+        """
+        if width is None:
+            T = np.flatnonzero(self.smp_rank != R)
+            if T.size:
+                best = self._pairs(R, S, T[None, :], True, self.load[self.smp_rank[T]][None, :],
+                                   thr, best)
+            return best
+        f = self.f
+        fS = f[S]
+        FR = float(self.load[R])
+        near = np.arange(-neighbours, neighbours)
+        order = np.argsort(self.load, kind="stable")
+        for r in [int(r) for r in order[:width + 1] if r != R][:width]:
+            T = np.flatnonzero(self.smp_rank == r)
+            if T.size == 0:
+                continue
+            T = T[np.argsort(f[T], kind="stable")]
+            fT = f[T]
+            Fr = float(self.load[r])
+            ideal = np.searchsorted(fT, fS - (FR - Fr) / 2.0)
+            below = np.searchsorted(fT, fS)
+            reach = self.spread[self.spread <= T.size]
+            cand = np.concatenate((ideal[:, None] + near[None, :],
+                                   below[:, None] - reach[None, :]), axis=1)
+            inside = (cand >= 0) & (cand < T.size)
+            best = self._pairs(R, S, T[np.clip(cand, 0, T.size - 1)], inside, Fr, thr, best)
+        return best
+
+    def apply_move(self, s: int, r: int) -> None:
+        """Move sample ``s`` into the fullest micro-batch of rank ``r`` that has room for it."""
+        room = self.cap - self.tok[self.RB[r]]
+        y = int(self.RB[r, int(np.argmin(np.where(room >= self.L[s], room,
+                                                  np.iinfo(np.int64).max)))])
+        x = int(self.bin_of[s])
+        R = int(self.smp_rank[s])
+        self.bin_of[s] = y
+        self.tok[x] -= self.L[s]
+        self.tok[y] += self.L[s]
+        self.cnt[x] -= 1
+        self.cnt[y] += 1
+        self.smp_rank[s] = r
+        self.load[R] -= self.f[s]
+        self.load[r] += self.f[s]
+
+    def apply_swap(self, s: int, t: int) -> None:
+        """Exchange samples ``s`` and ``t`` (micro-batches and ranks)."""
+        x, y = int(self.bin_of[s]), int(self.bin_of[t])
+        R, r = int(self.smp_rank[s]), int(self.smp_rank[t])
+        L, f = self.L, self.f
+        self.bin_of[s], self.bin_of[t] = y, x
+        self.tok[x] += L[t] - L[s]
+        self.tok[y] += L[s] - L[t]
+        self.smp_rank[s], self.smp_rank[t] = r, R
+        self.load[R] += f[t] - f[s]
+        self.load[r] += f[s] - f[t]
+
+
+# --------------------------------------------------------------------------- distribution
+@register_distribution("balanced", needs_flops=True)
+def balanced_distribution(weights: BinWeights, dp: int) -> list[list[int]]:
+    """Equal-count Karmarkar-Karp on micro-batch FLOPs, then swaps of whole micro-batches."""
+    w = np.asarray(weights.flops, dtype=np.float64)
+    k = w.size
+    init = np.asarray(karmarkar_karp(w, dp, equal_size=True), dtype=np.int64)
+    if dp < 2 or k == dp:
+        return [sorted(p) for p in init.tolist()]
+    # micro-batches play the samples, each alone in a slot that never overflows
+    slot_of = local_search(np.ones(k, dtype=np.int64), w, 1, np.arange(k), init)
+    owner = np.empty(k, dtype=np.int64)
+    owner[init] = np.arange(dp)[:, None]
+    rank_of_bin = owner[slot_of]
+    return [np.flatnonzero(rank_of_bin == r).tolist() for r in range(dp)]
+
+
+# --------------------------------------------------------------------------- refinement
+def _rank_first_fill(lengths: np.ndarray, weights: np.ndarray, cap: int, dp: int,
+                     m: int) -> np.ndarray | None:
+    """Samples, heaviest first, to the least loaded rank that has room; returns ``bin_of``.
+
+    Rank ``r`` owns micro-batches ``r*m .. r*m+m-1``; within a rank a sample
+    goes to the micro-batch with the most room (an over-cap sample needs an
+    empty one). Ranks without room for the current sample wait in a heap by
+    their largest room, as in :func:`_flops_balanced_fill`. Micro-batches
+    left empty take the lightest sample of a multi-sample micro-batch (of
+    their own rank if possible). Returns None when a sample fits nowhere.
+    """
+    n = lengths.size
+    lens, w = lengths.tolist(), weights.tolist()
+    k = dp * m
+    bin_of = np.empty(n, dtype=np.int64)
+    rank_heap = [(0.0, r) for r in range(dp)]
+    waiting: list[tuple[int, int]] = []  # (-largest room, rank)
+    load = [0.0] * dp
+    inner = [[(-cap, r * m + j) for j in range(m)] for r in range(dp)]  # (-room, bin)
+    order = np.lexsort((np.arange(n), -weights)).tolist()
+    for i in order:
+        need = min(lens[i], cap) if lens[i] <= cap else cap
+        while waiting and -waiting[0][0] >= need:
+            r = heapq.heappop(waiting)[1]
+            heapq.heappush(rank_heap, (load[r], r))
+        while rank_heap:
+            _, r = heapq.heappop(rank_heap)
+            if -inner[r][0][0] >= need:
+                break
+            heapq.heappush(waiting, (inner[r][0][0], r))
+        else:
+            return None
+        neg_room, b = heapq.heappop(inner[r])
+        heapq.heappush(inner[r], (neg_room + lens[i], b))
+        bin_of[i] = b
+        load[r] += w[i]
+        heapq.heappush(rank_heap, (load[r], r))
+    cnt = np.bincount(bin_of, minlength=k)
+    for b in np.flatnonzero(cnt == 0).tolist():
+        r = b // m
+        movable = np.flatnonzero(cnt[bin_of] >= 2)
+        if movable.size == 0:
+            return None
+        own = movable[bin_of[movable] // m == r]
+        pool = own if own.size else movable
+        s = int(pool[np.argmin(weights[pool])])
+        cnt[bin_of[s]] -= 1
+        bin_of[s] = b
+        cnt[b] += 1
+    return bin_of
+
+
+def _group(bin_of: np.ndarray, k: int) -> Bins:
+    n = bin_of.size
+    order = np.lexsort((np.arange(n), bin_of))
+    counts = np.bincount(bin_of, minlength=k)
+    return [chunk.tolist() for chunk in np.split(order, np.cumsum(counts)[:-1])]
+
+
+def refine_balanced(inp: PackInput, bins: Bins, rank_bins: list[list[int]],
+                    stats: SearchStats | None = None, *,
+                    retry_above: float = 1e-3) -> tuple[Bins, list[list[int]]]:
+    """Stage 3: sample moves and swaps between ranks (see :func:`local_search`).
+
+    Micro-batches keep their positions and ranks; only their contents change.
+    When the search stops more than ``retry_above`` (relative) above the
+    lower bound ``max(total / dp, largest sample)``, a second start is tried:
+    samples placed rank by rank (:func:`_rank_first_fill`, which lets a rank
+    holding a very long sample take light micro-batches), searched the same
+    way; the better result is kept (the first on ties).
+    """
+    dp = len(rank_bins)
+    if dp < 2:
+        return bins, rank_bins
+    lengths = np.asarray(inp.lengths, dtype=np.int64)
+    weights = _weights(inp)
+    cap = int(inp.cap)
+    n, k = lengths.size, len(bins)
+    m = k // dp
+    bin_of = np.empty(n, dtype=np.int64)
+    for b, members in enumerate(bins):
+        bin_of[members] = b
+    rb = np.asarray(rank_bins, dtype=np.int64)
+    stats = stats if stats is not None else SearchStats()
+    new_of = local_search(lengths, weights, cap, bin_of, rb, stats=stats)
+    if stats.after <= stats.bound * (1.0 + retry_above):
+        return _group(new_of, k), rank_bins
+    alt = _rank_first_fill(lengths, weights, cap, dp, m)
+    if alt is not None:
+        rb2 = np.arange(k, dtype=np.int64).reshape(dp, m)
+        st2 = SearchStats()
+        alt = local_search(lengths, weights, cap, alt, rb2, stats=st2)
+        if st2.after < stats.after:
+            for name in SearchStats.__slots__:
+                setattr(stats, name, getattr(st2, name))
+            return _group(alt, k), rb2.tolist()
+    return _group(new_of, k), rank_bins
+
+
+register_packer("balanced", dynamic=True, needs_flops=True, respects_cap=True,
+                doc="FLOPs-balanced micro-batches under the cap, no more than first-fit's, "
+                    "plus a local search over micro-batches and ranks",
+                requires_distribution="balanced", refine=refine_balanced)(balanced_pack)
