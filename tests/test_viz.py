@@ -271,6 +271,10 @@ def test_step_time_and_timeline_figures_from_tables():
     fig = viz.step_time_figure(times)
     assert [t.name for t in fig.data] == ["a", "b", "bound (perfect schedule)"]
     assert fig.layout.yaxis.title.text == "seconds"
+    fig = viz.step_time_figure(times, relative=True, total=True)
+    assert list(fig.data[1].x) == ["b"]
+    assert fig.data[1].y[0] == pytest.approx(100 * (3.2 / 2.7 - 1))
+    assert fig.layout.yaxis.title.text == "% above the bound"
     tl = pd.DataFrame({"step": 0, "rank": [0, 0, 1], "micro_batch": [0, 1, 0],
                        "start_s": [0.0, 1.0, 0.0], "end_s": [1.0, 3.0, 2.0]})
     fig = viz.timeline_figure(tl, 0)

@@ -24,6 +24,11 @@ Pictures
   over ``max_tokens_per_gpu x dp``.
 - :func:`report_figure`: reported metrics per step for several training
   configurations and their relative difference to a reference run.
+- :func:`policy_figure` (data from :func:`policy_table`): every registered
+  ``(packing, distribution)`` pair side by side.
+- :func:`step_sizes_figure` and :func:`training_figure`: samples / tokens /
+  micro-batches per step of a variable global batch size, and training
+  curves from a per-step report table.
 - :func:`step_time_figure` and :func:`timeline_figure`: simulated step times
   of several schedules and one step's per-rank timeline (from
   :mod:`varbatch_kit.simulate`).
@@ -62,10 +67,12 @@ __all__ = [
     "policy_pairs",
     "policy_table",
     "report_figure",
+    "step_sizes_figure",
     "step_time_figure",
     "sweep_heatmap",
     "sweep_table",
     "timeline_figure",
+    "training_figure",
 ]
 
 PALETTE = qualitative.Dark24
@@ -718,11 +725,13 @@ def _long_reports(reports, metric: str):
                                        "value": df[metric].to_numpy(dtype=np.float64)}))
         return pd.concat(parts, ignore_index=True)
     df = pd.DataFrame(reports)
-    missing = [c for c in ("config", "step", metric) if c not in df.columns]
+    name = "label" if "label" in df.columns else "config"
+    missing = [c for c in (name, "step", metric) if c not in df.columns]
     if missing:
         raise ValueError(f"reports table lacks column(s) {missing}; pass a long table with "
-                         "config, step and the metric, or a dict name -> per-step table")
-    out = df[["config", "step", metric]].rename(columns={metric: "value"})
+                         "config (or label), step and the metric, or a dict name -> per-step "
+                         "table")
+    out = df[[name, "step", metric]].rename(columns={metric: "value", name: "config"})
     out["config"] = out["config"].astype(str)
     return out
 
@@ -739,8 +748,9 @@ def report_figure(reports, metric: str = "loss", reference: str | None = None, *
     ----------
     reports:
         A dict ``name -> per-step table`` (columns ``step`` and ``metric``),
-        or one long table with columns ``config``, ``step`` and ``metric``
-        (what :func:`varbatch_kit.train.compare` returns).
+        or one long table with columns ``step``, ``metric`` and ``label`` (or
+        ``config``) naming the configuration, as
+        :func:`varbatch_kit.train.compare` returns.
     metric:
         Column to draw.
     reference:
@@ -776,6 +786,8 @@ def report_figure(reports, metric: str = "loss", reference: str | None = None, *
                                  hovertemplate="step %{x}: %{y:.3e}<extra>" + name +
                                  "</extra>"), row=2, col=1)
     fig.update_xaxes(title_text="training step", row=2, col=1)
+    if long["step"].nunique() <= 30:
+        fig.update_xaxes(dtick=1, tickformat="d")
     fig.update_yaxes(title_text=metric, row=1, col=1)
     fig.update_yaxes(title_text="(value − ref) / |ref|", exponentformat="e", row=2, col=1)
     fig.update_layout(template=TEMPLATE, height=560, title=title or f"{metric}: {len(names)} "
@@ -783,44 +795,139 @@ def report_figure(reports, metric: str = "loss", reference: str | None = None, *
     return fig
 
 
+# ------------------------------------------------------------ training
+def step_sizes_figure(schedule: Schedule) -> go.Figure:
+    """Samples, tokens and micro-batches per step: what a variable global batch size looks like.
+
+    Every step holds ``global_batch_size`` rollouts; with multi-sample
+    rollouts the number of samples (and tokens) per step varies, and so does
+    the number of micro-batches each rank runs.
+    """
+    steps = schedule.steps
+    x = [st.index for st in steps]
+    tokens = [int(schedule.rollouts.total_len[st.sample_indices].sum()) for st in steps]
+    fig = make_subplots(rows=1, cols=3, horizontal_spacing=0.08, subplot_titles=(
+        "samples per step", "tokens per step", "micro-batches per rank"))
+    fig.add_trace(go.Bar(x=x, y=[st.num_samples for st in steps], name="samples",
+                         marker_color="#1f77b4", customdata=[st.num_rollouts for st in steps],
+                         hovertemplate="step %{x}: %{y} samples from %{customdata} rollouts"
+                         "<extra></extra>"), row=1, col=1)
+    fig.add_trace(go.Bar(x=x, y=tokens, name="tokens", marker_color="#ff7f0e",
+                         hovertemplate="step %{x}: %{y} tokens<extra></extra>"), row=1, col=2)
+    fig.add_trace(go.Bar(x=x, y=[st.num_microbatches for st in steps], name="micro-batches",
+                         marker_color="#2ca02c",
+                         hovertemplate="step %{x}: %{y} per rank<extra></extra>"), row=1, col=3)
+    for c in (1, 2, 3):
+        fig.update_xaxes(title_text="step", row=1, col=c)
+    fig.update_layout(template=TEMPLATE, height=330, showlegend=False,
+                      title=(f"{schedule.num_steps} steps of {schedule.config.global_batch_size} "
+                             f"rollouts each (dp {schedule.config.dp})"))
+    return fig
+
+
+def training_figure(steps, metrics: Sequence[str] = ("loss", "token_acc", "lr", "samples"), *,
+                    title: str | None = None) -> go.Figure:
+    """Training curves: one panel per metric of a per-step report table.
+
+    Parameters
+    ----------
+    steps:
+        One row per step with a ``step`` column, e.g. ``train.run(...).steps``.
+    metrics:
+        Columns to draw, one panel each (missing ones are skipped).
+    """
+    import pandas as pd
+
+    df = pd.DataFrame(steps)
+    if "step" not in df.columns:
+        raise ValueError(f"the steps table needs a step column; columns are {list(df.columns)}")
+    shown = [m for m in metrics if m in df.columns]
+    if not shown:
+        raise ValueError(f"none of metrics={list(metrics)} is a column; columns are "
+                         f"{list(df.columns)}")
+    fig = make_subplots(rows=1, cols=len(shown), horizontal_spacing=0.07,
+                        subplot_titles=tuple(shown))
+    for i, m in enumerate(shown):
+        kind = go.Bar if m in ("samples", "tokens", "rollouts") else go.Scatter
+        extra = {} if kind is go.Bar else {"mode": "lines+markers", "marker": {"size": 4}}
+        fig.add_trace(kind(x=df["step"], y=df[m], name=m, marker_color=qualitative.D3[i % 10],
+                           hovertemplate="step %{x}: %{y:.4g}<extra>" + m + "</extra>",
+                           **extra), row=1, col=i + 1)
+        fig.update_xaxes(title_text="step", row=1, col=i + 1)
+    fig.update_layout(template=TEMPLATE, height=330, showlegend=False,
+                      title=title or "training curves")
+    return fig
+
+
 # ------------------------------------------------------------ simulation
-def step_time_figure(step_times: Mapping[str, Any], *, title: str | None = None
-                     ) -> go.Figure:
-    """Simulated seconds per step for several schedules (grouped bars), with the bound.
+def step_time_figure(step_times: Mapping[str, Any], *, relative: bool = False,
+                     total: bool = False, title: str | None = None) -> go.Figure:
+    """Simulated step times of several schedules, with the bound of a perfect schedule.
 
     Parameters
     ----------
     step_times:
         ``name -> per-step table`` with columns ``step`` and ``time_s`` (and
-        optionally ``bound_s``, the step time of a perfect schedule, drawn as
-        a black tick), e.g. ``{policy: simulate(schedule).step_times}``.
+        optionally ``bound_s``, the step time of a perfect schedule), e.g.
+        ``{policy: simulate(schedule).step_times}``.
+    relative:
+        Draw ``100 * (time / bound - 1)``, the percent above the bound, instead
+        of seconds (needs ``bound_s``): the differences between policies are
+        a few percent of a step.
+    total:
+        One bar per schedule for the sum over steps, instead of grouped bars
+        per step.
     """
     import pandas as pd
 
     if not step_times:
         raise ValueError("step_times is empty: pass name -> per-step table")
-    fig = go.Figure()
-    first = None
-    for i, (name, df) in enumerate(step_times.items()):
+    frames = {}
+    for name, df in step_times.items():
         df = pd.DataFrame(df)
         col = next((c for c in ("time_s", "step_time_s") if c in df.columns), None)
         if col is None or "step" not in df.columns:
             raise ValueError(f"step times of {name!r} need columns step and time_s; "
                              f"columns are {list(df.columns)}")
-        first = df if first is None else first
-        fig.add_trace(go.Bar(x=df["step"].astype(str), y=df[col], name=name,
-                             marker_color=qualitative.D3[i % 10],
-                             hovertemplate="step %{x}: %{y:.3f} s<extra>" + name + "</extra>"))
-    if first is not None and "bound_s" in first.columns:
-        fig.add_trace(go.Scatter(x=first["step"].astype(str), y=first["bound_s"], mode="markers",
+        if relative and "bound_s" not in df.columns:
+            raise ValueError(f"relative=True needs a bound_s column; {name!r} has none")
+        frames[name] = df.rename(columns={col: "time_s"})
+    unit = "% above the bound" if relative else "seconds"
+
+    def values(df):
+        t, b = df["time_s"].to_numpy(np.float64), df.get("bound_s")
+        if total:
+            t = np.array([t.sum()])
+            b = None if b is None else np.array([b.to_numpy(np.float64).sum()])
+        elif b is not None:
+            b = b.to_numpy(np.float64)
+        return 100 * (t / b - 1) if relative else t, b
+
+    fig = go.Figure()
+    names = list(frames)
+    for i, name in enumerate(names):
+        y, _ = values(frames[name])
+        x = [name] if total else frames[name]["step"].astype(str)
+        fmt = "%{y:.2f}%" if relative else "%{y:.3f} s"
+        fig.add_trace(go.Bar(x=x, y=y, name=name, marker_color=qualitative.D3[i % 10],
+                             showlegend=not total,
+                             hovertemplate=("%{x}: " if total else "step %{x}: ") + fmt
+                             + "<extra>" + name + "</extra>"))
+    first = frames[names[0]]
+    if "bound_s" in first.columns and not relative:
+        _, b = values(first)
+        fig.add_trace(go.Scatter(x=names if total else first["step"].astype(str),
+                                 y=np.repeat(b, len(names)) if total else b, mode="markers",
                                  name="bound (perfect schedule)",
                                  marker={"symbol": "line-ew-open", "size": 40, "color": "#000",
                                              "line": {"width": 2}},
                                  hovertemplate="bound %{y:.3f} s<extra></extra>"))
     fig.update_layout(template=TEMPLATE, barmode="group", height=420,
-                      title=title or "simulated step time",
-                      xaxis={"title": {"text": "step"}, "type": "category"},
-                      yaxis={"title": {"text": "seconds"}},
+                      title=title or ("simulated time, all steps" if total
+                                      else "simulated step time"),
+                      xaxis={"title": {"text": "policy" if total else "step"},
+                                 "type": "category"},
+                      yaxis={"title": {"text": unit}},
                       legend={"orientation": "h", "y": -0.2})
     return fig
 
