@@ -211,15 +211,20 @@ class Explorer:
         self.error.add_class("vbk-error")
         self.timing_label = W.HTML(value="")
         self.timing_label.add_class("vbk-timing")
-        self.figure = go.FigureWidget(self._skeleton())
+        # The first render goes into a plain Figure and the FigureWidget starts from it
+        # complete: edits sent to a FigureWidget before it has a view are partly lost when it
+        # is shown inside a box (plotly's anywidget front end resets the properties an edit
+        # leaves unchanged: bar names, the micro-batch bars' transparent fill, marker colours).
+        self.figure = go.Figure(self._skeleton())
+        self._last_good: Any = None
+        self.update()
+        self.figure = go.FigureWidget(self.figure)
         self.figure.add_class("vbk-figure")
         self.widget = W.VBox(
             [self._control_box(), self.summary, self.error, self.figure, self.timing_label],
             layout=W.Layout(width="100%"))
         self.widget.add_class("vbk-explorer")
         self.widget.add_class(f"vbk-{self.kind}")
-        self._last_good: Any = None
-        self.update()
 
     # ------------------------------------------------------- subclass hooks
     def _make_controls(self) -> dict[str, W.Widget]:
