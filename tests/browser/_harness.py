@@ -46,6 +46,7 @@ CHROMIUM_FLAGS = [
     "--disable-background-networking",
     "--disable-component-update",
     "--no-first-run",
+    "--disable-dev-shm-usage",  # containers often give /dev/shm only 64 MB
 ]
 START_TIMEOUT_S = 120.0
 TIMINGS: dict[str, float] = {}  # seconds per phase, printed at the end of the run
