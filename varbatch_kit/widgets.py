@@ -37,7 +37,10 @@ CSS classes: the root box ``vbk-explorer`` plus ``vbk-packing-explorer`` or
 ``vbk-control-<name>`` (names below); the figure ``vbk-figure``; the summary
 line ``vbk-summary`` (its numbers are in ``<span>`` elements with classes
 ``vbk-step``, ``vbk-micro-batches``, ``vbk-mb-bound``, ``vbk-over-cap``,
-``vbk-imbalance``, ``vbk-makespan``); the error box ``vbk-error`` (hidden
+``vbk-oversize-alone`` (only when a sample longer than the cap sits alone),
+``vbk-imbalance``, ``vbk-makespan``, and ``vbk-predicted`` in the balance
+explorer with the simulator; ``computing…`` appears in the line while a
+background update runs); the error box ``vbk-error`` (hidden
 when there is no error; the message is in ``.vbk-error-text``). Control
 names (also their ``description``): see :data:`PACKING_CONTROLS` and
 :data:`BALANCE_CONTROLS`. In the packing figure the second bar trace
