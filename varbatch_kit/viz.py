@@ -265,7 +265,7 @@ def packing_traces(schedule: Schedule, step: int = 0) -> dict[str, Any]:
     tick_ranks = np.unique(np.linspace(0, dp - 1, n_ticks).round().astype(int))
     policy = f"{cfg.packing} + {cfg.distribution}"
     title = (f"step {s}: {st.num_samples} samples, {int(tokens.sum())} tokens in {k} "
-             f"micro-batches ({m} per rank × dp {dp}) — {policy}")
+             f"micro-batches ({m} per rank × dp {dp})<br>{policy}")
     if over.any():
         title += f" — {int(over.sum())} over the cap"
     layout = {
@@ -401,7 +401,7 @@ def balance_traces(schedule: Schedule, steps: Sequence[int] | None = None) -> di
     tickvals = (tick_idx * (dp + 1) + (dp - 1) / 2).tolist()
     ticktext = [f"step {steps[i]}" for i in tick_idx]
     worst = float(np.nanmax(ratio)) if flops_all is not None else float("nan")
-    title = (f"DP balance, dp {dp}, {cfg.packing} + {cfg.distribution}: busiest rank "
+    title = (f"DP balance, dp {dp}, {cfg.packing} + {cfg.distribution}:<br>busiest rank "
              f"{'n/a' if math.isnan(worst) else f'{100 * (worst - 1):.2f}%'} above the lower "
              "bound (worst step)")
 
@@ -452,9 +452,9 @@ def empty_balance_figure() -> go.Figure:
     fig.update_yaxes(title_text="FLOPs (axis zoomed)", exponentformat="SI", row=1, col=1)
     fig.update_yaxes(title_text="tokens (axis zoomed)", exponentformat="SI", row=2, col=1)
     fig.update_xaxes(title_text="DP ranks, grouped by step", row=2, col=1)
-    fig.update_layout(template=TEMPLATE, bargap=0.1, height=520, uirevision="balance",
-                      legend={"orientation": "h", "yanchor": "bottom", "y": 1.02, "x": 1,
-                                  "xanchor": "right"}, margin={"t": 90, "r": 20, "l": 60, "b": 50})
+    fig.update_layout(template=TEMPLATE, bargap=0.1, height=560, uirevision="balance",
+                      legend={"orientation": "h", "yanchor": "top", "y": -0.12, "x": 1,
+                              "xanchor": "right"}, margin={"t": 110, "r": 20, "l": 60, "b": 80})
     return fig
 
 
