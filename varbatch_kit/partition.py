@@ -136,21 +136,30 @@ def karmarkar_karp_reference(values: Sequence[float], k: int,
 class _FastState:
     """A state as its non-empty sets, sorted descending by (sum, count, first index).
 
-    ``spread`` and ``top`` are Python scalars so heap comparisons are exactly
-    the reference's (same values, same ``__lt__``).
+    ``sums`` holds the set sums, ``meta`` the rows (count, first index, forest
+    node). ``spread`` and ``top`` are Python scalars so heap comparisons are
+    exactly the reference's (same values, same ``__lt__``).
     """
 
-    __slots__ = ("counts", "first", "node", "spread", "sums", "top")
+    __slots__ = ("meta", "spread", "sums", "top")
 
-    def __init__(self, sums, counts, first, node, k: int) -> None:
+    def __init__(self, sums: np.ndarray, meta: np.ndarray, k: int) -> None:
         if sums.size > 1:
-            order = np.argsort(-sums)  # descending by sum; ties (rare) by the full key
+            order = np.argsort(-sums)  # descending by sum
             ss = sums[order]
-            if (ss[1:] == ss[:-1]).any():
-                order = np.lexsort((first, counts, sums))[::-1]
+            tie = np.flatnonzero(ss[1:] == ss[:-1])
+            if 4 * tie.size > sums.size:  # many ties: sort by the full key
+                order = np.lexsort((meta[1], meta[0], sums))[::-1]
                 ss = sums[order]
-            sums, counts, first, node = ss, counts[order], first[order], node[order]
-        self.sums, self.counts, self.first, self.node = sums, counts, first, node
+            elif tie.size:  # order the runs of equal sums by the full key, in place
+                mask = np.zeros(sums.size, dtype=bool)
+                mask[tie] = True
+                mask[tie + 1] = True
+                pos = np.flatnonzero(mask)
+                sub = order[pos]
+                order[pos] = sub[np.lexsort((meta[1, sub], meta[0, sub], sums[sub]))[::-1]]
+            sums, meta = ss, meta[:, order]
+        self.sums, self.meta = sums, meta
         top = sums[0].item()
         self.top = top
         # the smallest set is empty (sum 0, an int in the reference) unless all k are used
@@ -211,15 +220,15 @@ def karmarkar_karp(values: Sequence[float], k: int, equal_size: bool) -> list[li
         return karmarkar_karp_reference(values, k, equal_size)
     vals = vals.astype(np.int64 if kind == "int" else np.float64)
     order = np.lexsort((np.arange(n), vals))  # ascending by (value, index)
-    one = np.ones(1, dtype=np.int64)
     heap: list[_FastState] = []
     if equal_size:
         for start in range(0, n, k):
             idx = order[start:start + k]
-            heapq.heappush(heap, _FastState(vals[idx], np.ones(k, dtype=np.int64), idx, idx, k))
+            heapq.heappush(heap, _FastState(vals[idx], np.stack((np.ones(k, np.int64), idx, idx)),
+                                            k))
     else:
         for i in order.tolist():
-            heapq.heappush(heap, _FastState(vals[i:i + 1], one, np.array([i]), np.array([i]), k))
+            heapq.heappush(heap, _FastState(vals[i:i + 1], np.array([[1], [i], [i]]), k))
     left = np.empty(max(n, 1), dtype=np.int64)  # merge forest: node n+j = left[j] ++ right[j]
     right = np.empty(max(n, 1), dtype=np.int64)
     n_nodes = 0
@@ -230,28 +239,26 @@ def karmarkar_karp(values: Sequence[float], k: int, equal_size: bool) -> list[li
         lo = k - mb  # first merged position that receives a set of b
         if lo >= ma:  # no overlap: the non-empty sets are carried over unchanged
             state = _FastState(np.concatenate((a.sums, b.sums)),
-                               np.concatenate((a.counts, b.counts)),
-                               np.concatenate((a.first, b.first)),
-                               np.concatenate((a.node, b.node)), k)
+                               np.concatenate((a.meta, b.meta), axis=1), k)
         else:
-            bo = slice(k - ma, mb)  # b's sets paired with a[lo:ma], in reverse
+            bo = slice(mb - 1, k - ma - 1 if k - ma > 0 else None, -1)  # pairs a[lo:ma]
             n_ov = ma - lo
-            new = np.arange(n + n_nodes, n + n_nodes + n_ov, dtype=np.int64)
-            left[n_nodes:n_nodes + n_ov] = a.node[lo:ma]
-            right[n_nodes:n_nodes + n_ov] = b.node[bo][::-1]
+            left[n_nodes:n_nodes + n_ov] = a.meta[2, lo:ma]
+            right[n_nodes:n_nodes + n_ov] = b.meta[2, bo]
+            mid = np.empty((3, n_ov), dtype=np.int64)
+            mid[0] = a.meta[0, lo:ma] + b.meta[0, bo]
+            mid[1] = a.meta[1, lo:ma]
+            mid[2] = np.arange(n + n_nodes, n + n_nodes + n_ov)
             n_nodes += n_ov
             state = _FastState(
-                np.concatenate((a.sums[:lo], a.sums[lo:ma] + b.sums[bo][::-1], b.sums[:k - ma])),
-                np.concatenate((a.counts[:lo], a.counts[lo:ma] + b.counts[bo][::-1],
-                                b.counts[:k - ma])),
-                np.concatenate((a.first[:lo], a.first[lo:ma], b.first[:k - ma])),
-                np.concatenate((a.node[:lo], new, b.node[:k - ma])), k)
+                np.concatenate((a.sums[:lo], a.sums[lo:ma] + b.sums[bo], b.sums[:k - ma])),
+                np.concatenate((a.meta[:, :lo], mid, b.meta[:, :k - ma]), axis=1), k)
         heapq.heappush(heap, state)
     final = heap[0]
     assert final.sums.size == k, "Karmarkar-Karp produced an empty partition"
     lft, rgt = left[:n_nodes].tolist(), right[:n_nodes].tolist()
     parts = []
-    for root in final.node.tolist():
+    for root in final.meta[2].tolist():
         items, stack = [], [root]
         while stack:
             v = stack.pop()
