@@ -20,7 +20,11 @@ the cap (``--balance-by-flops``). ``balanced`` does both, in three stages:
    between ranks, whenever that lowers the busiest rank's FLOPs, keeping every
    micro-batch under the cap (a single over-cap sample only ever swaps with
    another sample that then sits alone) and every micro-batch non-empty, so
-   each rank keeps its micro-batch count.
+   each rank keeps its micro-batch count. When that search stops more than
+   0.1% above the lower bound ``max(step FLOPs / dp, largest sample)`` (a
+   rank stuck with a very long sample and a full micro-batch), a second start
+   fills the ranks directly (heaviest sample to the least loaded rank with
+   room) and is searched the same way; the better of the two is kept.
 
 ``ScheduleConfig(max_tokens_per_gpu=..., packing="balanced")`` selects it; the
 distribution defaults to (and must be) ``"balanced"``. The distribution
