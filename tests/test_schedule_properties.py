@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from slime_reference import reference_schedule
+from benchmarks.baseline import build_dp_schedule as reference_schedule
 from varbatch_kit import ModelShape, Rollouts, ScheduleConfig, build_schedule
 from varbatch_kit.compat.slime import build_dp_schedule
 
@@ -68,11 +68,10 @@ def test_schedule_valid_or_value_error(batch, lay):
         return
     sched.check()
     got = sched.to_slime()
-    ref = reference_schedule(
-        lengths.tolist(), rid.tolist(), dp=cfg.dp, gbs=cfg.global_batch_size,
-        mbs=cfg.micro_batch_size, cap=cfg.cap, align=cfg.align,
-        by_flops=lay["policy"] == "by_flops", balance=lay["policy"] != "plain",
-        flops=MODEL.forward_flops(lengths).tolist())
+    ref = reference_schedule(  # plain-Python slime, independent of the fast core
+        lengths.tolist(), rid.tolist(), MODEL.forward_flops(lengths).tolist(), dp=cfg.dp,
+        gbs=cfg.global_batch_size, mbs=cfg.micro_batch_size, cap=cfg.cap, align=cfg.align,
+        by_flops=lay["policy"] == "by_flops", balance=lay["policy"] != "plain")
     assert got == ref
     args = SimpleNamespace(
         **MODEL_ARGS, micro_batch_size=cfg.micro_batch_size,
