@@ -74,8 +74,21 @@ def test_oversize_sample_alone_and_split():
     assert [mb.tolist() for mb in sched.steps[0].micro_batches] == [[0], [1], [3], [2]]
     assert sched.to_slime()[0] == [[0, 3], [1, 2]]
     stats = sched.stats()
-    assert stats["cap_violations"].tolist() == [0, 1]
+    assert stats["oversize_alone"].tolist() == [0, 1]  # the 500-token sample, alone on rank 1
+    assert stats["cap_violations"].tolist() == [0, 0]  # no bin of 2+ samples exceeds the cap
     assert stats["max_mb_tokens"].tolist() == [100, 500]
+
+
+def test_cap_violations_count_multi_sample_bins_over_the_cap():
+    # flops_kk packing ignores the cap: k = ceil(100/50) = 2 bins for three 30s and a 10, so
+    # one bin holds two 30s (60 > 50): one violation of 2+ samples, no oversize sample
+    sched = build_schedule(rollouts([30, 30, 30, 10]), ScheduleConfig(
+        dp=1, global_batch_size=4, max_tokens_per_gpu=50, packing="flops_kk",
+        distribution="flops_kk"), TINY).check()
+    st = sched.stats()
+    assert st["micro_batches"].tolist() == [2]
+    assert st["cap_violations"].tolist() == [1]
+    assert st["oversize_alone"].tolist() == [0]
 
 
 def test_oversize_dp1_keeps_first_fit_bins():
@@ -152,7 +165,7 @@ def test_stats_table_per_step_and_rank():
         dp=2, global_batch_size=4, max_tokens_per_gpu=250), TINY)
     st = sched.stats()
     assert list(st.columns) == ["step", "rank", "samples", "tokens", "flops", "micro_batches",
-                                "max_mb_tokens", "cap_violations"]
+                                "max_mb_tokens", "cap_violations", "oversize_alone"]
     assert st["tokens"].tolist() == [200, 600]
     assert st["samples"].tolist() == [2, 2]
     assert st["micro_batches"].tolist() == [2, 2]

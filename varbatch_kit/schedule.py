@@ -192,10 +192,16 @@ class Schedule:
         """A pandas table per step × rank.
 
         Columns: ``step, rank, samples, tokens, flops, micro_batches,
-        max_mb_tokens, cap_violations`` (micro-batches over the token cap;
-        always 0 on the static path, which has no cap).
+        max_mb_tokens, cap_violations`` (micro-batches over the token cap that
+        hold two or more samples: packing could have avoided them) and
+        ``oversize_alone`` (a single sample longer than the cap, alone in its
+        micro-batch: unavoidable). Both are 0 on the static path, which has
+        no cap. :mod:`varbatch_kit.quality` and the explorers count the same way.
         """
-        mb = self._mb_frame
+        mb = self._mb_frame.assign(
+            violation=lambda f: f["over_cap"] & (f["samples"] > 1),
+            alone=lambda f: f["over_cap"] & (f["samples"] == 1),
+        )
         g = mb.groupby(["step", "rank"], sort=True)
         out = g.agg(
             samples=("samples", "sum"),
@@ -203,7 +209,8 @@ class Schedule:
             flops=("flops", "sum"),
             micro_batches=("micro_batch", "size"),
             max_mb_tokens=("tokens", "max"),
-            cap_violations=("over_cap", "sum"),
+            cap_violations=("violation", "sum"),
+            oversize_alone=("alone", "sum"),
         ).reset_index()
         if self.sample_flops is None:
             out["flops"] = np.nan
