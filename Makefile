@@ -33,7 +33,7 @@ bench: $(STAMP)
 	$(PY) -m benchmarks.run
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check varbatch_kit tests benchmarks
+	$(VENV)/bin/ruff check varbatch_kit tests benchmarks scripts data
 
 clean:
 	rm -rf $(VENV) build .pytest_cache .hypothesis

@@ -1,7 +1,8 @@
 """Layout invariance with real torch.distributed (gloo) worker processes.
 
 Worlds of 1, 2 and 4 ranks cover (dp, cp) in {(1,1), (1,2), (2,1), (1,4), (2,2),
-(4,1)}; the reference gradient is the in-process dp=1, cp=1 one. Every rank computes only its own share;
+(4,1)}; the reference gradient is the in-process dp=1, cp=1 one. Every rank computes
+only its own share;
 reports, gradients and logs meet through real all_reduce / all_gather_object.
 """
 

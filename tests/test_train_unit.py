@@ -1,4 +1,5 @@
-"""Training engine, single process: CPU shim, packed batches on the real GPTModel, toy data, config, CLI."""
+"""Training engine, single process: CPU shim, packed batches on the real GPTModel, toy data,
+config, CLI."""
 
 from __future__ import annotations
 
@@ -34,8 +35,8 @@ def test_shim_patches_exactly_the_listed_names_and_not_global_torch(clean_shim):
 
     before_cuda = torch.cuda.current_device
     before_zeros = torch.zeros
-    originals = {(m, a): getattr(importlib.import_module(m), a) for m, a in
-                 [(m, "torch") for m in cpu_shim.PATCHED_MODULES] + list(cpu_shim.PATCHED_FUNCTIONS)}
+    names = [(m, "torch") for m in cpu_shim.PATCHED_MODULES] + list(cpu_shim.PATCHED_FUNCTIONS)
+    originals = {(m, a): getattr(importlib.import_module(m), a) for m, a in names}
     assert cpu_shim.activate() is True
     assert cpu_shim.activate() is True  # idempotent
     expected = sorted([(m, "torch") for m in cpu_shim.PATCHED_MODULES]
@@ -103,7 +104,7 @@ def test_pack_positions_and_response_positions():
 
 @pytest.fixture(scope="module")
 def megatron_single_process():
-    """torch.distributed (gloo, world 1) + megatron parallel state in this process, torn down after."""
+    """torch.distributed (gloo, world 1) + megatron parallel state here, torn down after."""
     from varbatch_kit.train.loop import setup_process
 
     with socket.socket() as s:

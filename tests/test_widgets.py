@@ -28,7 +28,8 @@ def explorer(batch):
 
 
 def expected(batch, step=0, **cfg):
-    base = {"dp": 4, "global_batch_size": 64, "max_tokens_per_gpu": 2048, "distribution": "flops_kk"}
+    base = {"dp": 4, "global_batch_size": 64, "max_tokens_per_gpu": 2048,
+            "distribution": "flops_kk"}
     s = build_schedule(batch, ScheduleConfig(**{**base, **cfg}), TINY)
     return s, step_quality(s).iloc[step]
 

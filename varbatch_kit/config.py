@@ -131,7 +131,7 @@ class ScheduleConfig:
     def world_size(self) -> int:
         return self.dp * self.cp
 
-    def with_(self, **changes: Any) -> "ScheduleConfig":
+    def with_(self, **changes: Any) -> ScheduleConfig:
         """A copy with some fields changed (re-validated)."""
         if "micro_batch_size" in changes and changes["micro_batch_size"] is not None:
             changes.setdefault("max_tokens_per_gpu", None)
@@ -146,7 +146,7 @@ class ScheduleConfig:
 
     # ------------------------------------------------------------ from slime
     @classmethod
-    def from_slime_args(cls, args: Any, *, dp: int | None = None) -> "ScheduleConfig":
+    def from_slime_args(cls, args: Any, *, dp: int | None = None) -> ScheduleConfig:
         """Map slime's command-line flags onto a config.
 
         ``args`` is an ``argparse.Namespace`` (or any object with slime's

@@ -9,9 +9,10 @@ All arithmetic is vectorised float64 (no int64 overflow at long lengths).
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import numpy as np
 
@@ -141,14 +142,14 @@ class ModelShape:
         return total + 2 * L * float(self.hidden_size) * float(self.vocab_size)
 
     def flops_coefficients(self) -> tuple[float, float]:
-        """``(c1, c2)`` with ``forward_flops(L) == c1*L + c2*L**2`` (exact: the model is quadratic)."""
+        """``(c1, c2)`` with ``forward_flops(L) == c1*L + c2*L**2`` (the model is quadratic)."""
         f1, f2 = self.forward_flops(np.array([1.0, 2.0]))
         c2 = (f2 - 2 * f1) / 2
         return float(f1 - c2), float(c2)
 
     # ---------------------------------------------------------- constructors
     @classmethod
-    def preset(cls, name: str) -> "ModelShape":
+    def preset(cls, name: str) -> ModelShape:
         """A shape preset from ``data/models/<name>.json`` (a Hugging Face config)."""
         path = MODELS_DIR / f"{name}.json"
         if not path.is_file():
@@ -158,7 +159,7 @@ class ModelShape:
         return replace(cls.from_hf_config(path), name=name)
 
     @classmethod
-    def from_hf_config(cls, path_or_dict: str | Path | Mapping[str, Any]) -> "ModelShape":
+    def from_hf_config(cls, path_or_dict: str | Path | Mapping[str, Any]) -> ModelShape:
         """Read a Hugging Face ``config.json`` (Qwen2/Qwen3/Llama/Mistral/DeepSeek-V3 names)."""
         if isinstance(path_or_dict, Mapping):
             cfg = dict(path_or_dict)
@@ -223,7 +224,7 @@ class ModelShape:
         return cls(**kw)
 
     @classmethod
-    def from_args(cls, args: Any) -> "ModelShape":
+    def from_args(cls, args: Any) -> ModelShape:
         """From a Megatron/slime argument namespace (``args.num_layers``, ...)."""
 
         def get(key, default=None):

@@ -284,4 +284,4 @@ def split_to_target(bins: Bins, lengths: np.ndarray, target: int, *,
 
 
 # the FLOPs-balanced packer and distribution register themselves on import
-from varbatch_kit import balance as _balance  # noqa: F401
+from varbatch_kit import balance as _balance  # noqa: E402,F401

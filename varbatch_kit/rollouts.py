@@ -8,8 +8,8 @@ response_len``.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 
 import numpy as np
 
@@ -158,7 +158,7 @@ class Rollouts:
             return list(self.loss_masks)
         return [np.ones(int(r), dtype=np.int8) for r in self.response_len]
 
-    def subset(self, indices) -> "Rollouts":
+    def subset(self, indices) -> Rollouts:
         """The samples at ``indices`` (in that order) as a new table."""
         idx = np.asarray(indices, dtype=np.int64)
         masks = None if self.loss_masks is None else [self.loss_masks[i] for i in idx]
@@ -187,7 +187,7 @@ class Rollouts:
 
     # ----------------------------------------------------------- constructors
     @classmethod
-    def from_trace(cls, path) -> "Rollouts":
+    def from_trace(cls, path) -> Rollouts:
         """Read a trace file (``.jsonl``, ``.parquet`` or a slime ``.pt`` dump)."""
         from varbatch_kit.io import read_trace
 
@@ -204,7 +204,7 @@ class Rollouts:
         response_sigma: float = 1.0,
         max_response_len: int = 8192,
         seed: int = 0,
-    ) -> "Rollouts":
+    ) -> Rollouts:
         """A seeded synthetic batch with long-tailed response lengths.
 
         Parameters

@@ -217,7 +217,7 @@ class Schedule:
         return out
 
     # --------------------------------------------------------------- check
-    def check(self) -> "Schedule":
+    def check(self) -> Schedule:
         """Verify every invariant; raise :class:`ScheduleInvariantError` naming the broken one.
 
         Returns ``self`` so calls chain.

@@ -301,7 +301,8 @@ def empty_packing_figure() -> go.Figure:
         hovertemplate=("over the token cap: %{customdata[0]:d} tokens in "
                        "%{customdata[1]:d} sample(s)<extra></extra>")))
     fig.add_trace(go.Scatter(
-        name="token cap", mode="lines", line={"color": OVER_CAP_COLOR, "dash": "dash", "width": 1.5},
+        name="token cap", mode="lines",
+        line={"color": OVER_CAP_COLOR, "dash": "dash", "width": 1.5},
         hoverinfo="skip"))
     fig.update_layout(
         template=TEMPLATE, barmode="overlay", bargap=0.15, height=460, hovermode="closest",
@@ -669,7 +670,7 @@ def policy_table(rollouts: Rollouts, config: ScheduleConfig, model: ModelShape |
 
 
 def policy_figure(table, *, title: str | None = None) -> go.Figure:
-    """Policies side by side: busiest rank over its bound, micro-batches over theirs, cap violations.
+    """Policies side by side: busiest rank vs its bound, micro-batches vs theirs, cap violations.
 
     Parameters
     ----------

@@ -6,7 +6,8 @@ raises ``ValueError`` with a readable message where slime asserts.
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -91,7 +92,7 @@ def build_dp_schedule(
     global_batch_size: int,
     rollout_indices: Sequence[int],
 ):
-    """slime's schedule: ``(partitions, micro_batch_indices, num_microbatches, global_batch_sizes)``.
+    """slime's ``(partitions, micro_batch_indices, num_microbatches, global_batch_sizes)``.
 
     ``partitions[r]`` lists rank r's global sample indices, micro-batch
     after micro-batch, over all steps; ``micro_batch_indices[r]`` gives each

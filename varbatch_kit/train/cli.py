@@ -76,7 +76,8 @@ def _common(p: argparse.ArgumentParser, many: bool) -> None:
     m.add_argument("--layers", type=int, default=D.num_layers)
     m.add_argument("--hidden", type=int, default=D.hidden_size)
     m.add_argument("--heads", type=int, default=D.num_attention_heads)
-    m.add_argument("--ffn", type=int, default=D.ffn_hidden_size, help="FFN width (default 4*hidden)")
+    m.add_argument("--ffn", type=int, default=D.ffn_hidden_size,
+                   help="FFN width (default 4*hidden)")
     m.add_argument("--vocab", type=int, default=D.vocab_size)
     m.add_argument("--lr", type=float, default=D.lr)
     m.add_argument("--min-lr", type=float, default=D.min_lr)

@@ -393,7 +393,8 @@ def run_many(configs: Sequence[TrainConfig], rollouts: Rollouts, *, out_dir=None
             f"rollouts must be a varbatch_kit.Rollouts, got {type(rollouts).__name__}")
     planned = [_validate(c, rollouts) for c in configs]
     devices = [_resolve_device(c) for c in configs]
-    root = Path(out_dir) if out_dir is not None else Path(tempfile.mkdtemp(prefix="varbatch_train_"))
+    root = (Path(out_dir) if out_dir is not None
+            else Path(tempfile.mkdtemp(prefix="varbatch_train_")))
     root.mkdir(parents=True, exist_ok=True)
     out_dirs = [root / f"run{k:02d}-{_slug(c.name)}" for k, c in enumerate(configs)]
     for d in out_dirs:
