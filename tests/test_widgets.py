@@ -72,6 +72,10 @@ def test_step_selector_and_cache(explorer, batch):
     np.testing.assert_array_equal(np.sort(np.asarray(explorer.figure.data[0].customdata)[:, 0]),
                                   np.sort(s.steps[2].sample_indices))
     assert t["schedule_ms"] == 0.0  # same layout: the cached schedule is reused
+    assert "schedule and stats from cache" in explorer.timing_label.value
+    explorer.set(max_tokens_per_gpu=explorer.controls["max_tokens_per_gpu"].value + 1024)
+    assert "schedule and stats from cache" not in explorer.timing_label.value
+    assert "ms · stats" in explorer.timing_label.value
 
 
 def test_dp_cp_and_policy_controls(explorer, batch):
