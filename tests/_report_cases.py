@@ -168,6 +168,43 @@ def rank_backward(
     return flat_grad(model), tokens
 
 
+def cp_local_values(case: Case, mb: list[int], cp_rank: int, cp: int) -> torch.Tensor:
+    """The flat per-token values CP rank ``cp_rank`` sees for the samples ``mb``."""
+    pieces = case.values.split(case.response_lengths)
+    local = [
+        slice_response_for_cp(pieces[i], case.total_lengths[i], cp_rank=cp_rank, cp_size=cp)
+        for i in mb
+    ]
+    return torch.cat(local) if local else case.values[:0]
+
+
+def unit_weight_backward(
+    mode: ReportMode, case: Case, norm: StepNormalizers, mb: list[int], *,
+    cp_rank: int, dp: int, cp: int,
+) -> tuple[float, int]:
+    """One rank's d loss / d w for ``x * w`` (w = 1), one micro-batch, Megatron-scaled.
+
+    Returns the rank's gradient and the token count it reports to Megatron.
+    """
+    w = torch.tensor(1.0, dtype=torch.float64, requires_grad=True)
+    prescale = mode.loss_prescale(norm, num_microbatches=1, dp_size=dp, cp_size=cp)
+    masks = [case.loss_masks[i] for i in mb]
+    loss = prescale * mode.microbatch_loss_sum(
+        cp_local_values(case, mb, cp_rank, cp) * w,
+        total_lengths=[case.total_lengths[i] for i in mb],
+        response_lengths=[case.response_lengths[i] for i in mb],
+        loss_masks=masks,
+        sample_denominators=norm.denominators_for(mb),
+        cp_rank=cp_rank,
+        cp_size=cp,
+    )
+    count = mode.megatron_num_tokens(masks)
+    if not mode.megatron_per_token_loss:
+        loss = loss / max(count, 1) / 1  # / token count / num_microbatches
+    loss.backward()
+    return w.grad.item(), count
+
+
 def ddp_finish(
     mode: ReportMode, grad_sum: torch.Tensor, token_sum: int, world: int
 ) -> torch.Tensor:

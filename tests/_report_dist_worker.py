@@ -17,6 +17,7 @@ import torch
 import torch.distributed as dist
 from _report_cases import (
     Case,
+    cp_local_values,
     ddp_finish,
     four_rollouts_cp,
     four_samples_two_rollouts,
@@ -26,10 +27,10 @@ from _report_cases import (
     rank_backward,
     round_robin_layout,
     token_features,
+    unit_weight_backward,
 )
 
 from varbatch_kit.compat import slime_metrics
-from varbatch_kit.cp import slice_response_for_cp
 from varbatch_kit.report import get_report_mode, reduce_train_step_metrics
 
 SPLITS_OF_FOUR = {  # extra splits of the 4-sample case (layout[dp_rank][micro_batch]), per dp
@@ -37,15 +38,6 @@ SPLITS_OF_FOUR = {  # extra splits of the 4-sample case (layout[dp_rank][micro_b
     2: [[[[0, 1, 2]], [[3]]], [[[3, 0], []], [[2], [1]]]],
     4: [[[[3]], [[1]], [[0]], [[2]]]],
 }
-
-
-def _local_values(case: Case, mb: list[int], cp_rank: int, cp: int) -> torch.Tensor:
-    pieces = case.values.split(case.response_lengths)
-    local = [
-        slice_response_for_cp(pieces[i], case.total_lengths[i], cp_rank=cp_rank, cp_size=cp)
-        for i in mb
-    ]
-    return torch.cat(local) if local else case.values[:0]
 
 
 def _step_report(name: str, case: Case, layout, dp_rank: int, cp_rank: int, cp: int, group):
@@ -56,7 +48,7 @@ def _step_report(name: str, case: Case, layout, dp_rank: int, cp_rank: int, cp: 
     for mb in layout[dp_rank]:
         masks = [case.loss_masks[i] for i in mb]
         loss_sum = mode.microbatch_loss_sum(
-            _local_values(case, mb, cp_rank, cp),
+            cp_local_values(case, mb, cp_rank, cp),
             total_lengths=[case.total_lengths[i] for i in mb],
             response_lengths=[case.response_lengths[i] for i in mb],
             loss_masks=masks,
@@ -86,24 +78,9 @@ def _unit_weight_gradient(name: str, dp_rank: int, cp_rank: int, dp: int, cp: in
     mode = get_report_mode(name)
     layout = round_robin_layout(4, dp, 1)
     norm = normalizers_for(mode, case, layout, cp)
-    w = torch.tensor(1.0, dtype=torch.float64, requires_grad=True)
-    prescale = mode.loss_prescale(norm, num_microbatches=1, dp_size=dp, cp_size=cp)
-    mb = layout[dp_rank][0]
-    masks = [case.loss_masks[i] for i in mb]
-    loss = prescale * mode.microbatch_loss_sum(
-        _local_values(case, mb, cp_rank, cp) * w,
-        total_lengths=[12] * len(mb),
-        response_lengths=[8] * len(mb),
-        loss_masks=masks,
-        sample_denominators=norm.denominators_for(mb),
-        cp_rank=cp_rank,
-        cp_size=cp,
-    )
-    count = mode.megatron_num_tokens(masks)
-    if not mode.megatron_per_token_loss:
-        loss = loss / max(count, 1) / 1
-    loss.backward()
-    grad_and_tokens = torch.tensor([w.grad.item(), float(count)], dtype=torch.float64)
+    grad, count = unit_weight_backward(mode, case, norm, layout[dp_rank][0], cp_rank=cp_rank,
+                                       dp=dp, cp=cp)
+    grad_and_tokens = torch.tensor([grad, float(count)], dtype=torch.float64)
     dist.all_reduce(grad_and_tokens, group=group)
     return float(ddp_finish(mode, grad_and_tokens[:1], int(grad_and_tokens[1]), dp * cp))
 
@@ -138,7 +115,7 @@ def _rollout_log(dp_rank: int, cp_rank: int, dp: int, cp: int, group, world: int
         cp_size=cp,
     )
     entry = slime_metrics.rollout_log_metric_contribution(
-        reducer(_local_values(case, mb, cp_rank, cp)),
+        reducer(cp_local_values(case, mb, cp_rank, cp)),
         cp_size=cp,
         num_rollouts_in_rollout=4,
         dp_size=dp,

@@ -13,6 +13,7 @@ from _report_cases import (
     relative_difference,
     report_gradient,
     round_robin_layout,
+    unit_weight_backward,
 )
 
 from varbatch_kit.report import (
@@ -141,42 +142,18 @@ def test_worked_1249_875_for_every_dp_cp(dp, cp):
 @pytest.mark.parametrize(("dp", "cp"), LAYOUTS_DP_CP)
 def test_worked_1249_875_is_the_gradient_of_a_unit_weight(dp, cp):
     """d(loss)/dw for x * w, w = 1, through prescale + Megatron + DDP averaging."""
-    from varbatch_kit.cp import slice_response_for_cp
-
     case = four_rollouts_cp()
     for name in ("per_rollout_mean", "per_token"):
         mode = get_report_mode(name)
         layout = round_robin_layout(4, dp, 1)
         norm = mode.step_normalizers(case.rollout_ids, case.loss_masks, dp_size=dp, cp_size=cp)
-        per_sample = case.values.split(case.response_lengths)
         grads, tokens = [], 0
         for rank in layout:
             for cp_rank in range(cp):
-                w = torch.tensor(1.0, dtype=torch.float64, requires_grad=True)
-                prescale = mode.loss_prescale(norm, num_microbatches=1, dp_size=dp, cp_size=cp)
-                mb = rank[0]
-                x = torch.cat(
-                    [
-                        slice_response_for_cp(per_sample[i], 12, cp_rank=cp_rank, cp_size=cp)
-                        for i in mb
-                    ]
-                )
-                masks = [case.loss_masks[i] for i in mb]
-                loss = prescale * mode.microbatch_loss_sum(
-                    x * w,
-                    total_lengths=[12] * len(mb),
-                    response_lengths=[8] * len(mb),
-                    loss_masks=masks,
-                    sample_denominators=norm.denominators_for(mb),
-                    cp_rank=cp_rank,
-                    cp_size=cp,
-                )
-                count = mode.megatron_num_tokens(masks)
+                grad, count = unit_weight_backward(mode, case, norm, rank[0], cp_rank=cp_rank,
+                                                   dp=dp, cp=cp)
+                grads.append(grad)
                 tokens += count
-                if not mode.megatron_per_token_loss:
-                    loss = loss / max(count, 1) / 1
-                loss.backward()
-                grads.append(w.grad.item())
         net = sum(grads) / (tokens if mode.megatron_per_token_loss else dp * cp)
         assert net == pytest.approx(1249.875, rel=1e-14), name
 
