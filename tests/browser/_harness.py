@@ -111,6 +111,15 @@ def kill_all(procs: list[psutil.Process], grace_s: float = 5.0) -> None:
     psutil.wait_procs(alive, timeout=grace_s)
 
 
+def kill_pids(pids) -> None:
+    """:func:`kill_all` on the processes of ``pids`` that still exist."""
+    procs = []
+    for pid in pids:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            procs.append(psutil.Process(pid))
+    kill_all(procs)
+
+
 def _die_with_parent() -> None:  # pragma: no cover - runs in the child before exec
     """Linux: the server gets SIGTERM if the pytest process dies without cleaning up."""
     import ctypes
@@ -281,11 +290,7 @@ class LabServer:
                     with contextlib.suppress(ProcessLookupError):
                         os.killpg(proc.pid, signal.SIGKILL)
                     proc.wait(timeout=5)
-        procs = []
-        for pid in self.pids:
-            with contextlib.suppress(psutil.NoSuchProcess):
-                procs.append(psutil.Process(pid))
-        kill_all(procs)
+        kill_pids(self.pids)
 
     def __enter__(self):
         return self.start()
@@ -332,11 +337,7 @@ class Browser:
             with contextlib.suppress(Exception):
                 step()
         self.context = self.browser = self._pw = None
-        procs = []
-        for pid in self.pids:
-            with contextlib.suppress(psutil.NoSuchProcess):
-                procs.append(psutil.Process(pid))
-        kill_all(procs)
+        kill_pids(self.pids)
 
     def __enter__(self):
         return self.start()
