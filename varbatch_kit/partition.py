@@ -76,7 +76,8 @@ class _State:
         # heapq is a min-heap: "smaller" must mean "pops first".
         if self.spread != other.spread:
             return self.spread > other.spread
-        return self.sets[0].sum > other.sets[0].sum
+        # equal spread: the state whose largest set is larger under the full set order
+        return other.sets[0] < self.sets[0]
 
     def merge(self, other: _State) -> _State:
         k = len(self.sets)
@@ -141,7 +142,7 @@ class _FastState:
     exactly the reference's (same values, same ``__lt__``).
     """
 
-    __slots__ = ("meta", "spread", "sums", "top")
+    __slots__ = ("meta", "spread", "sums", "top", "top_key")
 
     def __init__(self, sums: np.ndarray, meta: np.ndarray, k: int) -> None:
         if sums.size > 1:
@@ -162,13 +163,17 @@ class _FastState:
         self.sums, self.meta = sums, meta
         top = sums[0].item()
         self.top = top
+        # the largest set's full order key: (sum, count, first index). The largest sets of two
+        # states in the heap are disjoint, so comparing their item lists is comparing their
+        # first (index, value) pair, i.e. the first index.
+        self.top_key = (top, int(meta[0, 0]), int(meta[1, 0]))
         # the smallest set is empty (sum 0, an int in the reference) unless all k are used
         self.spread = top - (sums[-1].item() if sums.size == k else 0)
 
     def __lt__(self, other: _FastState) -> bool:
         if self.spread != other.spread:
             return self.spread > other.spread
-        return self.top > other.top
+        return self.top_key > other.top_key
 
 
 def _numeric_kind(vals: np.ndarray, values: Sequence) -> str | None:
