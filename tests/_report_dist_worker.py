@@ -30,7 +30,7 @@ from _report_cases import (
     unit_weight_backward,
 )
 
-from varbatch_kit.compat import slime_metrics
+from varbatch_kit.compat.slime import metrics as slime_metrics
 from varbatch_kit.report import get_report_mode, reduce_train_step_metrics
 
 SPLITS_OF_FOUR = {  # extra splits of the 4-sample case (layout[dp_rank][micro_batch]), per dp

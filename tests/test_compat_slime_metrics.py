@@ -6,7 +6,8 @@ import pytest
 import torch
 from _report_cases import four_rollouts_cp, four_samples_two_rollouts, mixed_case
 
-from varbatch_kit.compat import slime, slime_metrics
+from varbatch_kit.compat import slime
+from varbatch_kit.compat.slime import metrics as slime_metrics
 from varbatch_kit.cp import slice_flat_responses_for_cp, zigzag_slice
 from varbatch_kit.report import (
     make_reducer,

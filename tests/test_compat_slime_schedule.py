@@ -19,9 +19,15 @@ def test_first_fit_pack_arrival_order():
     assert first_fit_pack([10, 400, 10], 100) == [[0, 2], [1]]
 
 
-def test_expand_bins_by_splitting():
+def test_expand_bins_by_splitting_in_place():
     # largest bin [0,1,2] (60): by length 30(2), 20(1), 10(0): 30->h0, 20->h1, 10->h1
-    assert expand_bins_by_splitting([[0, 1, 2], [3]], [10, 20, 30, 5], 3) == [[2], [3], [1, 0]]
+    bins = [[0, 1, 2], [3]]
+    assert expand_bins_by_splitting(bins, 3, [10, 20, 30, 5]) is None
+    assert bins == [[2], [3], [1, 0]]
+    # only singletons left: stops early without an error (slime's caller checks the count)
+    bins = [[0, 1], [2]]
+    expand_bins_by_splitting(bins, 8, [5, 5, 5])
+    assert bins == [[0], [2], [1]]
 
 
 def test_balanced_partitions_matches_pinned():
@@ -31,6 +37,6 @@ def test_balanced_partitions_matches_pinned():
 def test_calculate_fwd_flops_from_args():
     args = SimpleNamespace(num_layers=2, hidden_size=16, num_attention_heads=2,
                            num_query_groups=2, kv_channels=8, ffn_hidden_size=64, vocab_size=32)
-    assert calculate_fwd_flops([10], args) == [180480.0]
+    assert calculate_fwd_flops([10], args) == 180480.0
     shape = ModelShape.from_args(args)
-    assert calculate_fwd_flops([7, 900], args) == shape.forward_flops([7, 900]).tolist()
+    assert calculate_fwd_flops([7, 900], args) == sum(shape.forward_flops([7, 900]).tolist())

@@ -86,7 +86,7 @@ class ModelShape:
         if freq is None:
             return np.ones(self.num_layers, dtype=bool)
         if isinstance(freq, tuple):
-            return np.asarray(freq, dtype=int) == 1
+            return np.asarray(freq, dtype=int) > 0
         return np.arange(self.num_layers) % int(freq) == 0
 
     # --------------------------------------------------------------- FLOPs
@@ -125,21 +125,28 @@ class ModelShape:
         shared = self.moe_shared_expert_intermediate_size or 0
         return int(self.moe_ffn_hidden_size) * int(self.moe_router_topk) + int(shared)
 
-    def forward_flops(self, lengths) -> np.ndarray:
-        """Forward FLOPs per sample of the given token lengths (float64 array).
+    def forward_flops_terms(self, lengths) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(dense layers, MoE layers, LM head)`` forward FLOPs per sample, float64.
 
-        Accepts a scalar or any array-like; returns the same shape.
+        :meth:`forward_flops` adds them in this order, the order slime's
+        estimate accumulates them in.
         """
         L = np.asarray(lengths, dtype=np.float64)
         moe = self.moe_layers()
         n_moe = int(moe.sum())
         n_dense = self.num_layers - n_moe
-        total = np.zeros_like(L)
-        if n_dense:
-            total = total + n_dense * self._layer_flops(L, self.ffn_hidden_size)
-        if n_moe:
-            total = total + n_moe * self._layer_flops(L, self.moe_ffn_width())
-        return total + 2 * L * float(self.hidden_size) * float(self.vocab_size)
+        zero = np.zeros_like(L)
+        dense = self._layer_flops(L, self.ffn_hidden_size) * n_dense if n_dense else zero
+        moe_part = self._layer_flops(L, self.moe_ffn_width()) * n_moe if n_moe else zero
+        return dense, moe_part, 2 * L * float(self.hidden_size) * float(self.vocab_size)
+
+    def forward_flops(self, lengths) -> np.ndarray:
+        """Forward FLOPs per sample of the given token lengths (float64 array).
+
+        Accepts a scalar or any array-like; returns the same shape.
+        """
+        dense, moe, head = self.forward_flops_terms(lengths)
+        return dense + moe + head
 
     def flops_coefficients(self) -> tuple[float, float]:
         """``(c1, c2)`` with ``forward_flops(L) == c1*L + c2*L**2`` (the model is quadratic)."""

@@ -101,8 +101,8 @@ def _validate(n: int, k, equal_size: bool) -> int:
     return k
 
 
-def karmarkar_karp_reference(values: Sequence[float], k: int,
-                             equal_size: bool) -> list[list[int]]:
+def karmarkar_karp_reference(values: Sequence[float], k: int, equal_size: bool, *,
+                             sort_parts: bool = True) -> list[list[int]]:
     """The plain ``O(n * k)`` transcription of SLIME_SEMANTICS §3 (same result as the fast path).
 
     Kept as the executable specification: the fast path is tested against
@@ -126,7 +126,9 @@ def karmarkar_karp_reference(values: Sequence[float], k: int,
         first = heapq.heappop(heap)
         second = heapq.heappop(heap)
         heapq.heappush(heap, first.merge(second))
-    parts = [sorted(i for i, _ in s.items) for s in heap[0].sets]
+    parts = [[i for i, _ in s.items] for s in heap[0].sets]
+    if sort_parts:
+        parts = [sorted(p) for p in parts]
     assert all(parts), "Karmarkar-Karp produced an empty partition"
     if equal_size:
         assert all(len(p) == n // k for p in parts)
@@ -194,7 +196,8 @@ def _numeric_kind(vals: np.ndarray, values: Sequence) -> str | None:
     return None
 
 
-def karmarkar_karp(values: Sequence[float], k: int, equal_size: bool) -> list[list[int]]:
+def karmarkar_karp(values: Sequence[float], k: int, equal_size: bool, *,
+                   sort_parts: bool = True) -> list[list[int]]:
     """Partition item indices ``0..n-1`` into ``k`` parts by largest differencing.
 
     Parameters
@@ -206,9 +209,14 @@ def karmarkar_karp(values: Sequence[float], k: int, equal_size: bool) -> list[li
     equal_size:
         Every part gets ``n / k`` items (requires ``n % k == 0``).
 
+    sort_parts:
+        Sort each part's indices ascending (default). With False a part lists
+        its items in merge order (slime's ``karmarkar_karp`` before its caller
+        sorts them).
+
     Returns
     -------
-    list of k lists of item indices, each sorted ascending. Identical to
+    list of k lists of item indices (parts in the final state's order). Identical to
     :func:`karmarkar_karp_reference` (slime's result); fast path in
     ``O(n log n + merges * k)`` numpy work and ``O(n)`` memory.
     """
@@ -218,11 +226,11 @@ def karmarkar_karp(values: Sequence[float], k: int, equal_size: bool) -> list[li
         vals = np.asarray([], dtype=object)
     n = len(values)
     if vals.ndim != 1 or vals.size != n:
-        return karmarkar_karp_reference(values, k, equal_size)
+        return karmarkar_karp_reference(values, k, equal_size, sort_parts=sort_parts)
     k = _validate(n, k, equal_size)
     kind = _numeric_kind(vals, values)
     if kind is None:
-        return karmarkar_karp_reference(values, k, equal_size)
+        return karmarkar_karp_reference(values, k, equal_size, sort_parts=sort_parts)
     vals = vals.astype(np.int64 if kind == "int" else np.float64)
     order = np.lexsort((np.arange(n), vals))  # ascending by (value, index)
     heap: list[_FastState] = []
@@ -269,10 +277,11 @@ def karmarkar_karp(values: Sequence[float], k: int, equal_size: bool) -> list[li
             v = stack.pop()
             if v < n:
                 items.append(v)
-            else:
-                stack.append(lft[v - n])
+            else:  # node = left ++ right: visit left first (merge order)
                 stack.append(rgt[v - n])
-        items.sort()
+                stack.append(lft[v - n])
+        if sort_parts:
+            items.sort()
         parts.append(items)
     if equal_size:
         assert all(len(p) == n // k for p in parts)

@@ -281,6 +281,7 @@ def _static_alignment_error(step: int, n: int, k: int, cfg: ScheduleConfig) -> V
     hint = (f"micro_batch_size in {good_m[:8]}" if good_m else
             f"a step with at least {align} samples")
     return ValueError(
+        f"static path: num_mbs ({k}) is not a multiple of dp_size * mb_group ({align}); "
         f"step {step}: {n} samples in micro-batches of micro_batch_size={m} give {k} "
         f"micro-batches, not a multiple of dp*mb_group={align} (static batching cannot split "
         f"micro-batches). Use {hint} for this step, or a global_batch_size whose steps hold a "
@@ -367,7 +368,9 @@ def build_schedule(
         if config.dynamic:
             if target > n:
                 raise ValueError(
-                    f"step {s} holds {n} samples but the layout needs {target} micro-batches "
+                    f"dynamic path: could only produce {n} mbs after maximal splitting; need "
+                    f"{target}. step {s} holds {n} samples but the layout needs {target} "
+                    "micro-batches "
                     f"(a multiple of dp*mb_group={align}, at least one sample each); slime stalls "
                     "here (its issue #2065). Use a smaller dp or mb_group, or a larger "
                     "global_batch_size"

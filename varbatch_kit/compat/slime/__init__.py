@@ -1,0 +1,41 @@
+"""slime's scheduling and metric functions, with slime's signatures and results.
+
+Thin adapters over varbatch_kit's core (the behaviour is described in
+``docs/reference_semantics.md``). Checked against vectors recorded from
+slime's own code (``tests/golden/``). Every error a caller can cause is a
+:class:`SlimeCompatError`, which is both a ``ValueError`` and an
+``AssertionError`` (slime asserts), so code written against slime keeps
+working.
+"""
+
+from varbatch_kit.compat.slime.errors import SlimeCompatError
+from varbatch_kit.compat.slime.metrics import (
+    gather_and_reduce_log_dict,
+    get_logits_and_tokens_offset_with_cp,
+    get_sum_of_sample_mean,
+    reduce_train_step_metrics,
+    rollout_log_metric_contribution,
+)
+from varbatch_kit.compat.slime.schedule import (
+    build_dp_schedule,
+    calculate_fwd_flops,
+    expand_bins_by_splitting,
+    first_fit_pack,
+    get_seqlen_balanced_partitions,
+    karmarkar_karp,
+)
+
+__all__ = [
+    "SlimeCompatError",
+    "build_dp_schedule",
+    "calculate_fwd_flops",
+    "expand_bins_by_splitting",
+    "first_fit_pack",
+    "gather_and_reduce_log_dict",
+    "get_logits_and_tokens_offset_with_cp",
+    "get_seqlen_balanced_partitions",
+    "get_sum_of_sample_mean",
+    "karmarkar_karp",
+    "reduce_train_step_metrics",
+    "rollout_log_metric_contribution",
+]

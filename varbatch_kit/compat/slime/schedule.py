@@ -1,0 +1,217 @@
+"""slime's scheduling functions with slime's signatures, on top of the core.
+
+Same inputs, same outputs as slime's ``seqlen_balancing``, ``flops_utils``
+and ``dp_schedule`` modules (``docs/reference_semantics.md``, sections 2-4),
+checked against vectors recorded from slime's code. Where slime asserts, these
+raise :class:`~varbatch_kit.compat.slime.errors.SlimeCompatError` with slime's
+wording first.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, MutableSequence, Sequence
+from typing import Any
+
+import numpy as np
+
+from varbatch_kit.compat.slime.errors import SlimeCompatError, raises_slime_errors
+from varbatch_kit.config import ScheduleConfig
+from varbatch_kit.flops import ModelShape
+from varbatch_kit.packing import PackInput, first_fit, split_to_target
+from varbatch_kit.partition import karmarkar_karp as _kk
+from varbatch_kit.rollouts import Rollouts
+from varbatch_kit.schedule import build_schedule
+
+__all__ = [
+    "build_dp_schedule",
+    "calculate_fwd_flops",
+    "expand_bins_by_splitting",
+    "first_fit_pack",
+    "get_seqlen_balanced_partitions",
+    "karmarkar_karp",
+]
+
+
+def _check_partition_args(seqlen_list: Sequence[float], k_partitions: int,
+                          equal_size: bool) -> None:
+    n = len(seqlen_list)
+    if isinstance(k_partitions, bool) or int(k_partitions) != k_partitions or k_partitions < 1:
+        raise SlimeCompatError(f"k_partitions must be a positive integer, got {k_partitions!r}")
+    if n < k_partitions:
+        raise SlimeCompatError(
+            f"number of items:[{n}] < k_partitions:[{k_partitions}]: every part needs an item"
+        )
+    if equal_size and n % k_partitions:
+        raise SlimeCompatError(
+            f"{n} % {k_partitions} != 0: equal_size needs the item count divisible by "
+            "k_partitions"
+        )
+
+
+def karmarkar_karp(seqlen_list: Sequence[float], k_partitions: int,
+                   equal_size: bool) -> list[list[int]]:
+    """Largest differencing into ``k_partitions`` parts; each part in merge order (unsorted)."""
+    _check_partition_args(seqlen_list, k_partitions, equal_size)
+    return _kk(list(seqlen_list), int(k_partitions), equal_size, sort_parts=False)
+
+
+def get_seqlen_balanced_partitions(seqlen_list: Sequence[float], k_partitions: int,
+                                   equal_size: bool) -> list[list[int]]:
+    """Karmarkar-Karp partition of item indices; each part sorted ascending."""
+    _check_partition_args(seqlen_list, k_partitions, equal_size)
+    return _kk(list(seqlen_list), int(k_partitions), equal_size)
+
+
+@raises_slime_errors
+def first_fit_pack(total_lengths: Sequence[int], max_tokens_per_bin: int) -> list[list[int]]:
+    """First-fit in arrival order under ``max_tokens_per_bin`` tokens per bin.
+
+    A sample longer than the cap lands alone in a new bin.
+    """
+    if max_tokens_per_bin is None or int(max_tokens_per_bin) < 1:
+        raise SlimeCompatError(
+            f"max_tokens_per_bin must be a positive integer, got {max_tokens_per_bin!r}")
+    if len(total_lengths) == 0:
+        return []
+    return first_fit(PackInput(lengths=np.asarray(total_lengths, dtype=np.int64),
+                               cap=int(max_tokens_per_bin)))
+
+
+def expand_bins_by_splitting(bins: MutableSequence[list[int]], target_count: int,
+                             lengths: Sequence[int]) -> None:
+    """Grow ``bins`` **in place** to ``target_count`` by splitting the largest multi-sample bin.
+
+    Stops early (no error) when only singletons are left, as slime does; the
+    caller checks the count.
+    """
+    target = int(target_count)
+    if len(bins) >= target:
+        return
+    n_split = sum(1 for b in bins if len(b) > 1)
+    reachable = len(bins) + sum(len(b) - 1 for b in bins)
+    goal = min(target, reachable)
+    if n_split and goal > len(bins):
+        bins[:] = split_to_target([list(b) for b in bins], np.asarray(lengths), goal)
+
+
+def calculate_fwd_flops(seqlens: Sequence[int], args: Any) -> float:
+    """Total forward FLOPs of all ``seqlens`` (one float), model shape read from ``args``.
+
+    Summed sample by sample (dense layers, MoE layers, LM head), as slime
+    accumulates it, so the float is the same to the last bit.
+    """
+    shape = _shape_from_args(args)
+    dense, moe, head = shape.forward_flops_terms(np.asarray(list(seqlens), dtype=np.int64))
+    total = 0
+    for d, m, h in zip(dense.tolist(), moe.tolist(), head.tolist()):
+        total += d
+        total += m
+        total += h
+    return total
+
+
+@raises_slime_errors
+def _shape_from_args(args: Any) -> ModelShape:
+    return ModelShape.from_args(args)
+
+
+def _config_from(args: Any, tpc: Mapping[str, int], global_batch_size: int) -> ScheduleConfig:
+    def need(key: str) -> int:
+        if key not in tpc:
+            raise SlimeCompatError(
+                f"train_parallel_config lacks {key!r}; it needs dp_size, cp_size, vpp_size and "
+                "microbatch_group_size_per_vp_stage")
+        return int(tpc[key])
+
+    dynamic = bool(getattr(args, "use_dynamic_batch_size", False))
+    by_flops = bool(getattr(args, "balance_by_flops", False))
+    if by_flops and not dynamic:
+        raise SlimeCompatError("balance_by_flops requires use_dynamic_batch_size")
+    sizes: dict[str, Any]
+    if dynamic:
+        mtpg = getattr(args, "max_tokens_per_gpu", None)
+        if mtpg is None:
+            raise SlimeCompatError(
+                "max_tokens_per_gpu is None: use_dynamic_batch_size needs the token cap")
+        sizes = dict(max_tokens_per_gpu=int(mtpg))
+    else:
+        mbs = getattr(args, "micro_batch_size", None)
+        if mbs is None:
+            raise SlimeCompatError(
+                "micro_batch_size is None: the static path (use_dynamic_batch_size=False) "
+                "needs it")
+        sizes = dict(micro_batch_size=int(mbs))
+    balance = bool(getattr(args, "balance_data", False)) or by_flops
+    return ScheduleConfig(
+        dp=need("dp_size"),
+        cp=need("cp_size"),
+        vpp=need("vpp_size"),
+        mb_group=need("microbatch_group_size_per_vp_stage"),
+        global_batch_size=global_batch_size,
+        packing="flops_kk" if by_flops else ("first_fit" if dynamic else "static"),
+        distribution="flops_kk" if balance else "strided",
+        **sizes,
+    )
+
+
+def _precheck(config: ScheduleConfig, lengths: np.ndarray, rollout_indices: Sequence[int],
+              global_batch_size: int) -> None:
+    """slime's own checks, with slime's wording, before the core adds its explanations."""
+    order: dict[Any, list[int]] = {}
+    for pos, rid in enumerate(rollout_indices):
+        order.setdefault(rid, []).append(pos)
+    num_rollouts = len(order)
+    if num_rollouts // global_batch_size < 1:
+        raise SlimeCompatError(
+            f"num_rollouts ({num_rollouts}) < global_batch_size ({global_batch_size}); need at "
+            f"least one rollout per step: use global_batch_size <= {num_rollouts}"
+        )
+    ids = list(order)
+    dp = config.dp
+    for s in range(num_rollouts // global_batch_size):
+        samples = [p for rid in ids[s * global_batch_size:(s + 1) * global_batch_size]
+                   for p in order[rid]]
+        n = len(samples)
+        if n < dp:
+            raise SlimeCompatError(
+                f"step {s}: {n} samples < dp_size {dp}; each step needs at least one sample per "
+                f"rank: use dp_size <= {n} or a larger global_batch_size"
+            )
+
+
+@raises_slime_errors
+def build_dp_schedule(
+    args: Any,
+    train_parallel_config: Mapping[str, int],
+    total_lengths: Sequence[int],
+    *,
+    global_batch_size: int,
+    rollout_indices: Sequence[int],
+):
+    """slime's ``(partitions, micro_batch_indices, num_microbatches, global_batch_sizes)``.
+
+    ``partitions[r]`` lists rank r's global sample indices, micro-batch
+    after micro-batch, over all steps; ``micro_batch_indices[r]`` gives each
+    micro-batch's positions inside ``partitions[r]``.
+    """
+    config = _config_from(args, train_parallel_config, global_batch_size)
+    lengths = np.asarray(total_lengths)
+    if lengths.ndim != 1 or lengths.size == 0:
+        raise SlimeCompatError(
+            "total_lengths must be a non-empty list of per-sample token counts")
+    if not np.issubdtype(lengths.dtype, np.integer) or (lengths < 1).any():
+        raise SlimeCompatError(
+            f"total_lengths must hold positive integers, got {lengths[:8].tolist()}...")
+    if lengths.size != len(rollout_indices):
+        raise SlimeCompatError(
+            f"total_lengths has {lengths.size} entries but rollout_indices has "
+            f"{len(rollout_indices)}: pass one rollout index per sample"
+        )
+    _precheck(config, lengths, rollout_indices, int(global_batch_size))
+    rollouts = Rollouts(
+        prompt_len=np.zeros(lengths.size, dtype=np.int64),
+        response_len=lengths,
+        rollout_id=np.asarray(rollout_indices),
+    )
+    model = _shape_from_args(args) if config.distribution == "flops_kk" else None
+    return build_schedule(rollouts, config, model).to_slime()
