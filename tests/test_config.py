@@ -1,7 +1,5 @@
 """ScheduleConfig derived values and the mapping from slime's flags."""
 
-from types import SimpleNamespace
-
 import pytest
 
 from varbatch_kit import ScheduleConfig
@@ -25,43 +23,21 @@ def test_with_switches_path_and_default_packing():
         c.with_(dp=0)
 
 
-@pytest.mark.parametrize("cmd,expected", [
-    ("--global-batch-size 64 --micro-batch-size 2 --actor-num-gpus-per-node 8",
-     dict(dp=8, global_batch_size=64, micro_batch_size=2, packing="static",
-          distribution="strided")),
-    ("--global-batch-size 64 --balance-data --actor-num-nodes 2 --actor-num-gpus-per-node 8 "
-     "--tensor-model-parallel-size 2",
-     dict(dp=8, packing="static", distribution="flops_kk", micro_batch_size=1)),
-    ("--global-batch-size 32 --use-dynamic-batch-size --max-tokens-per-gpu 16384 "
-     "--context-parallel-size 2 --actor-num-gpus-per-node 8",
-     dict(dp=4, cp=2, max_tokens_per_gpu=16384, packing="first_fit", distribution="strided")),
-    ("--global-batch-size 32 --use-dynamic-batch-size --max-tokens-per-gpu 8192 "
-     "--balance-by-flops --dp-size 16 --rollout-batch-size 9 --lr 1e-6",
-     dict(dp=16, packing="flops_kk", distribution="flops_kk")),
-    ("--global-batch-size 32 --micro-batch-size 1 --actor-num-gpus-per-node 8 "
-     "--pipeline-model-parallel-size 2 --virtual-pipeline-model-parallel-size 2",
-     dict(dp=4, vpp=2, mb_group=2)),
-])
-def test_from_slime_cmdline(cmd, expected):
-    c = ScheduleConfig.from_slime_args(cmd)
-    for k, v in expected.items():
-        assert getattr(c, k) == v, k
+def test_with_defaulted_distribution_follows_the_new_packing():
+    c = ScheduleConfig(dp=2, max_tokens_per_gpu=100)
+    b = c.with_(packing="balanced")
+    assert (b.packing, b.distribution) == ("balanced", "balanced")
+    back = b.with_(packing="first_fit")
+    assert (back.packing, back.distribution) == ("first_fit", "strided")
+    # equal to the config built directly with the same arguments
+    assert b == ScheduleConfig(dp=2, max_tokens_per_gpu=100, packing="balanced")
 
 
-def test_from_slime_namespace_and_dp_override():
-    ns = SimpleNamespace(global_batch_size=16, micro_batch_size=None, use_dynamic_batch_size=True,
-                         max_tokens_per_gpu=2048, balance_data=True, balance_by_flops=False)
-    c = ScheduleConfig.from_slime_args(ns, dp=4)
-    assert (c.dp, c.packing, c.distribution, c.cap) == (4, "first_fit", "flops_kk", 2048)
-
-
-@pytest.mark.parametrize("cmd,match", [
-    ("--micro-batch-size 1", "lack --global-batch-size"),
-    ("--global-batch-size 4 --use-dynamic-batch-size", "needs --max-tokens-per-gpu"),
-    ("--global-batch-size 4 --balance-by-flops", "requires --use-dynamic-batch-size"),
-    ("--global-batch-size 4 --actor-num-gpus-per-node 6 --tensor-model-parallel-size 4",
-     "not divisible by tp\\*pp\\*cp = 4"),
-])
-def test_from_slime_errors(cmd, match):
-    with pytest.raises(ValueError, match=match):
-        ScheduleConfig.from_slime_args(cmd)
+def test_with_keeps_explicit_fields():
+    c = ScheduleConfig(dp=2, max_tokens_per_gpu=100, packing="ffd", distribution="flops_kk")
+    assert c.with_(dp=4).distribution == "flops_kk"
+    assert c.with_(packing="first_fit").distribution == "flops_kk"
+    with pytest.raises(ValueError, match="needs distribution='balanced'"):
+        c.with_(packing="balanced")
+    # an explicit dynamic packing is kept when only the cap changes
+    assert c.with_(max_tokens_per_gpu=50).packing == "ffd"

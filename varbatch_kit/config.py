@@ -1,25 +1,14 @@
 """`ScheduleConfig`: the parallel layout and the two scheduling knobs.
 
-slime's flags map onto two knobs: ``packing`` (how a step becomes
-micro-batches) and ``distribution`` (how micro-batches go to DP ranks):
-
-========================================  ===========  ============
-slime flags                               packing      distribution
-========================================  ===========  ============
-(none)                                    static       strided
---balance-data                            static       flops_kk
---use-dynamic-batch-size                  first_fit    strided
---use-dynamic-batch-size --balance-data   first_fit    flops_kk
---use-dynamic-batch-size                  flops_kk     flops_kk
---balance-by-flops
-========================================  ===========  ============
+``packing`` says how a step becomes micro-batches, ``distribution`` how
+micro-batches go to DP ranks (see :mod:`varbatch_kit.packing` and
+:mod:`varbatch_kit.distribution` for the registered names). slime's flags map
+onto these two knobs in :mod:`varbatch_kit.compat.slime.flags`.
 """
 
 from __future__ import annotations
 
-import argparse
-import shlex
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 __all__ = ["ScheduleConfig"]
@@ -70,6 +59,9 @@ class ScheduleConfig:
     mb_group: int = 1
     packing: str | None = None
     distribution: str | None = None
+    #: the fields left unset (None) and filled with their default; ``with_`` re-derives them
+    defaulted: frozenset[str] = field(default=frozenset(), init=False, repr=False,
+                                      compare=False)
 
     def __post_init__(self) -> None:
         from varbatch_kit.distribution import get_distribution
@@ -87,6 +79,8 @@ class ScheduleConfig:
             _positive_int("micro_batch_size", self.micro_batch_size)
         else:
             _positive_int("max_tokens_per_gpu", self.max_tokens_per_gpu)
+        defaulted = {f for f in ("packing", "distribution") if getattr(self, f) is None}
+        object.__setattr__(self, "defaulted", frozenset(defaulted))
         if self.packing is None:
             object.__setattr__(self, "packing", "first_fit" if self.dynamic else "static")
         spec = get_packer(self.packing)
@@ -132,97 +126,38 @@ class ScheduleConfig:
         return self.dp * self.cp
 
     def with_(self, **changes: Any) -> ScheduleConfig:
-        """A copy with some fields changed (re-validated)."""
-        if "micro_batch_size" in changes and changes["micro_batch_size"] is not None:
+        """A copy with some fields changed (re-validated).
+
+        Fields left at their default follow the change: switching between
+        ``micro_batch_size`` and ``max_tokens_per_gpu`` picks the new path's
+        default packing, and a defaulted distribution follows a new packing
+        (``with_(packing="balanced")`` gets ``distribution="balanced"``).
+        """
+        if changes.get("micro_batch_size") is not None:
             changes.setdefault("max_tokens_per_gpu", None)
-        if "max_tokens_per_gpu" in changes and changes["max_tokens_per_gpu"] is not None:
+        if changes.get("max_tokens_per_gpu") is not None:
             changes.setdefault("micro_batch_size", None)
-        if ("micro_batch_size" in changes or "max_tokens_per_gpu" in changes) and \
-                "packing" not in changes:
-            new_dynamic = changes.get("max_tokens_per_gpu") is not None
-            if get_packer_dynamic(self.packing) != new_dynamic:
+        path_change = "micro_batch_size" in changes or "max_tokens_per_gpu" in changes
+        if path_change and "packing" not in changes:
+            new_dynamic = changes.get("max_tokens_per_gpu", self.max_tokens_per_gpu) is not None
+            if "packing" in self.defaulted or _packer_is_dynamic(self.packing) != new_dynamic:
                 changes["packing"] = None
+        if "distribution" not in changes and "distribution" in self.defaulted and (
+                "packing" in changes):
+            changes["distribution"] = None
+        if "packing" not in changes and "packing" in self.defaulted:
+            changes["packing"] = None
         return replace(self, **changes)
 
-    # ------------------------------------------------------------ from slime
     @classmethod
     def from_slime_args(cls, args: Any, *, dp: int | None = None) -> ScheduleConfig:
-        """Map slime's command-line flags onto a config.
+        """Deprecated alias of :func:`varbatch_kit.compat.slime.schedule_config_from_slime_args`."""
+        from varbatch_kit.compat.slime.flags import schedule_config_from_slime_args
 
-        ``args`` is an ``argparse.Namespace`` (or any object with slime's
-        attribute names) or a command-line string such as
-        ``"--global-batch-size 64 --use-dynamic-batch-size --max-tokens-per-gpu 16384"``.
-        ``dp`` defaults to ``actor_num_nodes * actor_num_gpus_per_node /
-        (tensor * pipeline * context parallel size)``.
-        """
-        if isinstance(args, str):
-            args = _parse_slime_cmdline(args)
-
-        def get(name: str, default: Any = None) -> Any:
-            v = getattr(args, name, default)
-            return default if v is None else v
-
-        gbs = get("global_batch_size")
-        if gbs is None:
-            raise ValueError("slime args lack --global-batch-size (rollouts per step)")
-        cp = int(get("context_parallel_size", 1))
-        if dp is None:
-            if get("dp_size") is not None:
-                dp = int(get("dp_size"))
-            else:
-                world = int(get("actor_num_nodes", 1)) * int(get("actor_num_gpus_per_node", 1))
-                per_replica = int(get("tensor_model_parallel_size", 1)) * int(
-                    get("pipeline_model_parallel_size", 1)) * cp
-                if world % per_replica:
-                    raise ValueError(
-                        f"{world} GPUs (actor_num_nodes*actor_num_gpus_per_node) are not "
-                        f"divisible by tp*pp*cp = {per_replica}"
-                    )
-                dp = world // per_replica
-        dynamic = bool(get("use_dynamic_batch_size", False))
-        by_flops = bool(get("balance_by_flops", False))
-        if by_flops and not dynamic:
-            raise ValueError("--balance-by-flops requires --use-dynamic-batch-size")
-        balance = bool(get("balance_data", False)) or by_flops
-        if dynamic:
-            mtpg = get("max_tokens_per_gpu")
-            if mtpg is None:
-                raise ValueError(
-                    "--use-dynamic-batch-size needs --max-tokens-per-gpu (the token cap)")
-            sizes = dict(max_tokens_per_gpu=int(mtpg))
-        else:
-            sizes = dict(micro_batch_size=int(get("micro_batch_size", 1)))
-        return cls(
-            dp=int(dp),
-            cp=cp,
-            vpp=int(get("virtual_pipeline_model_parallel_size", 1)),
-            mb_group=int(get("microbatch_group_size_per_vp_stage")
-                         or get("pipeline_model_parallel_size", 1)),
-            global_batch_size=int(gbs),
-            packing="flops_kk" if by_flops else ("first_fit" if dynamic else "static"),
-            distribution="flops_kk" if balance else "strided",
-            **sizes,
-        )
+        return schedule_config_from_slime_args(args, dp=dp)
 
 
-def get_packer_dynamic(name: str | None) -> bool:
+def _packer_is_dynamic(name: str) -> bool:
     from varbatch_kit.packing import get_packer
 
-    return get_packer(name).dynamic if name is not None else False
-
-
-def _parse_slime_cmdline(cmdline: str) -> argparse.Namespace:
-    """Parse the scheduling-relevant subset of slime's flags; other flags are ignored."""
-    p = argparse.ArgumentParser(add_help=False)
-    for flag in ("--global-batch-size", "--micro-batch-size", "--max-tokens-per-gpu",
-                 "--context-parallel-size", "--tensor-model-parallel-size",
-                 "--pipeline-model-parallel-size", "--virtual-pipeline-model-parallel-size",
-                 "--microbatch-group-size-per-vp-stage", "--actor-num-nodes",
-                 "--actor-num-gpus-per-node", "--dp-size"):
-        p.add_argument(flag, type=int)
-    p.add_argument("--microbatch-group-size-per-virtual-pipeline-stage", type=int,
-                   dest="microbatch_group_size_per_vp_stage")
-    for flag in ("--use-dynamic-batch-size", "--balance-data", "--balance-by-flops"):
-        p.add_argument(flag, action="store_true")
-    ns, _unknown = p.parse_known_args(shlex.split(cmdline))
-    return ns
+    return get_packer(name).dynamic

@@ -1,0 +1,93 @@
+"""slime's command-line flags map onto ScheduleConfig; strings, lists and namespaces; strict parsing."""
+
+import shlex
+import warnings
+from types import SimpleNamespace
+
+import pytest
+
+from varbatch_kit import ScheduleConfig
+from varbatch_kit.compat.slime.flags import schedule_config_from_slime_args
+
+
+@pytest.mark.parametrize("cmd,expected", [
+    ("--global-batch-size 64 --micro-batch-size 2 --actor-num-gpus-per-node 8",
+     dict(dp=8, global_batch_size=64, micro_batch_size=2, packing="static",
+          distribution="strided")),
+    ("--global-batch-size 64 --balance-data --actor-num-nodes 2 --actor-num-gpus-per-node 8 "
+     "--tensor-model-parallel-size 2",
+     dict(dp=8, packing="static", distribution="flops_kk", micro_batch_size=1)),
+    ("--global-batch-size 32 --use-dynamic-batch-size --max-tokens-per-gpu 16384 "
+     "--context-parallel-size 2 --actor-num-gpus-per-node 8",
+     dict(dp=4, cp=2, max_tokens_per_gpu=16384, packing="first_fit", distribution="strided")),
+    ("--global-batch-size 32 --use-dynamic-batch-size --max-tokens-per-gpu 8192 "
+     "--balance-by-flops --dp-size 16 --rollout-batch-size 9 --lr 1e-6",
+     dict(dp=16, packing="flops_kk", distribution="flops_kk")),
+    ("--global-batch-size 32 --micro-batch-size 1 --actor-num-gpus-per-node 8 "
+     "--pipeline-model-parallel-size 2 --virtual-pipeline-model-parallel-size 2",
+     dict(dp=4, vpp=2, mb_group=2)),
+])
+def test_from_slime_cmdline(cmd, expected):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # --rollout-batch-size, --lr: ignored, warned below
+        c = schedule_config_from_slime_args(cmd)
+        as_list = schedule_config_from_slime_args(shlex.split(cmd))
+    for k, v in expected.items():
+        assert getattr(c, k) == v, k
+    assert as_list == c
+
+
+def test_from_slime_namespace_and_dp_override():
+    ns = SimpleNamespace(global_batch_size=16, micro_batch_size=None, use_dynamic_batch_size=True,
+                         max_tokens_per_gpu=2048, balance_data=True, balance_by_flops=False)
+    c = schedule_config_from_slime_args(ns, dp=4)
+    assert (c.dp, c.packing, c.distribution, c.cap) == (4, "first_fit", "flops_kk", 2048)
+
+
+@pytest.mark.parametrize("cmd,match", [
+    ("--micro-batch-size 1", "lack --global-batch-size"),
+    ("--global-batch-size 4 --use-dynamic-batch-size", "needs --max-tokens-per-gpu"),
+    ("--global-batch-size 4 --balance-by-flops", "requires --use-dynamic-batch-size"),
+    ("--global-batch-size 4 --actor-num-gpus-per-node 6 --tensor-model-parallel-size 4",
+     "not divisible by tp\\*pp\\*cp = 4"),
+])
+def test_from_slime_errors(cmd, match):
+    with pytest.raises(ValueError, match=match):
+        schedule_config_from_slime_args(cmd)
+
+
+def test_bad_value_is_a_value_error_naming_the_flag(capsys):
+    with pytest.raises(ValueError, match="--global-batch-size.*'abc'"):
+        schedule_config_from_slime_args("--global-batch-size abc")
+    with pytest.raises(ValueError, match="--max-tokens-per-gpu.*positive"):
+        schedule_config_from_slime_args(["--global-batch-size", "4", "--max-tokens-per-gpu", "0"])
+    assert capsys.readouterr().err == ""  # no argparse usage printed
+
+
+def test_abbreviations_are_refused():
+    with pytest.raises(ValueError, match="abbreviations.*--balance-data"):
+        schedule_config_from_slime_args("--global-batch-size 4 --balance-dat")
+
+
+def test_ignored_flags_are_listed_in_one_warning():
+    with pytest.warns(UserWarning, match="ignored: --lr, --rollout-batch-size") as rec:
+        c = schedule_config_from_slime_args(
+            "--global-batch-size 4 --lr 1e-6 --rollout-batch-size 8 --balance-data")
+    assert len(rec) == 1
+    assert c.distribution == "flops_kk"
+
+
+def test_list_argv_reads_every_flag():
+    c = schedule_config_from_slime_args(
+        ["--global-batch-size", "8", "--use-dynamic-batch-size", "--max-tokens-per-gpu", "512"])
+    assert (c.global_batch_size, c.cap, c.packing) == (8, 512, "first_fit")
+
+
+def test_not_a_command_line():
+    with pytest.raises(ValueError, match="command-line string, a list of strings"):
+        schedule_config_from_slime_args([1, 2])
+
+
+def test_deprecated_classmethod_delegates():
+    cmd = "--global-batch-size 4 --micro-batch-size 2"
+    assert ScheduleConfig.from_slime_args(cmd) == schedule_config_from_slime_args(cmd)

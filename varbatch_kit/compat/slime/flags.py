@@ -1,0 +1,170 @@
+"""slime's command-line flags → :class:`~varbatch_kit.ScheduleConfig`.
+
+slime's flags map onto the config's two knobs, ``packing`` (how a step
+becomes micro-batches) and ``distribution`` (how micro-batches go to DP
+ranks):
+
+========================================  ===========  ============
+slime flags                               packing      distribution
+========================================  ===========  ============
+(none)                                    static       strided
+--balance-data                            static       flops_kk
+--use-dynamic-batch-size                  first_fit    strided
+--use-dynamic-batch-size --balance-data   first_fit    flops_kk
+--use-dynamic-batch-size                  flops_kk     flops_kk
+--balance-by-flops
+========================================  ===========  ============
+
+:func:`schedule_config_from_slime_args` accepts a command-line string, a
+list of arguments (``sys.argv``-style) or a namespace with slime's attribute
+names. Strings and lists are parsed strictly: a bad value or an abbreviated
+flag is a ``ValueError`` naming the flag; flags that do not affect the
+schedule are ignored with one warning listing them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import warnings
+from collections.abc import Sequence
+from typing import Any
+
+from varbatch_kit.config import ScheduleConfig
+
+__all__ = ["SLIME_SCHEDULE_FLAGS", "schedule_config_from_slime_args", "parse_slime_flags"]
+
+#: the integer flags that shape the schedule
+_INT_FLAGS = (
+    "--global-batch-size", "--micro-batch-size", "--max-tokens-per-gpu",
+    "--context-parallel-size", "--tensor-model-parallel-size",
+    "--pipeline-model-parallel-size", "--virtual-pipeline-model-parallel-size",
+    "--microbatch-group-size-per-vp-stage", "--actor-num-nodes", "--actor-num-gpus-per-node",
+    "--dp-size",
+)
+_BOOL_FLAGS = ("--use-dynamic-batch-size", "--balance-data", "--balance-by-flops")
+_ALIASES = {"--microbatch-group-size-per-virtual-pipeline-stage":
+            "microbatch_group_size_per_vp_stage"}
+#: every flag :func:`parse_slime_flags` reads
+SLIME_SCHEDULE_FLAGS: tuple[str, ...] = _INT_FLAGS + tuple(_ALIASES) + _BOOL_FLAGS
+
+
+class _StrictParser(argparse.ArgumentParser):
+    """An ArgumentParser that raises ``ValueError`` instead of printing usage and exiting."""
+
+    def error(self, message: str):  # argparse calls this for every parse error
+        raise ValueError(f"slime flags: {message}")
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive whole number, got {value}")
+    return value
+
+
+def _parser() -> _StrictParser:
+    p = _StrictParser(prog="slime", add_help=False, allow_abbrev=False)
+    for flag in _INT_FLAGS:
+        p.add_argument(flag, type=_positive)
+    for flag, dest in _ALIASES.items():
+        p.add_argument(flag, type=_positive, dest=dest)
+    for flag in _BOOL_FLAGS:
+        p.add_argument(flag, action="store_true")
+    return p
+
+
+def parse_slime_flags(argv: str | Sequence[str]) -> argparse.Namespace:
+    """Parse the scheduling flags of a slime command line (a string or a list of arguments).
+
+    Raises ``ValueError`` naming the flag for a bad value or an abbreviated
+    flag (``--balance-dat``); warns once, listing them, about flags that do
+    not affect the schedule.
+    """
+    if isinstance(argv, str):
+        tokens = shlex.split(argv)
+    elif isinstance(argv, Sequence) and all(isinstance(t, str) for t in argv):
+        tokens = list(argv)
+    else:
+        raise ValueError(
+            f"slime args must be a command-line string, a list of strings or a namespace, got "
+            f"{type(argv).__name__}")
+    ns, unknown = _parser().parse_known_args(tokens)
+    ignored = []
+    for tok in unknown:
+        if not tok.startswith("--"):
+            continue  # the value of an ignored flag
+        name = tok.split("=", 1)[0]
+        prefixed = [f for f in SLIME_SCHEDULE_FLAGS if f.startswith(name) and f != name]
+        if prefixed:
+            raise ValueError(
+                f"slime flag {name!r} is not a flag; abbreviations are not accepted: did you "
+                f"mean {' or '.join(prefixed)}?")
+        ignored.append(name)
+    if ignored:
+        warnings.warn(
+            f"slime flags that do not affect the schedule were ignored: {', '.join(ignored)}",
+            stacklevel=3)
+    return ns
+
+
+def schedule_config_from_slime_args(args: Any, *, dp: int | None = None) -> ScheduleConfig:
+    """Map slime's command-line flags onto a :class:`ScheduleConfig`.
+
+    ``args`` is a command-line string such as ``"--global-batch-size 64
+    --use-dynamic-batch-size --max-tokens-per-gpu 16384"``, a list of
+    arguments, or an ``argparse.Namespace`` (any object with slime's attribute
+    names). ``dp`` defaults to ``--dp-size`` or to ``actor_num_nodes *
+    actor_num_gpus_per_node / (tensor * pipeline * context parallel size)``.
+    """
+    if isinstance(args, (str, list, tuple)):
+        args = parse_slime_flags(args)
+
+    def get(name: str, default: Any = None) -> Any:
+        v = getattr(args, name, default)
+        return default if v is None else v
+
+    gbs = get("global_batch_size")
+    if gbs is None:
+        raise ValueError("slime args lack --global-batch-size (rollouts per step)")
+    cp = int(get("context_parallel_size", 1))
+    if dp is None:
+        if get("dp_size") is not None:
+            dp = int(get("dp_size"))
+        else:
+            world = int(get("actor_num_nodes", 1)) * int(get("actor_num_gpus_per_node", 1))
+            per_replica = int(get("tensor_model_parallel_size", 1)) * int(
+                get("pipeline_model_parallel_size", 1)) * cp
+            if world % per_replica:
+                raise ValueError(
+                    f"{world} GPUs (actor_num_nodes*actor_num_gpus_per_node) are not "
+                    f"divisible by tp*pp*cp = {per_replica}"
+                )
+            dp = world // per_replica
+    dynamic = bool(get("use_dynamic_batch_size", False))
+    by_flops = bool(get("balance_by_flops", False))
+    if by_flops and not dynamic:
+        raise ValueError("--balance-by-flops requires --use-dynamic-batch-size")
+    balance = bool(get("balance_data", False)) or by_flops
+    if dynamic:
+        mtpg = get("max_tokens_per_gpu")
+        if mtpg is None:
+            raise ValueError(
+                "--use-dynamic-batch-size needs --max-tokens-per-gpu (the token cap)")
+        sizes = dict(max_tokens_per_gpu=int(mtpg))
+    else:
+        sizes = dict(micro_batch_size=int(get("micro_batch_size", 1)))
+    return ScheduleConfig(
+        dp=int(dp),
+        cp=cp,
+        vpp=int(get("virtual_pipeline_model_parallel_size", 1)),
+        mb_group=int(get("microbatch_group_size_per_vp_stage")
+                     or get("pipeline_model_parallel_size", 1)),
+        global_batch_size=int(gbs),
+        packing="flops_kk" if by_flops else ("first_fit" if dynamic else "static"),
+        distribution="flops_kk" if balance else "strided",
+        **sizes,
+    )
