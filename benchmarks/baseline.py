@@ -3,7 +3,7 @@
 A transcription of SLIME_SEMANTICS §2-3 with the straightforward algorithms
 slime runs: first-fit scans every open bin for each sample, the alignment
 split scans every bin for the largest, Karmarkar-Karp keeps ``k`` Python set
-objects per state (:func:`varbatch_kit.partition.karmarkar_karp_reference`),
+objects per state (:func:`varbatch_kit.policies.partition.karmarkar_karp_reference`),
 bin FLOPs are summed in Python. Its results are identical to varbatch_kit's
 fast core (the benchmark checks that); only the cost differs.
 """
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 
-from varbatch_kit.partition import karmarkar_karp_reference
+from varbatch_kit.policies.partition import karmarkar_karp_reference
 
 
 def first_fit(lengths: list[int], cap: int) -> list[list[int]]:

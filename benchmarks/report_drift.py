@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from varbatch_kit import ModelShape, ScheduleConfig, build_schedule
-from varbatch_kit.io import bundled_traces, read_trace
+from varbatch_kit.core.traces import bundled_traces, read_trace
 from varbatch_kit.report import NAIVE_MODES, REPORT_MODES, report_under_layout
 
 # (label, dp, cp, packing, distribution); the token cap is per GPU (slime's max_tokens_per_gpu)

@@ -35,9 +35,9 @@ import pandas as pd
 
 from benchmarks import baseline
 from varbatch_kit import ModelShape, Rollouts, ScheduleConfig, build_schedule
-from varbatch_kit.io import bundled_traces
-from varbatch_kit.quality import summary
-from varbatch_kit.simulate import simulate
+from varbatch_kit.analysis.quality import summary
+from varbatch_kit.analysis.simulate import simulate
+from varbatch_kit.core.traces import bundled_traces, read_trace
 
 MODEL = ModelShape.preset("qwen3-8b")
 CAP = 16384
@@ -234,7 +234,7 @@ def section_traces(dps) -> None:
     print("=" * 100)
     rows = []
     for name, path in bundled_traces().items():
-        r = Rollouts.from_trace(path)
+        r = read_trace(path)
         for dp in dps:
             sims = {}
             for policy in (("first_fit", "flops_kk"), ("flops_kk", "flops_kk"),
@@ -260,7 +260,7 @@ def section_traces(dps) -> None:
 
 
 def section_gap(count: int, time_limit_s: float) -> None:
-    from varbatch_kit.optimal import gap_to_optimal, random_small_steps
+    from varbatch_kit.analysis.optimum_gap import gap_to_optimal, random_small_steps
 
     print("=" * 100)
     print(f"4. OPTIMUM GAP: {count} random small steps (8-40 samples, dp 2-4, cap 8192, "

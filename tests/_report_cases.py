@@ -19,8 +19,8 @@ from dataclasses import dataclass
 
 import torch
 
-from varbatch_kit.cp import slice_response_for_cp
 from varbatch_kit.report import ReportMode, StepNormalizers
+from varbatch_kit.report.cp import slice_response_for_cp
 
 FEATURES = 3
 

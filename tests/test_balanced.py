@@ -6,15 +6,15 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from varbatch_kit import ModelShape, Rollouts, ScheduleConfig, build_schedule
-from varbatch_kit.balance import (
+from varbatch_kit.policies.balance import (
     SearchStats,
     balanced_distribution,
     balanced_pack,
     local_search,
     refine_balanced,
 )
-from varbatch_kit.distribution import BinWeights
-from varbatch_kit.packing import PackInput, first_fit
+from varbatch_kit.policies.distributions import BinWeights
+from varbatch_kit.policies.packers import PackInput, first_fit
 
 TINY = ModelShape(num_layers=2, hidden_size=16, num_attention_heads=2, num_query_groups=2,
                   kv_channels=8, ffn_hidden_size=64, vocab_size=32)

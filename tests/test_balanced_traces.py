@@ -8,9 +8,9 @@ better of slime's two FLOPs-balancing options.
 
 import pytest
 
-from varbatch_kit import ModelShape, Rollouts, ScheduleConfig, build_schedule
-from varbatch_kit.io import bundled_traces
-from varbatch_kit.quality import step_quality
+from varbatch_kit import ModelShape, ScheduleConfig, build_schedule
+from varbatch_kit.analysis.quality import step_quality
+from varbatch_kit.core.traces import bundled_traces, read_trace
 
 MODEL = ModelShape.preset("qwen3-8b")
 SLIME_OPTIONS = [("first_fit", "flops_kk"), ("flops_kk", "flops_kk")]
@@ -18,7 +18,7 @@ SLIME_OPTIONS = [("first_fit", "flops_kk"), ("flops_kk", "flops_kk")]
 
 @pytest.fixture(scope="module")
 def traces():
-    return {name: Rollouts.from_trace(path) for name, path in bundled_traces().items()}
+    return {name: read_trace(path) for name, path in bundled_traces().items()}
 
 
 @pytest.mark.parametrize("dp", [16, 64])

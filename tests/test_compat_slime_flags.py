@@ -1,4 +1,4 @@
-"""slime's command-line flags map onto ScheduleConfig; strings, lists and namespaces; strict parsing."""
+"""slime flags map onto ScheduleConfig: strings, lists and namespaces, parsed strictly."""
 
 import shlex
 import warnings
@@ -6,7 +6,6 @@ from types import SimpleNamespace
 
 import pytest
 
-from varbatch_kit import ScheduleConfig
 from varbatch_kit.compat.slime.flags import schedule_config_from_slime_args
 
 
@@ -86,8 +85,3 @@ def test_list_argv_reads_every_flag():
 def test_not_a_command_line():
     with pytest.raises(ValueError, match="command-line string, a list of strings"):
         schedule_config_from_slime_args([1, 2])
-
-
-def test_deprecated_classmethod_delegates():
-    cmd = "--global-batch-size 4 --micro-batch-size 2"
-    assert ScheduleConfig.from_slime_args(cmd) == schedule_config_from_slime_args(cmd)

@@ -8,7 +8,6 @@ from _report_cases import four_rollouts_cp, four_samples_two_rollouts, mixed_cas
 
 from varbatch_kit.compat import slime
 from varbatch_kit.compat.slime import metrics as slime_metrics
-from varbatch_kit.cp import slice_flat_responses_for_cp, zigzag_slice
 from varbatch_kit.report import (
     make_reducer,
     reduce_log_dicts,
@@ -16,6 +15,7 @@ from varbatch_kit.report import (
     rollout_denominators,
     rollout_log_metric_contribution,
 )
+from varbatch_kit.report.cp import slice_flat_responses_for_cp, zigzag_slice
 
 
 def test_exports_and_signatures():

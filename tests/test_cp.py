@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from varbatch_kit.cp import (
+from varbatch_kit.report.cp import (
     cp_local_response_length,
     cp_local_response_lengths,
     slice_flat_responses_for_cp,

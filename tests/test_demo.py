@@ -3,7 +3,7 @@
 import nbformat
 import pytest
 
-from varbatch_kit import demo
+from varbatch_kit.cli import demo
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from varbatch_kit import ModelShape
-from varbatch_kit.flops import MODELS_DIR
+from varbatch_kit.core.flops import MODELS_DIR
 
 
 def test_dense_mha_by_hand():

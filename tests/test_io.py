@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from varbatch_kit import Rollouts
-from varbatch_kit.io import TraceError, bundled_traces, read_trace, write_trace
+from varbatch_kit.core.traces import TraceError, bundled_traces, read_trace, write_trace
 
 
 def sample():

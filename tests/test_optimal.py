@@ -6,12 +6,8 @@ import pytest
 pytest.importorskip("ortools")
 
 from varbatch_kit import ModelShape
-from varbatch_kit.optimal import (
-    MAX_SAMPLES,
-    gap_to_optimal,
-    random_small_steps,
-    solve_min_max_rank_flops,
-)
+from varbatch_kit.analysis.optimum_gap import gap_to_optimal, random_small_steps
+from varbatch_kit.policies.optimal import MAX_SAMPLES, solve_min_max_rank_flops
 
 
 def loads(res, flops):

@@ -8,15 +8,14 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from varbatch_kit import ModelShape, Rollouts, ScheduleConfig, build_schedule
-from varbatch_kit.packing import (
-    PACKERS,
+from varbatch_kit.policies.packers import (
     PackInput,
     aligned_count,
     best_fit_decreasing,
     first_fit,
     first_fit_decreasing,
-    get_packer,
 )
+from varbatch_kit.policies.registry import PACKERS, get_packer
 
 TINY = ModelShape(num_layers=2, hidden_size=16, num_attention_heads=2, num_query_groups=2,
                   kv_channels=8, ffn_hidden_size=64, vocab_size=32)

@@ -13,8 +13,8 @@ from hypothesis import strategies as st
 
 from benchmarks.baseline import first_fit as ref_first_fit
 from benchmarks.baseline import split as ref_split
-from varbatch_kit.packing import AlignmentError, PackInput, first_fit, split_to_target
-from varbatch_kit.partition import karmarkar_karp, karmarkar_karp_reference
+from varbatch_kit.policies.packers import AlignmentError, PackInput, first_fit, split_to_target
+from varbatch_kit.policies.partition import karmarkar_karp, karmarkar_karp_reference
 
 lengths_st = st.lists(st.integers(1, 120), min_size=1, max_size=80)
 

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from varbatch_kit.partition import karmarkar_karp
+from varbatch_kit.policies.partition import karmarkar_karp
 
 
 def test_equal_size_hand_derived():

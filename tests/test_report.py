@@ -104,7 +104,7 @@ def test_cp_pieces_of_the_reducer_add_up_to_the_full_value():
     pieces = []
     per_sample = case.values.split(case.response_lengths)
     for r in range(4):
-        from varbatch_kit.cp import slice_response_for_cp
+        from varbatch_kit.report.cp import slice_response_for_cp
 
         x = torch.cat([slice_response_for_cp(p, 12, cp_rank=r, cp_size=4) for p in per_sample])
         reducer = make_reducer(
@@ -272,7 +272,7 @@ def test_reduce_train_step_metrics_divisor_and_per_token_paths():
 
 def test_rollout_contribution_equals_train_step_report_for_one_step():
     case = four_samples_two_rollouts()
-    from varbatch_kit.cp import slice_response_for_cp
+    from varbatch_kit.report.cp import slice_response_for_cp
 
     denoms = rollout_denominators(case.rollout_ids, case.loss_masks)
     per_sample = case.values.split(case.response_lengths)

@@ -105,7 +105,7 @@ def test_rollout_side_log_equals_train_step_report(step):
     dp, g = len(layout), len(set(case.rollout_ids))
     norm = mode.step_normalizers(case.rollout_ids, case.loss_masks)
     per_sample = case.values.split(case.response_lengths)
-    from varbatch_kit.cp import slice_response_for_cp
+    from varbatch_kit.report.cp import slice_response_for_cp
 
     logs = []
     for rank in layout:

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 from varbatch_kit import ModelShape, Rollouts, ScheduleConfig, build_schedule
+from varbatch_kit.analysis.quality import step_quality
 from varbatch_kit.cli import main
-from varbatch_kit.io import write_trace
-from varbatch_kit.quality import step_quality
+from varbatch_kit.core.traces import write_trace
 
 
 @pytest.fixture(scope="module")
@@ -52,7 +52,7 @@ def test_table_for_one_policy_matches_the_core(trace_file, capsys):
 
 
 def test_every_registered_policy_by_default(trace_file, capsys):
-    from varbatch_kit import viz
+    from varbatch_kit.ui import viz
 
     path, _ = trace_file
     assert main(["schedule", str(path), "--dp", "2"]) == 0

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from varbatch_kit import ModelShape, Rollouts, ScheduleConfig, build_schedule
-from varbatch_kit.schedule import ScheduleInvariantError
+from varbatch_kit.core.schedule import ScheduleInvariantError
 
 
 def r(lengths, rid=None):

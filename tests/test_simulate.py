@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from varbatch_kit import ModelShape, Rollouts, ScheduleConfig, build_schedule
-from varbatch_kit.simulate import (
+from varbatch_kit.analysis.simulate import (
     HARDWARE,
     HardwareProfile,
     one_f_one_b,

@@ -234,7 +234,7 @@ def test_run_rejects_bad_inputs_before_launching():
 
 
 def test_cli_builds_every_combination():
-    from varbatch_kit.train import cli
+    from varbatch_kit.cli import train as cli
 
     p = argparse.ArgumentParser()
     cli.add_parser(p.add_subparsers())

@@ -9,8 +9,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from varbatch_kit import ModelShape, Rollouts, ScheduleConfig, build_schedule, viz
-from varbatch_kit.packing import PACKERS
+from varbatch_kit import ModelShape, Rollouts, ScheduleConfig, build_schedule
+from varbatch_kit.policies.registry import PACKERS
+from varbatch_kit.ui import viz
 
 TINY = ModelShape(num_layers=2, hidden_size=16, num_attention_heads=2, num_query_groups=2,
                   vocab_size=32, ffn_hidden_size=64, kv_channels=8)
@@ -286,7 +287,7 @@ def test_step_time_and_timeline_figures_from_tables():
 
 
 def test_simulated_views_on_a_real_schedule():
-    sim_mod = pytest.importorskip("varbatch_kit.simulate")
+    sim_mod = pytest.importorskip("varbatch_kit.analysis.simulate")
     r = rollouts([5, 3, 8, 2, 7, 1, 4, 6])
     s = build_schedule(r, ScheduleConfig(dp=2, global_batch_size=4, max_tokens_per_gpu=10), TINY)
     sim = sim_mod.simulate(s, hardware="H100")

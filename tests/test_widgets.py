@@ -5,9 +5,10 @@ import asyncio
 import numpy as np
 import pytest
 
-from varbatch_kit import ModelShape, Rollouts, ScheduleConfig, build_schedule, widgets
-from varbatch_kit.packing import PACKERS
-from varbatch_kit.quality import step_quality
+from varbatch_kit import ModelShape, Rollouts, ScheduleConfig, build_schedule
+from varbatch_kit.analysis.quality import step_quality
+from varbatch_kit.policies.registry import PACKERS
+from varbatch_kit.ui import widgets
 
 TINY = ModelShape(num_layers=2, hidden_size=16, num_attention_heads=2, num_query_groups=2,
                   vocab_size=32, ffn_hidden_size=64, kv_channels=8)

@@ -12,12 +12,14 @@ Main entry points::
     schedule.stats()
 """
 
-from varbatch_kit.config import ScheduleConfig
-from varbatch_kit.flops import ModelShape, available_presets
-from varbatch_kit.rollouts import Rollouts
-from varbatch_kit.schedule import Schedule, ScheduleInvariantError, Step, build_schedule
+from varbatch_kit._version import __version__
+from varbatch_kit.core.config import ScheduleConfig
+from varbatch_kit.core.flops import ModelShape, available_presets
+from varbatch_kit.core.rollouts import Rollouts
+from varbatch_kit.core.schedule import Schedule, ScheduleInvariantError, Step, build_schedule
 
 __all__ = [
+    "__version__",
     "Rollouts",
     "ModelShape",
     "available_presets",
@@ -27,4 +29,3 @@ __all__ = [
     "ScheduleInvariantError",
     "build_schedule",
 ]
-__version__ = "0.1.0"

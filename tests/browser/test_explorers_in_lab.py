@@ -31,9 +31,9 @@ from _lab_page import (
 )
 
 from varbatch_kit import ModelShape, ScheduleConfig, build_schedule
-from varbatch_kit.io import bundled_traces, read_trace
-from varbatch_kit.quality import step_quality
-from varbatch_kit.viz import BALANCE_TRACE_NAMES, PACKING_TRACE_NAMES
+from varbatch_kit.analysis.quality import step_quality
+from varbatch_kit.core.traces import bundled_traces, read_trace
+from varbatch_kit.ui.viz import BALANCE_TRACE_NAMES, PACKING_TRACE_NAMES
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(600)]
 

@@ -6,8 +6,8 @@ import math
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
-from varbatch_kit.config import ScheduleConfig
-from varbatch_kit.flops import ModelShape
+from varbatch_kit.core.config import ScheduleConfig
+from varbatch_kit.core.flops import ModelShape
 
 __all__ = ["SCHEDULE_FIELDS", "TrainConfig"]
 

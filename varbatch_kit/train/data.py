@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from varbatch_kit.rollouts import Rollouts
+from varbatch_kit.core.rollouts import Rollouts
 
 __all__ = ["ToyData", "grpo_advantages", "make_toy_data"]
 

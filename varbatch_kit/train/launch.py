@@ -36,7 +36,7 @@ from pathlib import Path
 
 import numpy as np
 
-from varbatch_kit.rollouts import Rollouts
+from varbatch_kit.core.rollouts import Rollouts
 from varbatch_kit.train.config import TrainConfig
 
 __all__ = ["Run", "TrainingError", "compare", "param_rel_diff", "run", "run_many"]
@@ -139,7 +139,7 @@ def _resolve_device(cfg: TrainConfig) -> str:
 
 def _validate(cfg: TrainConfig, rollouts: Rollouts) -> int:
     """Raise ValueError for a config that cannot train on ``rollouts``; return its step count."""
-    from varbatch_kit.schedule import build_schedule
+    from varbatch_kit.core.schedule import build_schedule
 
     if not isinstance(cfg, TrainConfig):
         raise ValueError(  # noqa: TRY004 - user errors are ValueError (DESIGN.md)

@@ -15,7 +15,7 @@ gradient reduction CP needs. Context parallelism itself is **emulated**:
 megatron-core's context-parallel attention and packed ``thd`` batches need
 TransformerEngine, so every CP rank runs the full forward of its DP rank's
 micro-batch and computes the loss and the reported metrics on its own zigzag
-slice of every response (:mod:`varbatch_kit.cp`). Gradients, losses and
+slice of every response (:mod:`varbatch_kit.report.cp`). Gradients, losses and
 reports are what real CP computes; the compute and memory savings are not.
 
 One training step, top to bottom (:func:`train_step`)
@@ -54,7 +54,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from varbatch_kit.rollouts import Rollouts
+from varbatch_kit.core.rollouts import Rollouts
 from varbatch_kit.train.config import TrainConfig
 
 __all__ = ["CP_NOTE", "Job", "main", "setup_process", "train", "train_step"]
@@ -128,8 +128,8 @@ def train(cfg: TrainConfig, rollouts: Rollouts, out_dir: Path, device: torch.dev
     from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
     from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
 
+    from varbatch_kit.core.schedule import build_schedule
     from varbatch_kit.report import get_report_mode
-    from varbatch_kit.schedule import build_schedule
     from varbatch_kit.train.data import make_toy_data
     from varbatch_kit.train.model import build_gpt
 
@@ -216,7 +216,7 @@ def train_step(cfg, mode, model, optimizer, step, rollouts, data, device) -> dic
     """Forward/backward over this rank's micro-batches, optimizer step, reduced report."""
     from megatron.core.pipeline_parallel import get_forward_backward_func
 
-    from varbatch_kit.cp import slice_flat_responses_for_cp
+    from varbatch_kit.report.cp import slice_flat_responses_for_cp
     from varbatch_kit.train.batch import pack, response_token_stats
 
     t0 = time.perf_counter()

@@ -30,7 +30,7 @@ import warnings
 from collections.abc import Sequence
 from typing import Any
 
-from varbatch_kit.config import ScheduleConfig
+from varbatch_kit.core.config import ScheduleConfig
 
 __all__ = ["SLIME_SCHEDULE_FLAGS", "schedule_config_from_slime_args", "parse_slime_flags"]
 

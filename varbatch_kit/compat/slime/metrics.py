@@ -1,6 +1,6 @@
 """slime's metric-reporting functions, with slime's signatures plus explicit CP arguments.
 
-Thin adapters over :mod:`varbatch_kit.cp` and :mod:`varbatch_kit.report`; see
+Thin adapters over :mod:`varbatch_kit.report.cp` and :mod:`varbatch_kit.report`; see
 ``SLIME_SEMANTICS.md`` section 5. Where slime asks ``megatron.core.mpu`` for
 the CP rank and size or the process groups, these functions take them as
 arguments.
@@ -14,8 +14,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from varbatch_kit import report
-from varbatch_kit.cp import validate_cp, zigzag_slice
+from varbatch_kit.report import reducers as report
+from varbatch_kit.report.cp import validate_cp, zigzag_slice
 
 __all__ = [
     "gather_and_reduce_log_dict",

@@ -15,12 +15,12 @@ from typing import Any
 import numpy as np
 
 from varbatch_kit.compat.slime.errors import SlimeCompatError, raises_slime_errors
-from varbatch_kit.config import ScheduleConfig
-from varbatch_kit.flops import ModelShape
-from varbatch_kit.packing import PackInput, first_fit, split_to_target
-from varbatch_kit.partition import karmarkar_karp as _kk
-from varbatch_kit.rollouts import Rollouts
-from varbatch_kit.schedule import build_schedule
+from varbatch_kit.core.config import ScheduleConfig
+from varbatch_kit.core.flops import ModelShape
+from varbatch_kit.core.rollouts import Rollouts
+from varbatch_kit.core.schedule import build_schedule
+from varbatch_kit.policies.packers import PackInput, first_fit, split_to_target
+from varbatch_kit.policies.partition import karmarkar_karp as _kk
 
 __all__ = [
     "build_dp_schedule",

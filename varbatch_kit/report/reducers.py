@@ -3,7 +3,7 @@
 A training step holds a fixed set of samples (``global_batch_size`` rollouts, one
 or more samples each). The scheduler packs them into micro-batches, spreads the
 micro-batches over data-parallel (DP) ranks, and context parallelism (CP) cuts
-every sequence into zigzag pieces (:mod:`varbatch_kit.cp`). A reported metric or
+every sequence into zigzag pieces (:mod:`varbatch_kit.report.cp`). A reported metric or
 a loss is *layout-invariant* when its value, and the gradient of the loss, is the
 same for every such layout. This module holds that math, pure: tensors and ints
 in, tensors and floats out; no globals, no ``megatron.core.mpu``. The only
@@ -124,7 +124,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from varbatch_kit.cp import _as_int, slice_response_for_cp, validate_cp
+from varbatch_kit.report.cp import _as_int, slice_response_for_cp, validate_cp
 
 __all__ = [
     "LAYOUT_INVARIANT_MODES",

@@ -1,4 +1,4 @@
-"""``varbatch-kit`` command line: ``schedule``, ``train``, ``compare``.
+"""``varbatch-kit`` command line: ``schedule``, ``train``, ``compare``, ``demo``, ``notebooks``.
 
 Each subcommand lives with the code it drives; this module only dispatches.
 A user error (bad layout, missing trace) prints the message to stderr and
@@ -11,17 +11,22 @@ import argparse
 import importlib
 import sys
 
+from varbatch_kit._version import __version__
+
 # subcommand name -> module providing ``add_parser(subparsers)``; the parser
 # it adds sets ``func(args) -> int``.
 SUBCOMMANDS = {
-    "schedule": "varbatch_kit.schedule_cli",
-    "train": "varbatch_kit.train.cli",
-    "compare": "varbatch_kit.train.cli",
+    "schedule": "varbatch_kit.cli.schedule",
+    "train": "varbatch_kit.cli.train",
+    "compare": "varbatch_kit.cli.train",
+    "demo": "varbatch_kit.cli.demo",
+    "notebooks": "varbatch_kit.cli.notebooks",
 }
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="varbatch-kit", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"varbatch-kit {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     for module in dict.fromkeys(SUBCOMMANDS.values()):
         try:

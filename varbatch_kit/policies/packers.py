@@ -2,8 +2,8 @@
 
 Every packer has the same interface: it takes a :class:`PackInput` (the
 step's samples in arrival order) and returns a list of bins, each a list of
-step-local sample positions. Packers are registered by name in
-:data:`PACKERS`; :func:`register_packer` plugs in new ones.
+step-local sample positions. The names users choose them by are assembled
+in :mod:`varbatch_kit.policies.registry`.
 
 slime's three behaviours (SLIME_SEMANTICS §2.3-2.4) are here: ``static``
 chunks, ``first_fit`` in arrival order, ``flops_kk`` (Karmarkar-Karp on FLOPs
@@ -14,7 +14,7 @@ of scanning every open bin, and the splitting keeps its candidates in a heap.
 
 Beyond slime: ``ffd`` (first-fit decreasing), ``bfd`` (best-fit decreasing)
 and ``balanced`` (FLOPs-balanced micro-batches under the cap, with a local
-search over micro-batches and ranks; see :mod:`varbatch_kit.balance`).
+search over micro-batches and ranks; see :mod:`varbatch_kit.policies.balance`).
 """
 
 from __future__ import annotations
@@ -27,20 +27,18 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from varbatch_kit.partition import karmarkar_karp
+from varbatch_kit.policies.partition import karmarkar_karp
 
 __all__ = [
-    "PACKERS",
     "AlignmentError",
+    "Bins",
+    "Refiner",
     "PackInput",
-    "PackerSpec",
     "aligned_count",
     "best_fit_decreasing",
     "first_fit",
     "first_fit_decreasing",
     "flops_kk",
-    "get_packer",
-    "register_packer",
     "split_to_target",
     "static_chunks",
 ]
@@ -77,56 +75,11 @@ Bins = list[list[int]]
 Refiner = Callable[[PackInput, Bins, list[list[int]]], tuple[Bins, list[list[int]]]]
 
 
-@dataclass(frozen=True)
-class PackerSpec:
-    """A registered packer and what it needs.
-
-    ``requires_distribution`` names the only distribution the packer works
-    with (None: any). ``refine`` is an optional stage run after the
-    distribution (see :data:`Refiner`).
-    """
-
-    name: str
-    fn: Callable[[PackInput], Bins]
-    dynamic: bool  # needs a token cap (max_tokens_per_gpu), not micro_batch_size
-    needs_flops: bool  # needs a model shape
-    respects_cap: bool  # only a single over-cap sample may exceed the cap
-    doc: str = ""
-    requires_distribution: str | None = None
-    refine: Refiner | None = None
-
-
-PACKERS: dict[str, PackerSpec] = {}
-
-
-def register_packer(
-    name: str, *, dynamic: bool, needs_flops: bool, respects_cap: bool, doc: str = "",
-    requires_distribution: str | None = None, refine: Refiner | None = None,
-):
-    """Decorator registering ``fn(PackInput) -> bins`` under ``name``."""
-
-    def wrap(fn: Callable[[PackInput], Bins]) -> Callable[[PackInput], Bins]:
-        PACKERS[name] = PackerSpec(name, fn, dynamic, needs_flops, respects_cap,
-                                   doc or (fn.__doc__ or "").strip().splitlines()[0],
-                                   requires_distribution, refine)
-        return fn
-
-    return wrap
-
-
-def get_packer(name: str) -> PackerSpec:
-    """The registered packer called ``name`` (``ValueError`` listing the choices otherwise)."""
-    if name not in PACKERS:
-        raise ValueError(f"unknown packing {name!r}; choose one of {sorted(PACKERS)}")
-    return PACKERS[name]
-
-
 def aligned_count(k: int, align: int) -> int:
     """The micro-batch count a step of ``k`` bins ends with: ``max(ceil(k/align)*align, align)``."""
     return max(math.ceil(k / align) * align, align)
 
 
-@register_packer("static", dynamic=False, needs_flops=False, respects_cap=False)
 def static_chunks(inp: PackInput) -> Bins:
     """Consecutive chunks of ``micro_batch_size`` samples (the last may be short)."""
     n, m = len(inp.lengths), int(inp.micro_batch_size)
@@ -176,7 +129,6 @@ def _first_fit_in_order(lengths: list[int], cap: int, order) -> Bins:
     return bins
 
 
-@register_packer("first_fit", dynamic=True, needs_flops=False, respects_cap=True)
 def first_fit(inp: PackInput) -> Bins:
     """First-fit in arrival order: each sample joins the first bin it fits under the cap."""
     lengths = np.asarray(inp.lengths, dtype=np.int64).tolist()
@@ -188,7 +140,6 @@ def _decreasing(lengths: np.ndarray) -> np.ndarray:
     return np.argsort(-np.asarray(lengths, dtype=np.int64), kind="stable")
 
 
-@register_packer("ffd", dynamic=True, needs_flops=False, respects_cap=True)
 def first_fit_decreasing(inp: PackInput) -> Bins:
     """First-fit decreasing: longest samples first, each into the first bin it fits."""
     lengths = np.asarray(inp.lengths, dtype=np.int64)
@@ -196,7 +147,6 @@ def first_fit_decreasing(inp: PackInput) -> Bins:
     return [sorted(b) for b in bins]
 
 
-@register_packer("bfd", dynamic=True, needs_flops=False, respects_cap=True)
 def best_fit_decreasing(inp: PackInput) -> Bins:
     """Best-fit decreasing: longest samples first, each into the fullest bin it fits."""
     lengths = np.asarray(inp.lengths, dtype=np.int64)
@@ -222,7 +172,6 @@ def best_fit_decreasing(inp: PackInput) -> Bins:
     return [sorted(b) for b in bins]
 
 
-@register_packer("flops_kk", dynamic=True, needs_flops=True, respects_cap=False)
 def flops_kk(inp: PackInput) -> Bins:
     """Karmarkar-Karp on FLOPs into ceil(tokens/cap) bins (slime --balance-by-flops; over cap).
 
@@ -282,6 +231,3 @@ def split_to_target(bins: Bins, lengths: np.ndarray, target: int, *,
             heapq.heappush(heap, (-s1, -(len(bins) - 1)))
     return bins
 
-
-# the FLOPs-balanced packer and distribution register themselves on import
-from varbatch_kit import balance as _balance  # noqa: E402,F401

@@ -187,13 +187,6 @@ class Rollouts:
 
     # ----------------------------------------------------------- constructors
     @classmethod
-    def from_trace(cls, path) -> Rollouts:
-        """Read a trace file (``.jsonl``, ``.parquet`` or a slime ``.pt`` dump)."""
-        from varbatch_kit.io import read_trace
-
-        return read_trace(path)
-
-    @classmethod
     def synthetic(
         cls,
         n_rollouts: int,

@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 
 from varbatch_kit import Rollouts
-from varbatch_kit.io import write_trace
+from varbatch_kit.core.traces import write_trace
 
 HERE = Path(__file__).resolve().parent
 

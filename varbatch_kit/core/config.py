@@ -1,8 +1,8 @@
 """`ScheduleConfig`: the parallel layout and the two scheduling knobs.
 
 ``packing`` says how a step becomes micro-batches, ``distribution`` how
-micro-batches go to DP ranks (see :mod:`varbatch_kit.packing` and
-:mod:`varbatch_kit.distribution` for the registered names). slime's flags map
+micro-batches go to DP ranks (see :mod:`varbatch_kit.policies.packers` and
+:mod:`varbatch_kit.policies.distributions` for the registered names). slime's flags map
 onto these two knobs in :mod:`varbatch_kit.compat.slime.flags`.
 """
 
@@ -40,7 +40,7 @@ class ScheduleConfig:
         ``max_tokens_per_gpu * cp`` tokens (it is split over CP ranks).
     packing:
         Name of a registered packer (``static``, ``first_fit``, ``flops_kk``,
-        and more; see :data:`varbatch_kit.packing.PACKERS`). Defaults to
+        and more; see :data:`varbatch_kit.policies.packers.PACKERS`). Defaults to
         ``static`` or ``first_fit`` from the path.
     distribution:
         Name of a registered distribution (``strided``, ``flops_kk``,
@@ -64,8 +64,7 @@ class ScheduleConfig:
                                       compare=False)
 
     def __post_init__(self) -> None:
-        from varbatch_kit.distribution import get_distribution
-        from varbatch_kit.packing import get_packer
+        from varbatch_kit.policies.registry import get_distribution, get_packer
 
         for name in ("dp", "cp", "vpp", "mb_group", "global_batch_size"):
             _positive_int(name, getattr(self, name))
@@ -149,15 +148,8 @@ class ScheduleConfig:
             changes["packing"] = None
         return replace(self, **changes)
 
-    @classmethod
-    def from_slime_args(cls, args: Any, *, dp: int | None = None) -> ScheduleConfig:
-        """Deprecated alias of :func:`varbatch_kit.compat.slime.schedule_config_from_slime_args`."""
-        from varbatch_kit.compat.slime.flags import schedule_config_from_slime_args
-
-        return schedule_config_from_slime_args(args, dp=dp)
-
 
 def _packer_is_dynamic(name: str) -> bool:
-    from varbatch_kit.packing import get_packer
+    from varbatch_kit.policies.registry import get_packer
 
     return get_packer(name).dynamic

@@ -16,9 +16,12 @@ from typing import Any
 
 import numpy as np
 
+from varbatch_kit.data import files as data_files
+
 __all__ = ["ModelShape", "MODELS_DIR", "available_presets"]
 
-MODELS_DIR = Path(__file__).resolve().parent.parent / "data" / "models"
+#: the model presets shipped with the package (``varbatch_kit/data/models``)
+MODELS_DIR = Path(str(data_files("models")))
 
 
 @dataclass(frozen=True)
@@ -157,7 +160,8 @@ class ModelShape:
     # ---------------------------------------------------------- constructors
     @classmethod
     def preset(cls, name: str) -> ModelShape:
-        """A shape preset from ``data/models/<name>.json`` (a Hugging Face config)."""
+        """A shape preset shipped with the package (a Hugging Face ``config.json``); see
+        :func:`available_presets`."""
         path = MODELS_DIR / f"{name}.json"
         if not path.is_file():
             raise ValueError(

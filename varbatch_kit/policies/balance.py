@@ -43,16 +43,15 @@ import math
 
 import numpy as np
 
-from varbatch_kit.distribution import BinWeights, register_distribution
-from varbatch_kit.packing import (
+from varbatch_kit.policies.distributions import BinWeights
+from varbatch_kit.policies.packers import (
     Bins,
     PackInput,
     _decreasing,
     _first_fit_in_order,
     aligned_count,
-    register_packer,
 )
-from varbatch_kit.partition import karmarkar_karp
+from varbatch_kit.policies.partition import karmarkar_karp
 
 __all__ = [
     "SearchStats",
@@ -383,7 +382,6 @@ class _Search:
 
 
 # --------------------------------------------------------------------------- distribution
-@register_distribution("balanced", needs_flops=True)
 def balanced_distribution(weights: BinWeights, dp: int) -> list[list[int]]:
     """Equal-count Karmarkar-Karp on micro-batch FLOPs, then swaps of whole micro-batches."""
     w = np.asarray(weights.flops, dtype=np.float64)
@@ -498,8 +496,3 @@ def refine_balanced(inp: PackInput, bins: Bins, rank_bins: list[list[int]],
             return _group(alt, k), rb2.tolist()
     return _group(new_of, k), rank_bins
 
-
-register_packer("balanced", dynamic=True, needs_flops=True, respects_cap=True,
-                doc="FLOPs-balanced micro-batches under the cap, no more than first-fit's, "
-                    "plus a local search over micro-batches and ranks",
-                requires_distribution="balanced", refine=refine_balanced)(balanced_pack)

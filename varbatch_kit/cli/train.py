@@ -118,8 +118,8 @@ def add_parser(subparsers: Any) -> None:
 
 
 def rollouts_from_args(args: argparse.Namespace):
-    from varbatch_kit.io import bundled_traces, read_trace
-    from varbatch_kit.rollouts import Rollouts
+    from varbatch_kit.core.rollouts import Rollouts
+    from varbatch_kit.core.traces import bundled_traces, read_trace
 
     if args.trace:
         named = bundled_traces()
@@ -137,8 +137,8 @@ def _as_list(v):
 
 def configs_from_args(args: argparse.Namespace):
     """Every combination of the (possibly multi-valued) layout and mode options."""
-    from varbatch_kit.config import ScheduleConfig
-    from varbatch_kit.packing import get_packer
+    from varbatch_kit.core.config import ScheduleConfig
+    from varbatch_kit.policies.registry import get_packer
     from varbatch_kit.train.config import TrainConfig
 
     mbs, mtpg = args.micro_batch_size, args.max_tokens_per_gpu

@@ -17,11 +17,12 @@ from functools import cached_property
 
 import numpy as np
 
-from varbatch_kit.config import ScheduleConfig
-from varbatch_kit.distribution import BinWeights, get_distribution
-from varbatch_kit.flops import ModelShape
-from varbatch_kit.packing import PackInput, get_packer, split_to_target
-from varbatch_kit.rollouts import Rollouts
+from varbatch_kit.core.config import ScheduleConfig
+from varbatch_kit.core.flops import ModelShape
+from varbatch_kit.core.rollouts import Rollouts
+from varbatch_kit.policies.distributions import BinWeights
+from varbatch_kit.policies.packers import PackInput, split_to_target
+from varbatch_kit.policies.registry import get_distribution, get_packer
 
 __all__ = ["Step", "Schedule", "build_schedule", "ScheduleInvariantError", "step_rollout_groups"]
 
@@ -196,7 +197,7 @@ class Schedule:
         hold two or more samples: packing could have avoided them) and
         ``oversize_alone`` (a single sample longer than the cap, alone in its
         micro-batch: unavoidable). Both are 0 on the static path, which has
-        no cap. :mod:`varbatch_kit.quality` and the explorers count the same way.
+        no cap. :mod:`varbatch_kit.analysis.quality` and the explorers count the same way.
         """
         mb = self._mb_frame.assign(
             violation=lambda f: f["over_cap"] & (f["samples"] > 1),

@@ -20,10 +20,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from varbatch_kit.config import ScheduleConfig
-from varbatch_kit.flops import ModelShape, available_presets
-from varbatch_kit.io import bundled_traces, read_trace
-from varbatch_kit.rollouts import Rollouts
+from varbatch_kit.compat.slime.flags import schedule_config_from_slime_args
+from varbatch_kit.core.config import ScheduleConfig
+from varbatch_kit.core.flops import ModelShape, available_presets
+from varbatch_kit.core.rollouts import Rollouts
+from varbatch_kit.core.traces import bundled_traces, read_trace
 
 __all__ = ["add_parser", "format_table", "load_model", "load_trace", "run"]
 
@@ -90,7 +91,7 @@ def load_model(spec: str) -> ModelShape:
 
 def _config(args: argparse.Namespace, rollouts: Rollouts) -> ScheduleConfig:
     if args.slime_args is not None:
-        base = ScheduleConfig.from_slime_args(args.slime_args, dp=args.dp or None)
+        base = schedule_config_from_slime_args(args.slime_args, dp=args.dp or None)
     else:
         gbs = args.global_batch_size or max(1, rollouts.num_rollouts // 4)
         if args.micro_batch_size is not None:
@@ -132,9 +133,8 @@ def format_table(table) -> str:
 
 def run(args: argparse.Namespace) -> int:
     """Run the subcommand; ``ValueError`` for anything the user can fix."""
-    from varbatch_kit import viz
-    from varbatch_kit.distribution import get_distribution
-    from varbatch_kit.packing import get_packer
+    from varbatch_kit.policies.registry import get_distribution, get_packer
+    from varbatch_kit.ui import viz
 
     name, rollouts = load_trace(args.trace)
     model = load_model(args.model)
@@ -176,8 +176,8 @@ def write_figures(out: Path, rollouts: Rollouts, config: ScheduleConfig, model: 
     plotly.js is written once next to them (``plotly.min.js``), so the files
     open offline and stay small.
     """
-    from varbatch_kit import viz
-    from varbatch_kit.schedule import build_schedule
+    from varbatch_kit.core.schedule import build_schedule
+    from varbatch_kit.ui import viz
 
     out.mkdir(parents=True, exist_ok=True)
     figs = {"lengths": viz.length_figure(rollouts, model),

@@ -1,0 +1,247 @@
+"""``make demo``: run the four notebooks headless and render them as HTML.
+
+``python -m varbatch_kit.cli.demo`` executes ``notebooks/*.ipynb`` top to bottom
+in a fresh kernel each (nbclient), writes ``build/demo/<name>.html`` with
+every figure (plotly.js is written once next to them as ``plotly.min.js``, so
+the pages open offline) and the executed notebooks as ``.ipynb``, then prints
+a short summary: the policy comparison on the bundled traces (from notebook
+02), the report-invariance verdict (from notebook 04), and where the files
+are. A notebook that fails is still rendered (with its error) and the
+command exits with status 1 after the others ran.
+
+Interactive explorers are shown in the HTML as static snapshots (their
+figure and summary line at the time of execution); open the notebooks in
+Jupyter (``make lab``) for the controls.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from varbatch_kit.data import notebooks as packaged_notebooks
+
+__all__ = ["NOTEBOOKS_DIR", "NotebookRun", "export_html", "main", "run_notebook"]
+
+#: the tutorial notebooks shipped with the package
+NOTEBOOKS_DIR = Path(str(packaged_notebooks()))
+#: where the demo writes, relative to the current directory unless --out says otherwise
+DEFAULT_OUT = Path("build") / "demo"
+
+# Registers a renderer that writes figures as HTML without plotly.js (the page loads it once);
+# the JupyterLab mimetype stays first so the executed .ipynb still opens nicely in Lab.
+_SETUP = """\
+import copy as _copy
+import plotly.io as _pio
+_r = _copy.copy(_pio.renderers["notebook"])
+_r.global_init = False
+_r.include_plotlyjs = False
+_pio.renderers["varbatch_kit_demo"] = _r
+_pio.renderers.default = "plotly_mimetype+varbatch_kit_demo"
+del _copy, _pio, _r
+"""
+_SETUP_TAG = "varbatch-kit-demo-setup"
+# text/html first: widgets have no saved state in the export, their static snapshot is shown
+_PRIORITY = ["text/html", "application/vnd.jupyter.widget-view+json", "application/javascript",
+             "text/markdown", "image/svg+xml", "text/latex", "image/png", "image/jpeg",
+             "text/plain"]
+
+
+@dataclass
+class NotebookRun:
+    """What running one notebook gave."""
+
+    name: str
+    seconds: float = 0.0
+    ok: bool = False
+    error: str = ""
+    html: Path | None = None
+    html_bytes: int = 0
+    outputs_by_tag: dict[str, str] = field(default_factory=dict)
+
+
+def _tagged_text(nb, tag: str) -> str:
+    """The text output (stream or text/plain) of the cells tagged ``tag``."""
+    parts = []
+    for cell in nb.cells:
+        if cell.cell_type != "code" or tag not in cell.metadata.get("tags", []):
+            continue
+        for out in cell.get("outputs", []):
+            if out.get("output_type") == "stream":
+                parts.append(out.get("text", ""))
+            elif "data" in out and "text/plain" in out["data"]:
+                parts.append(out["data"]["text/plain"])
+    return "".join(parts).rstrip()
+
+
+def run_notebook(path: Path, *, timeout: int = 900, progress: bool = True,
+                 kernel_name: str = "python3"):
+    """Execute a notebook top to bottom; returns ``(executed notebook, error message or "")``.
+
+    Cells run one by one so a progress bar can follow them; the first failing
+    cell stops the run (its error stays in the notebook's outputs).
+    """
+    import nbformat
+    from nbclient import NotebookClient
+    from nbclient.exceptions import CellExecutionError
+
+    nb = nbformat.read(path, as_version=4)
+    setup = nbformat.v4.new_code_cell(_SETUP)
+    setup.metadata["tags"] = [_SETUP_TAG]
+    nb.cells.insert(0, setup)
+    client = NotebookClient(nb, timeout=timeout, kernel_name=kernel_name,
+                            resources={"metadata": {"path": str(path.parent)}})
+    code_cells = [i for i, c in enumerate(nb.cells) if c.cell_type == "code"]
+    error = ""
+    bar = None
+    if progress and sys.stdout.isatty():
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=len(code_cells) - 1, desc=f"{path.stem:30s}", unit="cell",
+                   file=sys.stdout, leave=False, dynamic_ncols=True)
+    elif progress:
+        print(f"  running {path.stem} ({len(code_cells) - 1} code cells) ...", flush=True)
+    try:
+        with client.setup_kernel():
+            for i in code_cells:
+                try:
+                    client.execute_cell(nb.cells[i], i)
+                except CellExecutionError as e:
+                    first = str(e).strip().splitlines()
+                    error = f"cell {i}: " + (first[-1] if first else type(e).__name__)
+                    break
+                finally:
+                    if bar is not None and i != code_cells[0]:
+                        bar.update(1)
+    except Exception as e:  # noqa: BLE001 - kernel died, timeout, ...: reported, not raised
+        error = error or f"{type(e).__name__}: {e}"
+    finally:
+        if bar is not None:
+            bar.close()
+    nb.cells = [c for c in nb.cells if _SETUP_TAG not in c.metadata.get("tags", [])]
+    for cell in nb.cells:  # the setup cell took execution count 1
+        if cell.cell_type == "code" and cell.get("execution_count"):
+            cell.execution_count -= 1
+            for out in cell.get("outputs", []):
+                if out.get("execution_count"):
+                    out["execution_count"] -= 1
+    return nb, error
+
+
+def export_html(nb, out: Path) -> int:
+    """Write ``nb`` as HTML (JupyterLab look, plotly.js loaded from ``plotly.min.js``); bytes."""
+    from nbconvert import HTMLExporter
+    from traitlets.config import Config
+
+    c = Config()
+    c.HTMLExporter.template_name = "lab"
+    c.NbConvertBase.display_data_priority = _PRIORITY
+    body, _ = HTMLExporter(config=c).from_notebook_node(nb)
+    # before require.js: plotly.js must register its global, not an anonymous AMD module
+    body = body.replace("<head>", '<head>\n<script src="plotly.min.js"></script>', 1)
+    out.write_text(body, encoding="utf-8")
+    return out.stat().st_size
+
+
+def _write_plotlyjs(out_dir: Path) -> Path:
+    from plotly.offline import get_plotlyjs
+
+    path = out_dir / "plotly.min.js"
+    js = get_plotlyjs()
+    if not path.exists() or path.stat().st_size != len(js.encode()):
+        path.write_text(js, encoding="utf-8")
+    return path
+
+
+def _human(n: float) -> str:
+    for unit in ("B", "kB", "MB", "GB"):
+        if n < 1024 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} GB"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the demo; 0 when every notebook ran, 1 otherwise."""
+    import nbformat
+
+    p = argparse.ArgumentParser(prog="python -m varbatch_kit.cli.demo", description=__doc__.split(
+        "\n\n")[0])
+    p.add_argument("--out", type=Path, default=DEFAULT_OUT, help="output folder (build/demo)")
+    p.add_argument("--notebooks-dir", type=Path, default=NOTEBOOKS_DIR,
+                   help="where the notebooks are (notebooks/)")
+    p.add_argument("--notebooks", nargs="*", default=None, metavar="NAME",
+                   help="run only these notebooks (name or prefix, e.g. 01 02)")
+    p.add_argument("--timeout", type=int, default=900, help="seconds per cell (900)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    args = p.parse_args(argv)
+
+    nb_dir = args.notebooks_dir.resolve()
+    paths = sorted(nb_dir.glob("[0-9][0-9]_*.ipynb"))
+    if args.notebooks:
+        paths = [q for q in paths if any(q.stem.startswith(s) or q.name == s
+                                         for s in args.notebooks)]
+    if not paths:
+        print(f"no notebooks to run in {nb_dir} (selection {args.notebooks})",
+              file=sys.stderr)
+        return 2
+    out_dir = args.out.resolve()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    js = _write_plotlyjs(out_dir)
+    print(f"varbatch_kit demo: running {len(paths)} notebooks headless -> {out_dir}")
+    t_all = time.perf_counter()
+    runs: list[NotebookRun] = []
+    for path in paths:
+        run = NotebookRun(path.stem)
+        t0 = time.perf_counter()
+        nb, run.error = run_notebook(path, timeout=args.timeout, progress=not args.no_progress)
+        run.seconds = time.perf_counter() - t0
+        run.ok = not run.error
+        run.html = out_dir / f"{path.stem}.html"
+        run.html_bytes = export_html(nb, run.html)
+        nbformat.write(copy.deepcopy(nb), out_dir / f"{path.stem}.ipynb")
+        for tag in ("policy-summary", "verdict"):
+            text = _tagged_text(nb, tag)
+            if text:
+                run.outputs_by_tag[tag] = text
+        status = "ok" if run.ok else f"FAILED: {run.error}"
+        print(f"  {path.stem:30s} {run.seconds:6.1f} s  {_human(run.html_bytes):>9s}  {status}")
+        runs.append(run)
+    total = time.perf_counter() - t_all
+
+    print("\n== Policy comparison on the bundled traces (dp 16, max_tokens_per_gpu 16384, "
+          "Qwen3-8B; from notebook 02) ==")
+    policy = next((r.outputs_by_tag["policy-summary"] for r in runs
+                   if "policy-summary" in r.outputs_by_tag), None)
+    print(policy or "  (not available: notebook 02 did not run or failed)")
+    print("\n== Metric report invariance (from notebook 04) ==")
+    verdict = next((r.outputs_by_tag["verdict"] for r in runs if "verdict" in r.outputs_by_tag),
+                   None)
+    print(verdict or "  (not available: notebook 04 did not run or failed)")
+
+    size = sum(r.html_bytes for r in runs) + js.stat().st_size
+    print(f"\n{sum(r.ok for r in runs)}/{len(runs)} notebooks ran in {total:.0f} s. HTML: "
+          f"{out_dir}/ ({_human(sum(r.html_bytes for r in runs))} of pages + "
+          f"{_human(js.stat().st_size)} plotly.min.js = {_human(size)}); open "
+          f"{runs[0].html} in a browser.")
+    failed = [r for r in runs if not r.ok]
+    for r in failed:
+        print(f"FAILED {r.name}: {r.error}", file=sys.stderr)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
+
+
+def add_parser(subparsers) -> argparse.ArgumentParser:
+    """``varbatch-kit demo [options]``: the options are :func:`main`'s (``--out DIR``, ...)."""
+    p = subparsers.add_parser("demo", add_help=False,
+                              help="run the notebooks headless into HTML pages (build/demo)")
+    p.add_argument("demo_args", nargs=argparse.REMAINDER)
+    p.set_defaults(func=lambda args: main(args.demo_args))
+    return p
