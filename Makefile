@@ -3,8 +3,10 @@ PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.varbatch_kit-installed
+# jupyter refuses to start as root unless told
+ALLOW_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root,)
 
-.PHONY: venv demo test lab bench lint clean
+.PHONY: venv demo test test-fast lab bench lint wheel clean
 
 venv: $(STAMP)
 
@@ -12,28 +14,36 @@ venv: $(STAMP)
 # package's torch range is already met and no CUDA build is pulled.
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q --upgrade pip "setuptools>=68" wheel
 	$(PY) -m pip install -q torch==2.13.0
 	$(PY) -m pip install -q -e ".[dev]"
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(PY) -m varbatch_kit.demo
+	$(PY) -m varbatch_kit.demo --out build/demo
 
-# scripts/ensure_chromium.sh installs Debian's Chromium for tests/browser when it is
+# scripts/ensure_chromium.sh installs Debian's Chromium for the browser tests when it is
 # missing and we are root; it never fails the run (without Chromium those tests skip).
 test: $(STAMP)
 	-@sh scripts/ensure_chromium.sh
 	$(PY) -m pytest -q
 
+# unit and property tests only: no notebooks, browser, torchrun or wheel build
+test-fast: $(STAMP)
+	@start=$$(date +%s); $(PY) -m pytest -q tests/unit; rc=$$?; \
+	echo "make test-fast: $$(( $$(date +%s) - start )) s"; exit $$rc
+
 lab: $(STAMP)
-	$(VENV)/bin/jupyter lab notebooks/
+	$(VENV)/bin/jupyter lab --no-browser --ip 127.0.0.1 $(ALLOW_ROOT) varbatch_kit/notebooks/
 
 bench: $(STAMP)
 	$(PY) -m benchmarks.run
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check varbatch_kit tests benchmarks scripts data
+	$(VENV)/bin/ruff check varbatch_kit tests benchmarks scripts
+
+wheel: $(STAMP)
+	$(PY) -m pip wheel -q --no-deps --no-build-isolation -w build/wheel .
 
 clean:
 	rm -rf $(VENV) build .pytest_cache .hypothesis

@@ -15,7 +15,7 @@ import pytest
 
 from varbatch_kit import Rollouts, ScheduleConfig, build_schedule
 from varbatch_kit.train import TrainConfig, TrainingError, compare, run, run_many
-from varbatch_kit.train.launch import _alive, job_processes
+from varbatch_kit.train.supervise import _alive, job_processes
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(420)]
 

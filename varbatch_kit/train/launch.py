@@ -8,9 +8,10 @@ JSON lines rank 0 writes (one per step) with a tqdm bar, and returns a
 
 Failures never hang and never leave processes behind: when a worker writes
 its traceback (``errors/rankN.txt``), torchrun exits non-zero, or the
-timeout passes, every worker (their pids are recorded in ``pids/``) and
-torchrun are killed and :class:`TrainingError` is raised with the failing
-rank's traceback. Workers also die with torchrun (``PR_SET_PDEATHSIG``).
+timeout passes, :mod:`varbatch_kit.train.supervise` kills every worker and
+torchrun and raises :class:`TrainingError` with the failing rank's
+traceback. Workers also die with torchrun (``PR_SET_PDEATHSIG``). The
+finished run is read back by :mod:`varbatch_kit.train.results`.
 
 :func:`run_many` / :func:`compare` run several configurations on the same
 rollouts and seed; configurations of the same world size share one torchrun
@@ -20,101 +21,34 @@ which saves the start-up cost of a launch per configuration.
 
 from __future__ import annotations
 
-import json
 import os
 import pickle
 import re
-import signal
 import socket
 import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from varbatch_kit.core.rollouts import Rollouts
 from varbatch_kit.train.config import TrainConfig
+from varbatch_kit.train.results import Run, load_run, param_rel_diff
+from varbatch_kit.train.supervise import (
+    TrainingError,
+    TrainingTimeout,
+    kill_job,
+    raise_failure,
+    read_new_lines,
+    tail,
+    worker_pids,
+)
 
-__all__ = ["Run", "TrainingError", "compare", "param_rel_diff", "run", "run_many"]
-
-
-class TrainingError(RuntimeError):
-    """A training launch failed; the message carries the failing rank's traceback.
-
-    Attributes: ``rank`` (failing rank or None), ``worker_error`` (its
-    traceback text), ``job_dir``, ``worker_pids``, ``torchrun_pid``, ``log_tail``.
-    """
-
-    def __init__(self, message: str, *, rank=None, worker_error="", job_dir=None,
-                 worker_pids=(), torchrun_pid=None, log_tail=""):
-        super().__init__(message)
-        self.rank = rank
-        self.worker_error = worker_error
-        self.job_dir = job_dir
-        self.worker_pids = list(worker_pids)
-        self.torchrun_pid = torchrun_pid
-        self.log_tail = log_tail
-
-
-class TrainingTimeout(TrainingError):
-    """The launch ran past its timeout (the sum of its configurations' ``timeout_s``)."""
-
-
-@dataclass
-class Run:
-    """One finished training run.
-
-    Attributes
-    ----------
-    config:
-        The :class:`TrainConfig`.
-    steps:
-        pandas table, one row per step (the JSON lines of ``steps.jsonl``):
-        step, rollouts, samples, tokens, num_microbatches (per DP rank),
-        loss and the other reported metrics, grad_norm (before clipping), lr,
-        wall_s (per rank), ...
-    out_dir:
-        Folder with ``steps.jsonl``, ``meta.json`` and any saved parameters.
-    meta:
-        Device, world size, parameter count, whether CP was emulated, ...
-    launch_wall_s:
-        Wall time of the torchrun launch this run was part of.
-    """
-
-    config: TrainConfig
-    steps: object
-    out_dir: Path
-    meta: dict = field(default_factory=dict)
-    launch_wall_s: float = float("nan")
-
-    @property
-    def jsonl_path(self) -> Path:
-        return self.out_dir / "steps.jsonl"
-
-    @property
-    def losses(self) -> np.ndarray:
-        return self.steps["loss"].to_numpy()
-
-    def params(self, step: int) -> dict:
-        """Parameters (name -> CPU tensor) saved after ``step`` (see ``save_params_at``)."""
-        import torch
-
-        path = self.out_dir / f"params_step{step}.pt"
-        if not path.is_file():
-            raise ValueError(
-                f"no parameters saved after step {step}; set save_params_at=({step},) "
-                f"(saved: {sorted(p.name for p in self.out_dir.glob('params_step*.pt'))})"
-            )
-        return torch.load(path, map_location="cpu", weights_only=True)
-
-    def __repr__(self) -> str:
-        n = len(self.steps)
-        last = f", last loss {self.steps['loss'].iloc[-1]:.5g}" if n else ""
-        return f"Run({self.config.name!r}, {n} steps{last}, out_dir={str(self.out_dir)!r})"
+__all__ = ["Run", "TrainingError", "TrainingTimeout", "compare", "param_rel_diff", "run",
+           "run_many"]
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -165,106 +99,6 @@ def _slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "-", text).strip("-")[:60]
 
 
-def _alive(pid: int) -> bool:
-    """True when ``pid`` runs (a zombie counts as gone)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
-    except OSError:
-        try:
-            os.kill(pid, 0)
-            return True
-        except ProcessLookupError:
-            return False
-
-
-def _is_our_worker(pid: int, job_dir: Path) -> bool:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return str(job_dir).encode() in f.read().split(b"\0")  # JOB_DIR is an argument
-    except (FileNotFoundError, ProcessLookupError, PermissionError):
-        return False
-    except OSError:  # no /proc: trust the pid file
-        return _alive(pid)
-
-
-def _worker_pids(job_dir: Path) -> list[int]:
-    pids = []
-    for p in sorted((job_dir / "pids").glob("rank*.pid")):
-        try:
-            pids.append(int(p.read_text().strip()))
-        except (OSError, ValueError):
-            pass
-    return pids
-
-
-def job_processes(job_dir: Path) -> list[int]:
-    """Live processes whose command line names ``job_dir`` (torchrun and its workers; Linux)."""
-    me, found = os.getpid(), []
-    for entry in Path("/proc").glob("[0-9]*"):
-        pid = int(entry.name)
-        if pid != me and _is_our_worker(pid, job_dir) and _alive(pid):
-            found.append(pid)
-    return found
-
-
-def _kill_all(proc: subprocess.Popen, job_dir: Path) -> None:
-    """SIGKILL every worker (its own session), then stop torchrun so it reaps them."""
-    for pid in _worker_pids(job_dir):
-        if _is_our_worker(pid, job_dir):
-            try:
-                os.killpg(pid, signal.SIGKILL)  # the worker leads its own session (torchrun)
-            except (ProcessLookupError, PermissionError):
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-    if proc.poll() is None:
-        try:
-            os.killpg(proc.pid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            proc.wait(timeout=10)
-    # a worker that had not yet written its pid file: find it by its command line
-    for pid in job_processes(job_dir):
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline and (job_processes(job_dir) or any(
-            _alive(p) for p in _worker_pids(job_dir))):
-        time.sleep(0.05)
-
-
-def _tail(path: Path, n: int = 4000) -> str:
-    try:
-        return path.read_text(errors="replace")[-n:]
-    except OSError:
-        return ""
-
-
-def _read_new_lines(path: Path, state: dict) -> list[dict]:
-    """Complete JSON lines appended to ``path`` since the last call."""
-    if not path.is_file():
-        return []
-    with open(path, "rb") as f:
-        f.seek(state.get("offset", 0))
-        chunk = f.read()
-    end = chunk.rfind(b"\n") + 1
-    state["offset"] = state.get("offset", 0) + end
-    return [json.loads(line) for line in chunk[:end].splitlines() if line.strip()]
-
-
 def _package_root() -> str:
     import varbatch_kit
 
@@ -304,7 +138,7 @@ def _launch(configs: list[TrainConfig], rollouts: Rollouts, device: str, job_dir
 
     def follow_reports() -> None:  # the progress bar is fed by the JSON lines rank 0 writes
         for k, (out, st) in enumerate(zip(out_dirs, states)):
-            for rec in _read_new_lines(out / "steps.jsonl", st):
+            for rec in read_new_lines(out / "steps.jsonl", st):
                 if bar is not None:
                     bar.set_description(configs[k].name)
                     bar.set_postfix(loss=f"{rec['loss']:.4g}", step=rec["step"])
@@ -321,60 +155,30 @@ def _launch(configs: list[TrainConfig], rollouts: Rollouts, device: str, job_dir
                     time.sleep(0.5)
                     errors = sorted((job_dir / "errors").glob("rank*.txt"),
                                     key=lambda p: p.stat().st_mtime_ns)
-                _raise_failure(proc, job_dir, errors, log_path)
+                raise_failure(proc, job_dir, errors, log_path)
             if rc == 0:
                 missing = [str(d) for d in out_dirs if not (d / "done").is_file()]
                 if missing:
-                    _raise_failure(proc, job_dir, [], log_path,
+                    raise_failure(proc, job_dir, [], log_path,
                                    f"torchrun exited 0 but runs did not finish: {missing}")
                 follow_reports()
                 break
             if time.monotonic() - t0 > timeout:
-                pids = _worker_pids(job_dir)
-                _kill_all(proc, job_dir)
+                pids = worker_pids(job_dir)
+                kill_job(proc, job_dir)
                 raise TrainingTimeout(
                     f"training timed out after {timeout:.0f} s (timeout_s); workers killed.\n"
-                    f"torchrun log tail:\n{_tail(log_path)}",
+                    f"torchrun log tail:\n{tail(log_path)}",
                     job_dir=job_dir, worker_pids=pids, torchrun_pid=proc.pid,
-                    log_tail=_tail(log_path))
+                    log_tail=tail(log_path))
             time.sleep(0.1)
     except BaseException:
-        _kill_all(proc, job_dir)  # also on KeyboardInterrupt in a notebook: no orphans
+        kill_job(proc, job_dir)  # also on KeyboardInterrupt in a notebook: no orphans
         raise
     finally:
         if bar is not None:
             bar.close()
     return time.monotonic() - t0
-
-
-def _raise_failure(proc, job_dir: Path, errors: list[Path], log_path: Path,
-                   message: str = "") -> None:
-    pids = _worker_pids(job_dir)
-    _kill_all(proc, job_dir)
-    rank, text = None, ""
-    if errors:
-        first = errors[0]
-        rank = int(re.search(r"rank(\d+)", first.name).group(1))
-        text = first.read_text(errors="replace")
-        others = [p.name for p in errors[1:]]
-        message = message or (
-            f"training worker rank {rank} failed"
-            + (f" (later also: {', '.join(others)})" if others else "")
-            + f"; all workers were stopped.\n{text}")
-    else:
-        message = message or (
-            f"torchrun exited with status {proc.returncode} and no worker traceback; "
-            f"log tail:\n{_tail(log_path)}")
-    raise TrainingError(message, rank=rank, worker_error=text, job_dir=job_dir,
-                        worker_pids=pids, torchrun_pid=proc.pid, log_tail=_tail(log_path))
-
-
-def _load_run(cfg: TrainConfig, out: Path, wall: float) -> Run:
-    import pandas as pd
-
-    lines = [json.loads(x) for x in (out / "steps.jsonl").read_text().splitlines() if x.strip()]
-    meta = json.loads((out / "meta.json").read_text()) if (out / "meta.json").is_file() else {}
-    return Run(cfg, pd.DataFrame(lines), out, meta, wall)
 
 
 # ----------------------------------------------------------------------------- public API
@@ -410,7 +214,7 @@ def run_many(configs: Sequence[TrainConfig], rollouts: Rollouts, *, out_dir=None
                        [planned[k] for k in members], progress)
         for k in members:
             walls[k] = wall
-    return [_load_run(c, d, w) for c, d, w in zip(configs, out_dirs, walls)]
+    return [load_run(c, d, w) for c, d, w in zip(configs, out_dirs, walls)]
 
 
 def run(config: TrainConfig, rollouts: Rollouts, *, out_dir=None, progress: bool = True) -> Run:
@@ -420,17 +224,6 @@ def run(config: TrainConfig, rollouts: Rollouts, *, out_dir=None, progress: bool
     worker fails or ``config.timeout_s`` passes; no worker is left running.
     """
     return run_many([config], rollouts, out_dir=out_dir, progress=progress)[0]
-
-
-def param_rel_diff(a: dict, b: dict) -> float:
-    """``||a - b|| / ||b||`` over all parameters (flattened together)."""
-    import torch
-
-    if set(a) != set(b):
-        raise ValueError("parameter sets differ")
-    num = sum(float(torch.sum((a[k].double() - b[k].double()) ** 2)) for k in b)
-    den = sum(float(torch.sum(b[k].double() ** 2)) for k in b)
-    return (num / den) ** 0.5 if den else float(num > 0)
 
 
 def compare(configs: Sequence[TrainConfig], rollouts: Rollouts, *, reference: int | None = None,

@@ -1,0 +1,85 @@
+"""A finished training run read back from its folder, and how two runs' parameters differ."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from varbatch_kit.train.config import TrainConfig
+
+__all__ = ["Run", "load_run", "param_rel_diff"]
+
+
+@dataclass
+class Run:
+    """One finished training run.
+
+    Attributes
+    ----------
+    config:
+        The :class:`TrainConfig`.
+    steps:
+        pandas table, one row per step (the JSON lines of ``steps.jsonl``):
+        step, rollouts, samples, tokens, num_microbatches (per DP rank),
+        loss and the other reported metrics, grad_norm (before clipping), lr,
+        wall_s (per rank), ...
+    out_dir:
+        Folder with ``steps.jsonl``, ``meta.json`` and any saved parameters.
+    meta:
+        Device, world size, parameter count, whether CP was emulated, ...
+    launch_wall_s:
+        Wall time of the torchrun launch this run was part of.
+    """
+
+    config: TrainConfig
+    steps: object
+    out_dir: Path
+    meta: dict = field(default_factory=dict)
+    launch_wall_s: float = float("nan")
+
+    @property
+    def jsonl_path(self) -> Path:
+        return self.out_dir / "steps.jsonl"
+
+    @property
+    def losses(self) -> np.ndarray:
+        return self.steps["loss"].to_numpy()
+
+    def params(self, step: int) -> dict:
+        """Parameters (name -> CPU tensor) saved after ``step`` (see ``save_params_at``)."""
+        import torch
+
+        path = self.out_dir / f"params_step{step}.pt"
+        if not path.is_file():
+            raise ValueError(
+                f"no parameters saved after step {step}; set save_params_at=({step},) "
+                f"(saved: {sorted(p.name for p in self.out_dir.glob('params_step*.pt'))})"
+            )
+        return torch.load(path, map_location="cpu", weights_only=True)
+
+    def __repr__(self) -> str:
+        n = len(self.steps)
+        last = f", last loss {self.steps['loss'].iloc[-1]:.5g}" if n else ""
+        return f"Run({self.config.name!r}, {n} steps{last}, out_dir={str(self.out_dir)!r})"
+
+
+def load_run(cfg: TrainConfig, out: Path, wall: float) -> Run:
+    import pandas as pd
+
+    lines = [json.loads(x) for x in (out / "steps.jsonl").read_text().splitlines() if x.strip()]
+    meta = json.loads((out / "meta.json").read_text()) if (out / "meta.json").is_file() else {}
+    return Run(cfg, pd.DataFrame(lines), out, meta, wall)
+
+
+def param_rel_diff(a: dict, b: dict) -> float:
+    """``||a - b|| / ||b||`` over all parameters (flattened together)."""
+    import torch
+
+    if set(a) != set(b):
+        raise ValueError("parameter sets differ")
+    num = sum(float(torch.sum((a[k].double() - b[k].double()) ** 2)) for k in b)
+    den = sum(float(torch.sum(b[k].double() ** 2)) for k in b)
+    return (num / den) ** 0.5 if den else float(num > 0)

@@ -1,0 +1,165 @@
+"""Supervise a torchrun job: find its processes, stop them all, report a failure.
+
+Workers record their pids in ``JOB/pids/rankN.pid`` and their tracebacks in
+``JOB/errors/rankN.txt``; every process of a job names the job folder on its
+command line, so a worker that had not yet written its pid file is found
+too. :func:`kill_job` leaves no process behind; :func:`raise_failure` stops
+the job and raises :class:`TrainingError` with the failing rank's traceback.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+__all__ = ["TrainingError", "TrainingTimeout", "job_processes", "kill_job", "raise_failure",
+           "read_new_lines", "tail", "worker_pids"]
+
+
+class TrainingError(RuntimeError):
+    """A training launch failed; the message carries the failing rank's traceback.
+
+    Attributes: ``rank`` (failing rank or None), ``worker_error`` (its
+    traceback text), ``job_dir``, ``worker_pids``, ``torchrun_pid``, ``log_tail``.
+    """
+
+    def __init__(self, message: str, *, rank=None, worker_error="", job_dir=None,
+                 worker_pids=(), torchrun_pid=None, log_tail=""):
+        super().__init__(message)
+        self.rank = rank
+        self.worker_error = worker_error
+        self.job_dir = job_dir
+        self.worker_pids = list(worker_pids)
+        self.torchrun_pid = torchrun_pid
+        self.log_tail = log_tail
+
+
+class TrainingTimeout(TrainingError):
+    """The launch ran past its timeout (the sum of its configurations' ``timeout_s``)."""
+
+
+def _alive(pid: int) -> bool:
+    """True when ``pid`` runs (a zombie counts as gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+    except OSError:
+        try:
+            os.kill(pid, 0)
+            return True
+        except ProcessLookupError:
+            return False
+
+
+def _is_our_worker(pid: int, job_dir: Path) -> bool:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return str(job_dir).encode() in f.read().split(b"\0")  # JOB_DIR is an argument
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        return False
+    except OSError:  # no /proc: trust the pid file
+        return _alive(pid)
+
+
+def worker_pids(job_dir: Path) -> list[int]:
+    pids = []
+    for p in sorted((job_dir / "pids").glob("rank*.pid")):
+        try:
+            pids.append(int(p.read_text().strip()))
+        except (OSError, ValueError):
+            pass
+    return pids
+
+
+def job_processes(job_dir: Path) -> list[int]:
+    """Live processes whose command line names ``job_dir`` (torchrun and its workers; Linux)."""
+    me, found = os.getpid(), []
+    for entry in Path("/proc").glob("[0-9]*"):
+        pid = int(entry.name)
+        if pid != me and _is_our_worker(pid, job_dir) and _alive(pid):
+            found.append(pid)
+    return found
+
+
+def kill_job(proc: subprocess.Popen, job_dir: Path) -> None:
+    """SIGKILL every worker (its own session), then stop torchrun so it reaps them."""
+    for pid in worker_pids(job_dir):
+        if _is_our_worker(pid, job_dir):
+            try:
+                os.killpg(pid, signal.SIGKILL)  # the worker leads its own session (torchrun)
+            except (ProcessLookupError, PermissionError):
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+    if proc.poll() is None:
+        try:
+            os.killpg(proc.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            proc.wait(timeout=10)
+    # a worker that had not yet written its pid file: find it by its command line
+    for pid in job_processes(job_dir):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and (job_processes(job_dir) or any(
+            _alive(p) for p in worker_pids(job_dir))):
+        time.sleep(0.05)
+
+
+def tail(path: Path, n: int = 4000) -> str:
+    try:
+        return path.read_text(errors="replace")[-n:]
+    except OSError:
+        return ""
+
+
+def read_new_lines(path: Path, state: dict) -> list[dict]:
+    """Complete JSON lines appended to ``path`` since the last call."""
+    if not path.is_file():
+        return []
+    with open(path, "rb") as f:
+        f.seek(state.get("offset", 0))
+        chunk = f.read()
+    end = chunk.rfind(b"\n") + 1
+    state["offset"] = state.get("offset", 0) + end
+    return [json.loads(line) for line in chunk[:end].splitlines() if line.strip()]
+
+
+def raise_failure(proc, job_dir: Path, errors: list[Path], log_path: Path,
+                   message: str = "") -> None:
+    pids = worker_pids(job_dir)
+    kill_job(proc, job_dir)
+    rank, text = None, ""
+    if errors:
+        first = errors[0]
+        rank = int(re.search(r"rank(\d+)", first.name).group(1))
+        text = first.read_text(errors="replace")
+        others = [p.name for p in errors[1:]]
+        message = message or (
+            f"training worker rank {rank} failed"
+            + (f" (later also: {', '.join(others)})" if others else "")
+            + f"; all workers were stopped.\n{text}")
+    else:
+        message = message or (
+            f"torchrun exited with status {proc.returncode} and no worker traceback; "
+            f"log tail:\n{tail(log_path)}")
+    raise TrainingError(message, rank=rank, worker_error=text, job_dir=job_dir,
+                        worker_pids=pids, torchrun_pid=proc.pid, log_tail=tail(log_path))
