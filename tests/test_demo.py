@@ -1,9 +1,16 @@
-"""The demo runner on small stand-in notebooks: HTML with figures, summary, failures."""
+"""The demo runner on small stand-in notebooks: HTML with figures, an index page, a summary
+computed by the library (not read back from the notebooks), failures."""
+
+import re
 
 import nbformat
+import pandas as pd
 import pytest
 
+from varbatch_kit import ModelShape
+from varbatch_kit.analysis import sweeps
 from varbatch_kit.cli import demo
+from varbatch_kit.core.traces import bundled_traces, read_trace
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -12,11 +19,13 @@ r = Rollouts.synthetic(64, seed=0)
 s = build_schedule(r, ScheduleConfig(dp=2, global_batch_size=32, max_tokens_per_gpu=8192))
 viz.packing_figure(s)"""
 EXPLORER = "widgets.packing_explorer(r, None, config=s.config)"
+# a printout that looks like notebook 04's verdict, in a cell tagged as the old demo expected:
+# the demo must not take its summary from it
 VERDICT = 'print("verdict: sound modes layout-invariant: True")'
 
 
-def notebook(path, *sources, tags=None):
-    cells = [nbformat.v4.new_markdown_cell("# A stand-in")]
+def notebook(path, *sources, tags=None, title="A stand-in"):
+    cells = [nbformat.v4.new_markdown_cell(f"# {title}\n\nSome text.")]
     for i, src in enumerate(sources):
         c = nbformat.v4.new_code_cell(src)
         if tags and i in tags:
@@ -28,20 +37,25 @@ def notebook(path, *sources, tags=None):
     nbformat.write(nb, path)
 
 
-def test_demo_renders_figures_and_prints_the_summary(tmp_path, capsys):
+def test_demo_renders_figures_an_index_and_the_summary(tmp_path, capsys):
     nbdir, out = tmp_path / "nb", tmp_path / "out"
     nbdir.mkdir()
-    notebook(nbdir / "01_small.ipynb", FIGURE, EXPLORER, VERDICT, tags={2: "verdict"})
-    notebook(nbdir / "02_broken.ipynb", "1 / 0", "print('never')")
+    notebook(nbdir / "01_small.ipynb", FIGURE, EXPLORER, VERDICT, tags={2: "verdict"},
+             title="01 · A small figure")
+    notebook(nbdir / "02_broken.ipynb", "1 / 0", "print('never')", title="02 · Broken")
     rc = demo.main(["--notebooks-dir", str(nbdir), "--out", str(out), "--no-progress"])
     text = capsys.readouterr()
     assert rc == 1  # one notebook failed; the other still ran and rendered
     assert "FAILED 02_broken: cell" in text.err and "ZeroDivisionError" in text.err
     assert "1/2 notebooks ran" in text.out
-    assert "verdict: sound modes layout-invariant: True" in text.out
+    # the summary is not scraped from printouts: notebooks 02 and 04 did not run
+    assert "verdict: sound modes layout-invariant" not in text.out
     assert "(not available: notebook 02 did not run or failed)" in text.out
+    assert "(not available: notebook 04 did not run or failed)" in text.out
     assert sorted(p.name for p in out.iterdir()) == [
-        "01_small.html", "01_small.ipynb", "02_broken.html", "02_broken.ipynb", "plotly.min.js"]
+        "01_small.html", "01_small.ipynb", "02_broken.html", "02_broken.ipynb", "index.html",
+        "plotly.min.js"]
+    assert f"open {out / 'index.html'} in a browser" in text.out
 
     page = (out / "01_small.html").read_text()
     # plotly.js is loaded once from the file next to the page, before require.js
@@ -51,18 +65,95 @@ def test_demo_renders_figures_and_prints_the_summary(tmp_path, capsys):
     assert len(page) < 2_000_000  # no inlined copy of plotly.js
     assert "varbatch_kit_demo" not in page  # the injected setup cell is gone
 
+    index = (out / "index.html").read_text()
+    links = re.findall(r'<li><a href="([^"]+)">[^<]+</a>: ([^<]+)</li>', index)
+    assert sorted(href for href, _ in links) == sorted(p.name for p in out.glob("*.html")
+                                                      if p.name != "index.html")
+    described = dict(links)
+    assert described["01_small.html"].startswith("01 · A small figure (ran, ")
+    assert described["02_broken.html"].startswith("02 · Broken (FAILED, ")
+    assert "(not available: notebook 04 did not run or failed)" in index
+
     executed = nbformat.read(out / "01_small.ipynb", as_version=4)
     counts = [c.execution_count for c in executed.cells if c.cell_type == "code"]
     assert counts == [1, 2, 3]
     assert "ZeroDivisionError" in (out / "02_broken.html").read_text()
 
 
-def test_tagged_text_and_selection(tmp_path, capsys):
-    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("x")])
-    nb.cells[0].metadata["tags"] = ["verdict"]
-    nb.cells[0].outputs = [nbformat.v4.new_output("stream", name="stdout", text="ok\n"),
-                           nbformat.v4.new_output("execute_result", data={"text/plain": "1"})]
-    assert demo._tagged_text(nb, "verdict") == "ok\n1"
-    assert demo._tagged_text(nb, "policy-summary") == ""
+def test_summary_sections_follow_the_notebooks_that_ran(monkeypatch):
+    calls = []
+    fake = (("02", "policies", lambda progress: calls.append("02") or "policy text"),
+            ("04", "verdict", lambda progress: calls.append("04") or "verdict text"))
+    monkeypatch.setattr(demo, "SUMMARIES", fake)
+    runs = [demo.NotebookRun("02_dp", ok=True), demo.NotebookRun("04_inv", ok=False)]
+    assert demo._summary(runs, progress=False) == [
+        ("policies", "policy text"),
+        ("verdict", "  (not available: notebook 04 did not run or failed)")]
+    assert calls == ["02"]
+
+    def broken(progress):
+        raise RuntimeError("no workers")
+
+    monkeypatch.setattr(demo, "SUMMARIES", (("02", "policies", broken),))
+    assert demo._summary(runs, progress=False) == [
+        ("policies", "  (failed: RuntimeError: no workers)")]
+
+
+def test_policy_summary_is_the_library_pivot():
+    traces = {name: read_trace(path) for name, path in bundled_traces().items()}
+    table = sweeps.policy_table_by_trace(traces, ModelShape.preset("qwen3-8b"), dp=16,
+                                         max_tokens_per_gpu=16384, steps=4)
+    pivot = sweeps.policy_pivot(table)
+    text = demo.policy_summary()
+    assert text == pivot.to_string(float_format="{:.4f}".format)
+    lines = text.splitlines()
+    assert lines[0].split() == [w for c in pivot.columns for w in c.split()]
+    first_fit = next(line for line in lines if line.startswith("first_fit + strided"))
+    row = table[(table.trace == "math") & (table.packing == "first_fit")
+                & (table.distribution == "strided")].iloc[0]
+    assert f"{row.mean_makespan_ratio:.4f}" in first_fit
+
+
+def test_invariance_summary_trains_the_library_matrix_and_judges_it(monkeypatch):
+    pytest.importorskip("varbatch_kit.train")
+    import varbatch_kit.train as train
+
+    seen = {}
+
+    def fake_compare(configs, rollouts, progress=True):
+        seen["configs"], seen["rollouts"] = configs, rollouts
+        rows = []
+        for k, c in enumerate(configs):
+            ref = next(j for j, d in enumerate(configs) if d.mode == c.mode)
+            drift = 0.0 if k == ref else (1e-7 if c.mode in ("per_rollout_mean", "per_token")
+                                          else 0.2)
+            rows.append({"config": k, "reference": ref, "mode": c.mode, "step": 1,
+                         "loss_rel_diff": drift, "grad_norm_rel_diff": drift,
+                         "param_rel_diff": drift})
+        return pd.DataFrame(rows)
+
+    monkeypatch.setattr(train, "compare", fake_compare)
+    text = demo.invariance_summary()
+    experiment = sweeps.invariance_experiment()
+    assert [(c.schedule, c.mode) for c in seen["configs"]] == experiment.runs()
+    assert len(seen["rollouts"]) == len(experiment.rollouts)
+    assert text.splitlines() == [
+        "per_rollout_mean       identical across layouts",
+        "per_token              identical across layouts",
+        "naive_microbatch_mean  drifts with the layout, as expected",
+        "naive_rank_mean        drifts with the layout, as expected",
+        "verdict: sound modes layout-invariant: True; naive modes drift: True"]
+
+
+def test_titles_index_and_selection(tmp_path, capsys):
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("x"),
+                                         nbformat.v4.new_markdown_cell("intro\n# 03 · Title")])
+    assert demo.notebook_title(nb) == "03 · Title"
+    assert demo.notebook_title(nbformat.v4.new_notebook()) == ""
+    page = demo.write_index(tmp_path / "index.html", "T <&>", [("a b.html", "a", "x < y")],
+                            preformatted="<pre>")
+    html = page.read_text()
+    assert '<a href="a b.html">a</a>: x &lt; y' in html and "<h1>T &lt;&amp;&gt;</h1>" in html
+    assert "<pre>&lt;pre&gt;</pre>" in html
     assert demo.main(["--notebooks-dir", str(tmp_path), "--notebooks", "07"]) == 2
     assert "no notebooks to run" in capsys.readouterr().err

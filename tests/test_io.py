@@ -89,7 +89,19 @@ def test_slime_dump_plain_containers(tmp_path):
     r = read_trace(p)
     assert r.prompt_len.tolist() == [6, 4, 0]
     assert r.response_len.tolist() == [4, 2, 5]
-    assert r.rollout_id.tolist() == [0, 0, 3]
+    # no rollout_id: one rollout per sample, as slime numbers them; group_index is the
+    # prompt group (GRPO), never a rollout id
+    assert r.rollout_id.tolist() == [0, 1, 2]
+    assert r.extra["group_index"].tolist() == [0, 0, 3]
+    assert [m.tolist() for m in r.loss_masks] == [[1, 1, 0, 1], [1, 1], [1] * 5]
+    # a compact rollout: siblings share an explicit rollout_id; the plain sample gets
+    # the smallest id no sample uses
+    for s in samples[:2]:
+        s["rollout_id"] = 0
+    torch.save({"rollout_id": 0, "samples": samples}, p)
+    assert read_trace(p).rollout_id.tolist() == [0, 0, 1]
+    assert read_trace(p).mask_sums().tolist() == [3, 2, 5]
+    assert read_trace(p).rollout_mask_sums().tolist() == [5, 5, 5]
 
 
 class Sample:  # an arbitrary class: loading it would need unpickling code

@@ -1,15 +1,18 @@
-"""``varbatch-kit schedule``: the table for a trace, HTML figures, errors with exit status 2."""
+"""``varbatch-kit schedule``: the table for a trace and its legend, HTML figures with an index,
+errors with exit status 2, and no plotly unless figures are asked for."""
 
+import re
 import subprocess
 import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from varbatch_kit import ModelShape, Rollouts, ScheduleConfig, build_schedule
+from varbatch_kit.analysis import sweeps
 from varbatch_kit.analysis.quality import step_quality
 from varbatch_kit.cli import main
+from varbatch_kit.cli.schedule import COLUMN_LEGEND, TABLE_COLUMNS
 from varbatch_kit.core.traces import write_trace
 
 
@@ -52,13 +55,42 @@ def test_table_for_one_policy_matches_the_core(trace_file, capsys):
 
 
 def test_every_registered_policy_by_default(trace_file, capsys):
-    from varbatch_kit.ui import viz
-
     path, _ = trace_file
     assert main(["schedule", str(path), "--dp", "2"]) == 0
     out = capsys.readouterr().out
-    for packing, distribution in viz.policy_pairs(ModelShape.preset("qwen3-8b")):
+    for packing, distribution in sweeps.policy_pairs(ModelShape.preset("qwen3-8b")):
         row_of(out, packing, distribution)
+
+
+def test_a_legend_line_per_column_under_the_table(trace_file, capsys):
+    path, _ = trace_file
+    assert main(["schedule", str(path), "--dp", "2", "--packing", "first_fit"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    header = next(i for i, line in enumerate(lines) if line.split()[:2] == ["packing",
+                                                                           "distribution"])
+    assert lines[header].split() == TABLE_COLUMNS
+    start = lines.index("columns:")
+    assert start > header + 1  # under the table
+    legend = lines[start + 1:start + 1 + len(TABLE_COLUMNS)]
+    assert [line.split()[0] for line in legend] == TABLE_COLUMNS
+    for column, line in zip(TABLE_COLUMNS, legend):
+        assert line.split(None, 1)[1] == COLUMN_LEGEND[column]
+    assert "(seconds)" in COLUMN_LEGEND["schedule_s"] and "(count" in COLUMN_LEGEND["steps"]
+    assert all("(" in text for text in COLUMN_LEGEND.values())  # every line names its unit
+
+
+def test_no_plotly_without_html(trace_file, tmp_path):
+    path, _ = trace_file
+    code = ("import sys\n"
+            "from varbatch_kit.cli import main\n"
+            f"rc = main(['schedule', {str(path)!r}, '--dp', '2', '--packing', 'first_fit'{{}}])\n"
+            "print('rc', rc, 'plotly', any(m.split('.')[0] == 'plotly' for m in sys.modules))\n")
+    plain = subprocess.run([sys.executable, "-c", code.format("")], capture_output=True,
+                           text=True, timeout=120, check=True).stdout
+    assert plain.splitlines()[-1] == "rc 0 plotly False"
+    html = subprocess.run([sys.executable, "-c", code.format(f", '--html', {str(tmp_path)!r}")],
+                          capture_output=True, text=True, timeout=120, check=True).stdout
+    assert html.splitlines()[-1] == "rc 0 plotly True"
 
 
 def test_slime_args_and_static_path(capsys):
@@ -76,14 +108,49 @@ def test_html_figures(trace_file, tmp_path, capsys):
     path, _ = trace_file
     out_dir = tmp_path / "figs"
     rc = main(["schedule", str(path), "--dp", "2", "--packing", "first_fit",
-               "--distribution", "strided", "--html", str(out_dir)])
+               "--distribution", "strided", "--html", str(out_dir), "--step", "2"])
     assert rc == 0
     names = sorted(p.name for p in out_dir.iterdir())
-    assert names == ["balance-first_fit-strided.html", "lengths.html",
+    assert names == ["balance-first_fit-strided.html", "index.html", "lengths.html",
                      "packing-first_fit-strided.html", "plotly.min.js", "policies.html"]
     page = (out_dir / "packing-first_fit-strided.html").read_text()
     assert 'src="plotly.min.js"' in page and "Plotly.newPlot" in page
-    assert "wrote 4 figures" in capsys.readouterr().out
+    assert "step 2:" in page  # the step asked for
+    out = capsys.readouterr().out
+    assert "wrote 4 figures and index.html" in out
+
+
+def test_html_index_links_every_figure(trace_file, tmp_path, capsys):
+    path, _ = trace_file
+    out_dir = tmp_path / "all"
+    assert main(["schedule", str(path), "--dp", "2", "--html", str(out_dir)]) == 0
+    out = capsys.readouterr().out
+    pages = sorted(p.name for p in out_dir.glob("*.html") if p.name != "index.html")
+    pairs = sweeps.policy_pairs(ModelShape.preset("qwen3-8b"))
+    assert len(pages) == 2 + 2 * len(pairs)
+    assert f"wrote {len(pages)} figures and index.html" in out
+    index = (out_dir / "index.html").read_text()
+    links = re.findall(r'<a href="([^"]+)">', index)
+    assert sorted(links) == pages
+    for packing, distribution in pairs:  # one line of description per figure
+        assert re.search(rf'<a href="packing-{packing}-{distribution}.html">[^<]+</a>: '
+                         rf'{packing} \+ {distribution}: step 0 packed', index)
+    assert "<script" not in index  # a plain page
+    assert "mean_makespan_ratio" in index and "columns:" in index  # the table and its legend
+
+
+@pytest.mark.parametrize("step", ["99", "4", "-1"])
+def test_step_out_of_range_is_an_error(trace_file, tmp_path, capsys, step):
+    path, _ = trace_file
+    out_dir = tmp_path / "figs"
+    rc = main(["schedule", str(path), "--dp", "2", "--global-batch-size", "16", "--packing",
+               "first_fit", "--html", str(out_dir), "--step", step])
+    assert rc == 2
+    captured = capsys.readouterr()
+    assert captured.err == (f"varbatch-kit schedule: error: --step {step} is out of range: "
+                            "the schedule has 4 steps, 0..3\n")
+    assert captured.out == ""  # nothing printed, no figure written
+    assert not out_dir.exists()
 
 
 def test_bundled_trace_by_name(capsys):
@@ -121,16 +188,41 @@ def test_malformed_trace_names_the_path_and_line(tmp_path, capsys):
 
 
 def test_console_script_end_to_end(trace_file):
-    path, _ = trace_file
+    path, r = trace_file
     exe = Path(sys.executable).with_name("varbatch-kit")
     cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "varbatch_kit.cli"]
     ok = subprocess.run([*cmd, "schedule", str(path), "--packing", "first_fit",
                          "--distribution", "strided", "--dp", "2"],
                         capture_output=True, text=True, timeout=120, check=False)
     assert ok.returncode == 0, ok.stderr
-    assert "first_fit" in ok.stdout
+    assert ok.stderr == ""
+    lines = ok.stdout.splitlines()
+    assert lines[0] == f"trace small: {r!r}"
+    assert lines[1] == ("layout: dp=2 cp=1 vpp=1 mb_group=1 global_batch_size=16 "
+                        "max_tokens_per_gpu=16384 (cap 16384); model qwen3-8b")
+    assert lines[2].split() == TABLE_COLUMNS
+    # exactly one policy row, with the core's numbers (64 rollouts / 4 = 16 per step)
+    s = build_schedule(r, ScheduleConfig(dp=2, global_batch_size=16, max_tokens_per_gpu=16384),
+                       ModelShape.preset("qwen3-8b"))
+    q = step_quality(s)
+    cells = lines[3].split()
+    assert cells[:2] == ["first_fit", "strided"]
+    assert [int(c) for c in cells[2:6]] == [s.num_steps, q["micro_batches"].sum(),
+                                            q["mb_lower_bound"].sum(),
+                                            q["cap_violations"].sum()]
+    assert float(cells[6]) == pytest.approx(q["flops_imbalance"].max(), abs=1e-4)
+    assert float(cells[7]) == pytest.approx(q["makespan_ratio"].mean(), abs=1e-4)
+    assert cells[9:] == ["--use-dynamic-batch-size"]
+    assert lines[4] == "" and lines[5] == "columns:"
+    assert len(lines) == 6 + len(TABLE_COLUMNS)
     bad = subprocess.run([*cmd, "schedule", str(path) + ".nope"], capture_output=True,
                          text=True, timeout=120, check=False)
     assert bad.returncode == 2
     assert "does not exist" in bad.stderr and "Traceback" not in bad.stderr
-    assert np.isfinite(len(ok.stdout))
+    assert bad.stdout == ""
+    step = subprocess.run([*cmd, "schedule", str(path), "--packing", "first_fit", "--dp", "2",
+                           "--step", "99"], capture_output=True, text=True, timeout=120,
+                          check=False)
+    assert step.returncode == 2 and step.stdout == ""
+    assert step.stderr == ("varbatch-kit schedule: error: --step 99 is out of range: the "
+                           "schedule has 4 steps, 0..3\n")

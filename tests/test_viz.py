@@ -1,7 +1,5 @@
 """viz: every picture on small hand-checked inputs (trace count, axis titles, values)."""
 
-import math
-
 import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
@@ -10,7 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from varbatch_kit import ModelShape, Rollouts, ScheduleConfig, build_schedule
-from varbatch_kit.policies.registry import PACKERS
+from varbatch_kit.analysis import sweeps
 from varbatch_kit.ui import viz
 
 TINY = ModelShape(num_layers=2, hidden_size=16, num_attention_heads=2, num_query_groups=2,
@@ -194,53 +192,166 @@ def test_balance_traces_report_the_worst_step():
 
 
 # ------------------------------------------------------------------ sweeps
-def test_sweep_table_and_heatmap_with_an_impossible_cell():
+def test_sweep_heatmap_with_an_impossible_cell():
     r = rollouts([5, 3, 8, 2, 7, 1, 4, 6])
     base = ScheduleConfig(dp=1, global_batch_size=8, max_tokens_per_gpu=10)
-    table = viz.sweep_table(r, base, TINY, max_tokens_per_gpu=[10, 20], dp=[1, 16])
-    assert len(table) == 4
-    ok = table[(table.dp == 1) & (table.max_tokens_per_gpu == 10)].iloc[0]
-    assert ok.micro_batches == 4 and ok.mb_lower_bound == 4 and ok.error == ""
-    bad = table[table.dp == 16]
-    assert bad.micro_batches.isna().all()
-    assert bad.error.str.contains("dp=16").all()
+    table = sweeps.sweep_table(r, base, TINY, max_tokens_per_gpu=[10, 20], dp=[1, 16])
     fig = viz.sweep_heatmap(table, "micro_batches")
     assert len(fig.data) == 1 and fig.data[0].type == "heatmap"
     assert fig.layout.xaxis.title.text == "max_tokens_per_gpu"
     assert fig.layout.yaxis.title.text == "dp"
     z = np.asarray(fig.data[0].z, dtype=float)
     assert z.shape == (2, 2) and np.isnan(z[1]).all() and z[0, 0] == 4
+    assert list(fig.data[0].text[0]) == ["4", "2"]  # ceil(36/10) = 4 and ceil(36/20) = 2 bins
     assert "impossible" in fig.data[0].customdata[1][0]
     with pytest.raises(ValueError, match="not a column"):
         viz.sweep_heatmap(table, "nope")
 
 
+def test_viz_no_longer_computes_schedules():
+    for name in ("sweep_table", "policy_table", "policy_pairs", "SLIME_FLAGS"):
+        assert not hasattr(viz, name), name
+    assert "build_schedule" not in vars(viz)
+
+
 # ------------------------------------------------------------------ policies
-def test_policy_pairs_follow_the_registries():
-    pairs = viz.policy_pairs(TINY)
-    assert ("first_fit", "strided") in pairs and ("flops_kk", "flops_kk") in pairs
-    assert all(PACKERS[p].dynamic for p, _ in pairs)
-    for p, d in pairs:
-        required = getattr(PACKERS[p], "requires_distribution", None)
-        assert required in (None, d)
-    assert all(not PACKERS[p].needs_flops for p, _ in viz.policy_pairs(None))
-    assert viz.policy_pairs(None, dynamic=False) == [("static", "strided")]
+POLICY_TABLE = pd.DataFrame({
+    "trace": ["math", "math", "agentic", "agentic", "agentic"],
+    "packing": ["first_fit", "flops_kk", "first_fit", "flops_kk", "ffd"],
+    "distribution": ["strided", "flops_kk", "strided", "flops_kk", "strided"],
+    "micro_batches": [110, 100, 220, 200, np.nan],
+    "mb_lower_bound": [100, 100, 200, 200, np.nan],
+    "cap_violations": [0, 30, 0, 70, np.nan],
+    "mean_makespan_ratio": [1.05, 1.01, 1.2, 1.02, np.nan],
+    "error": ["", "", "", "", "dp too large"],
+})
 
 
-def test_policy_table_and_figure():
+def test_policy_figure_values_from_the_table():
+    fig = viz.policy_figure(POLICY_TABLE)
+    assert [t.name for t in fig.data] == ["math"] * 3 + ["agentic"] * 3  # the error row left out
+    assert list(fig.data[0].x) == ["first_fit + strided", "flops_kk + flops_kk"]
+    np.testing.assert_allclose(fig.data[0].y, [5, 1])  # busiest / bound − 1, in %
+    np.testing.assert_allclose(fig.data[1].y, [10, 0])  # micro-batches / bound − 1, in %
+    np.testing.assert_allclose(fig.data[5].y, [0, 70])
+    assert [t.showlegend for t in fig.data] == [True, False, False, True, False, False]
     r = rollouts([5, 3, 8, 2, 7, 1, 4, 6])
     cfg = ScheduleConfig(dp=2, global_batch_size=8, max_tokens_per_gpu=10)
-    table = viz.policy_table(r, cfg, TINY, [("first_fit", "strided"), ("flops_kk", "flops_kk")])
-    assert list(table.packing) == ["first_fit", "flops_kk"]
-    assert table.slime.tolist() == ["--use-dynamic-batch-size",
-                                    "--use-dynamic-batch-size --balance-by-flops"]
-    row = table.iloc[0]
-    assert row.micro_batches == 4 and row.mb_lower_bound == 4 and row.cap_violations == 0
-    fig = viz.policy_figure(table.assign(trace="t"))
-    assert len(fig.data) == 3
+    table = sweeps.policy_table(r, cfg, TINY, [("first_fit", "strided"), ("flops_kk", "flops_kk")])
+    fig = viz.policy_figure(table)
+    assert len(fig.data) == 3 and not any(t.showlegend for t in fig.data)
     assert list(fig.data[0].x) == ["first_fit + strided", "flops_kk + flops_kk"]
-    bad = viz.policy_table(r, cfg.with_(dp=64), TINY, [("first_fit", "strided")])
-    assert bad.error.iloc[0] and math.isnan(bad.micro_batches.iloc[0])
+
+
+def test_policy_figure_legend_is_clear_of_the_subplot_titles():
+    fig = viz.policy_figure(POLICY_TABLE)
+    titles = [a for a in fig.layout.annotations if a.yref == "paper"]
+    assert len(titles) == 3
+    # subplot titles sit above the plot area (paper y >= 1, anchored at their bottom) ...
+    assert all(a.y >= 1 and a.yanchor == "bottom" for a in titles)
+    # ... and the legend at the bottom of the figure, in a margin it reserves, below the axes
+    legend = fig.layout.legend
+    assert legend.orientation == "h"
+    assert (legend.yref, legend.y, legend.yanchor) == ("container", 0, "bottom")
+    # the figure's title stays in the top margin, above the two-line subplot titles
+    assert fig.layout.margin.t >= 100
+
+
+def max_bar(fig, axis="y"):
+    tops = [np.nanmax(np.asarray(t.y, dtype=float)) for t in fig.data
+            if t.type == "bar" and (t.yaxis or "y") == axis and len(t.y)]
+    return max(tops)
+
+
+def test_bar_panels_have_headroom():
+    fig = viz.policy_figure(POLICY_TABLE)
+    for axis, name in (("y", "yaxis"), ("y2", "yaxis2"), ("y3", "yaxis3")):
+        lo, hi = fig.layout[name].range
+        assert lo == 0 and hi >= 1.05 * max_bar(fig, axis), name
+    r = rollouts([10, 20, 30, 40, 1000])
+    fig = viz.length_figure(r, TINY, bins=4)
+    # the tallest bar: the long sample's share of the FLOPs (more than its 91% of the tokens)
+    assert max_bar(fig) == pytest.approx(fig.data[2].y[-1]) and max_bar(fig) > 91
+    assert fig.layout.yaxis.range == pytest.approx((0, 1.1 * max_bar(fig)))
+    s = build_schedule(rollouts([5, 3, 8, 2, 7, 1, 4, 6]),
+                       ScheduleConfig(dp=2, global_batch_size=2, max_tokens_per_gpu=10), TINY)
+    fig = viz.step_sizes_figure(s)
+    for axis, name in (("y", "yaxis"), ("y2", "yaxis2"), ("y3", "yaxis3")):
+        assert fig.layout[name].range[1] >= 1.05 * max_bar(fig, axis), name
+    fig = viz.training_figure(pd.DataFrame({"step": [0, 1], "loss": [2.0, 1.0],
+                                            "samples": [7, 9]}), metrics=("loss", "samples"))
+    assert fig.layout.yaxis2.range == pytest.approx([0, 9.9])
+    assert fig.layout.yaxis.range is None  # a line panel keeps autorange
+    fig = viz.packing_figure(build_schedule(rollouts([11, 9, 8, 8]), ScheduleConfig(
+        dp=1, global_batch_size=4, max_tokens_per_gpu=12, packing="flops_kk",
+        distribution="flops_kk"), TINY))
+    top = max(max(fig.data[1].y), max(fig.data[2].y))  # the over-cap markers sit above bars
+    assert fig.layout.yaxis.range[1] >= 1.05 * top
+    times = {"a": pd.DataFrame({"step": [0, 1], "time_s": [1.0, 2.0], "bound_s": [0.9, 1.8]})}
+    fig = viz.step_time_figure(times)
+    assert fig.layout.yaxis.range[1] >= 1.05 * 2.0
+    fig = viz.step_time_figure(times, relative=True, total=True)
+    assert fig.layout.yaxis.range[1] >= 1.05 * max_bar(fig)
+
+
+def test_headroom_of_negative_and_empty_values():
+    assert viz._headroom([-2.0, 8.0]) == pytest.approx([-3.0, 9.0])
+    assert viz._headroom([]) == [0.0, 1.0]
+    assert viz._headroom([0, 0]) == [0.0, 1.0]
+    assert viz._headroom([np.nan, 5.0]) == pytest.approx([0.0, 5.5])
+
+
+def _strings(obj):
+    if isinstance(obj, str):
+        yield obj
+    elif isinstance(obj, dict):
+        for v in obj.values():
+            yield from _strings(v)
+    elif isinstance(obj, (list, tuple)):
+        for v in obj:
+            yield from _strings(v)
+
+
+def every_figure():
+    r = rollouts([5, 3, 8, 2, 7, 1, 4, 6], rollout_id=[0, 0, 1, 2, 3, 4, 5, 6])
+    s = build_schedule(r, ScheduleConfig(dp=2, global_batch_size=4, max_tokens_per_gpu=10), TINY)
+    table = sweeps.sweep_table(r, s.config, TINY, max_tokens_per_gpu=[10], dp=[1, 2])
+    reports = {"a": pd.DataFrame({"step": [0, 1], "loss": [2.0, 1.0]}),
+               "b": pd.DataFrame({"step": [0, 1], "loss": [2.0, 1.1]})}
+    times = {"a": pd.DataFrame({"step": [0, 1], "time_s": [1.0, 2.0], "bound_s": [0.9, 1.8]})}
+    tl = pd.DataFrame({"step": 0, "rank": [0, 0, 1], "micro_batch": [0, 1, 0],
+                       "start_s": [0.0, 1.0, 0.0], "end_s": [1.0, 3.0, 2.0]})
+    return {
+        "length": viz.length_figure(r, TINY), "packing": viz.packing_figure(s),
+        "balance": viz.balance_figure(s), "sweep": viz.sweep_heatmap(table, "mb_ratio"),
+        "policy": viz.policy_figure(POLICY_TABLE), "report": viz.report_figure(reports),
+        "step_sizes": viz.step_sizes_figure(s),
+        "training": viz.training_figure(pd.DataFrame({"step": [0, 1], "loss": [1.0, 0.5]})),
+        "step_time": viz.step_time_figure(times), "timeline": viz.timeline_figure(tl),
+        "empty_packing": viz.empty_packing_figure(), "empty_balance": viz.empty_balance_figure(),
+    }
+
+
+def test_no_latex_in_any_figure_text():
+    """plotly renders $...$ with MathJax, which offline HTML pages do not load."""
+    for name, fig in every_figure().items():
+        text = list(_strings(fig.to_plotly_json()["layout"]))
+        for trace in fig.data:
+            text += [trace.name or "", trace.hovertemplate or ""]
+            text += [str(t) for t in np.asarray(getattr(trace, "text", None) or []).ravel()]
+        assert text, name
+        offending = [t for t in text if "$" in t]
+        assert not offending, (name, offending)
+
+
+def test_every_legend_sits_below_the_plot():
+    for name, fig in every_figure().items():
+        legend = fig.layout.legend
+        shown = fig.layout.showlegend is not False and any(
+            t.showlegend is not False for t in fig.data)
+        if not shown or name in ("sweep", "packing", "empty_packing"):
+            continue  # no legend, or one the figure places itself (packing: inside, top right)
+        assert (legend.yref, legend.y, legend.yanchor) == ("container", 0, "bottom"), name
 
 
 # ------------------------------------------------------------------ reports

@@ -3,11 +3,21 @@
 ``python -m varbatch_kit.cli.demo`` executes ``notebooks/*.ipynb`` top to bottom
 in a fresh kernel each (nbclient), writes ``build/demo/<name>.html`` with
 every figure (plotly.js is written once next to them as ``plotly.min.js``, so
-the pages open offline) and the executed notebooks as ``.ipynb``, then prints
-a short summary: the policy comparison on the bundled traces (from notebook
-02), the report-invariance verdict (from notebook 04), and where the files
-are. A notebook that fails is still rendered (with its error) and the
-command exits with status 1 after the others ran.
+the pages open offline), the executed notebooks as ``.ipynb`` and
+``build/demo/index.html`` linking every page with a one-line description,
+then prints a short summary and where the files are. A notebook that fails
+is still rendered (with its error) and the command exits with status 1 after
+the others ran.
+
+The summary is computed by the library, with the calls the notebooks make
+(nothing is read back from the notebooks' printouts): the policy comparison
+on the bundled traces (:func:`varbatch_kit.analysis.sweeps.policy_table_by_trace` and
+:func:`~varbatch_kit.analysis.sweeps.policy_pivot`, as notebook 02) when notebook 02
+ran, and the report-invariance verdict (the matrix of
+:func:`~varbatch_kit.analysis.sweeps.invariance_experiment` trained by
+:func:`varbatch_kit.train.compare`, judged by
+:func:`~varbatch_kit.analysis.sweeps.invariance_verdict`, as notebook 04; about half
+a minute more on a 2-core CPU) when notebook 04 ran.
 
 Interactive explorers are shown in the HTML as static snapshots (their
 figure and summary line at the time of execution); open the notebooks in
@@ -18,14 +28,17 @@ from __future__ import annotations
 
 import argparse
 import copy
+import html
 import sys
 import time
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from varbatch_kit.data import notebooks as packaged_notebooks
 
-__all__ = ["NOTEBOOKS_DIR", "NotebookRun", "export_html", "main", "run_notebook"]
+__all__ = ["NOTEBOOKS_DIR", "SUMMARIES", "NotebookRun", "export_html", "invariance_summary",
+           "main", "notebook_title", "policy_summary", "run_notebook", "write_index"]
 
 #: the tutorial notebooks shipped with the package
 NOTEBOOKS_DIR = Path(str(packaged_notebooks()))
@@ -61,21 +74,98 @@ class NotebookRun:
     error: str = ""
     html: Path | None = None
     html_bytes: int = 0
-    outputs_by_tag: dict[str, str] = field(default_factory=dict)
+    title: str = ""
 
 
-def _tagged_text(nb, tag: str) -> str:
-    """The text output (stream or text/plain) of the cells tagged ``tag``."""
-    parts = []
+def notebook_title(nb) -> str:
+    """The notebook's first heading (its first markdown cell's ``# ...`` line), or ``""``."""
     for cell in nb.cells:
-        if cell.cell_type != "code" or tag not in cell.metadata.get("tags", []):
+        if cell.cell_type != "markdown":
             continue
-        for out in cell.get("outputs", []):
-            if out.get("output_type") == "stream":
-                parts.append(out.get("text", ""))
-            elif "data" in out and "text/plain" in out["data"]:
-                parts.append(out["data"]["text/plain"])
-    return "".join(parts).rstrip()
+        for line in cell.source.splitlines():
+            if line.startswith("# "):
+                return line[2:].strip()
+        return ""
+    return ""
+
+
+# ------------------------------------------------------------------ summary
+def policy_summary(progress: bool = False) -> str:
+    """Every policy on the bundled traces: busiest rank / its bound and over-cap micro-batches.
+
+    ``dp=16``, ``max_tokens_per_gpu=16384``, four steps per trace, Qwen3-8B:
+    the layout of notebook 02, computed with
+    :func:`varbatch_kit.analysis.sweeps.policy_table_by_trace` and
+    :func:`~varbatch_kit.analysis.sweeps.policy_pivot` (a few seconds; ``progress`` is unused).
+    """
+    from varbatch_kit.analysis import sweeps
+    from varbatch_kit.core.flops import ModelShape
+    from varbatch_kit.core.traces import bundled_traces, read_trace
+
+    traces = {name: read_trace(path) for name, path in bundled_traces().items()}
+    table = sweeps.policy_table_by_trace(traces, ModelShape.preset("qwen3-8b"), dp=16,
+                                         max_tokens_per_gpu=16384, steps=4)
+    return sweeps.policy_pivot(table).to_string(float_format="{:.4f}".format)
+
+
+def invariance_summary(progress: bool = False) -> str:
+    """Train notebook 04's matrix (:func:`~varbatch_kit.analysis.sweeps.invariance_experiment`) and
+    give :func:`~varbatch_kit.analysis.sweeps.invariance_verdict`'s lines."""
+    from varbatch_kit.analysis import sweeps
+    from varbatch_kit.train import TrainConfig, compare
+
+    experiment = sweeps.invariance_experiment()
+    configs = [TrainConfig(schedule=s, mode=m, **experiment.train_kwargs)
+               for s, m in experiment.runs()]
+    table = compare(configs, experiment.rollouts, progress=progress)
+    return str(sweeps.invariance_verdict(table))
+
+
+#: the summary sections: (prefix of the notebook they go with, heading, text(progress=...))
+SUMMARIES: tuple[tuple[str, str, Callable[..., str]], ...] = (
+    ("02", "Policy comparison on the bundled traces (dp 16, max_tokens_per_gpu 16384, "
+           "Qwen3-8B; as notebook 02)", policy_summary),
+    ("04", "Metric report invariance (as notebook 04)", invariance_summary),
+)
+
+
+def _summary(runs: Sequence[NotebookRun], progress: bool) -> list[tuple[str, str]]:
+    """``(heading, text)`` per section of :data:`SUMMARIES`; a section is computed when a
+    notebook of its prefix ran, else it says why not."""
+    sections = []
+    for prefix, heading, fn in SUMMARIES:
+        ran = any(r.ok and r.name.startswith(prefix) for r in runs)
+        if not ran:
+            text = f"  (not available: notebook {prefix} did not run or failed)"
+        else:
+            try:
+                text = fn(progress=progress)
+            except Exception as e:  # noqa: BLE001 - reported in the summary, not raised
+                text = f"  (failed: {type(e).__name__}: {e})"
+        sections.append((heading, text))
+    return sections
+
+
+# -------------------------------------------------------------------- index
+def write_index(path: Path, title: str, entries: Sequence[tuple[str, str, str]], *,
+                preformatted: str = "", footer: str = "") -> Path:
+    """Write a plain HTML page linking ``entries`` (``(href, name, one-line description)``).
+
+    ``preformatted`` (e.g. a printed table) is shown under the list as
+    ``<pre>``; everything is escaped, the page loads nothing.
+    """
+    e = html.escape
+    items = "\n".join(f'  <li><a href="{e(href, quote=True)}">{e(name)}</a>: {e(what)}</li>'
+                       for href, name, what in entries)
+    pre = f"<pre>{e(preformatted)}</pre>\n" if preformatted else ""
+    foot = f"<p>{e(footer)}</p>\n" if footer else ""
+    page = (f"<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
+            f"<title>{e(title)}</title>\n<style>body{{font-family:sans-serif;max-width:72em;"
+            f"margin:2em auto;padding:0 1em}}li{{margin:.4em 0}}pre{{background:#f6f6f6;"
+            f"padding:1em;overflow-x:auto}}</style>\n</head>\n<body>\n<h1>{e(title)}</h1>\n"
+            f"<ul>\n{items}\n</ul>\n{pre}{foot}</body>\n</html>\n")
+    path.write_text(page, encoding="utf-8")
+    return path
 
 
 def run_notebook(path: Path, *, timeout: int = 900, progress: bool = True,
@@ -203,31 +293,32 @@ def main(argv: list[str] | None = None) -> int:
         run.ok = not run.error
         run.html = out_dir / f"{path.stem}.html"
         run.html_bytes = export_html(nb, run.html)
+        run.title = notebook_title(nb) or path.stem
         nbformat.write(copy.deepcopy(nb), out_dir / f"{path.stem}.ipynb")
-        for tag in ("policy-summary", "verdict"):
-            text = _tagged_text(nb, tag)
-            if text:
-                run.outputs_by_tag[tag] = text
         status = "ok" if run.ok else f"FAILED: {run.error}"
         print(f"  {path.stem:30s} {run.seconds:6.1f} s  {_human(run.html_bytes):>9s}  {status}")
         runs.append(run)
     total = time.perf_counter() - t_all
 
-    print("\n== Policy comparison on the bundled traces (dp 16, max_tokens_per_gpu 16384, "
-          "Qwen3-8B; from notebook 02) ==")
-    policy = next((r.outputs_by_tag["policy-summary"] for r in runs
-                   if "policy-summary" in r.outputs_by_tag), None)
-    print(policy or "  (not available: notebook 02 did not run or failed)")
-    print("\n== Metric report invariance (from notebook 04) ==")
-    verdict = next((r.outputs_by_tag["verdict"] for r in runs if "verdict" in r.outputs_by_tag),
-                   None)
-    print(verdict or "  (not available: notebook 04 did not run or failed)")
+    print("\ncomputing the summary with the library (the calls notebooks 02 and 04 make) ...",
+          flush=True)
+    sections = _summary(runs, progress=not args.no_progress)
+    for heading, text in sections:
+        print(f"\n== {heading} ==")
+        print(text)
+    index = write_index(
+        out_dir / "index.html", "varbatch_kit demo: the notebooks",
+        [(r.html.name, r.name, f"{r.title} ({'ran' if r.ok else 'FAILED'}, "
+          f"{r.seconds:.0f} s)") for r in runs],
+        preformatted="\n\n".join(f"== {h} ==\n{t}" for h, t in sections),
+        footer="The executed notebooks are next to the pages (.ipynb); open them in Jupyter "
+               "(make lab) for the interactive controls.")
 
     size = sum(r.html_bytes for r in runs) + js.stat().st_size
     print(f"\n{sum(r.ok for r in runs)}/{len(runs)} notebooks ran in {total:.0f} s. HTML: "
           f"{out_dir}/ ({_human(sum(r.html_bytes for r in runs))} of pages + "
           f"{_human(js.stat().st_size)} plotly.min.js = {_human(size)}); open "
-          f"{runs[0].html} in a browser.")
+          f"{index} in a browser.")
     failed = [r for r in runs if not r.ok]
     for r in failed:
         print(f"FAILED {r.name}: {r.error}", file=sys.stderr)

@@ -8,9 +8,13 @@ Examples::
     varbatch-kit schedule run.jsonl --dp 8 --slime-args="--global-batch-size 256 \\
         --use-dynamic-batch-size --max-tokens-per-gpu 16384 --balance-data"
 
-A bad layout, a missing or malformed trace, or an unknown policy is a
-``ValueError``: the dispatcher in :mod:`varbatch_kit.cli` prints the message
-on stderr and exits with status 2.
+The table is computed by :mod:`varbatch_kit.analysis.sweeps` and printed with a
+legend of its columns; plotly is imported only with ``--html``, which writes
+one page per figure and an ``index.html`` linking them.
+
+A bad layout, a missing or malformed trace, an unknown policy or a
+``--step`` the schedule does not have is a ``ValueError``: the dispatcher in
+:mod:`varbatch_kit.cli` prints the message on stderr and exits with status 2.
 """
 
 from __future__ import annotations
@@ -20,17 +24,37 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from varbatch_kit.compat.slime.flags import schedule_config_from_slime_args
+from varbatch_kit.analysis import sweeps
+from varbatch_kit.compat.slime.flags import SLIME_FLAGS, schedule_config_from_slime_args
 from varbatch_kit.core.config import ScheduleConfig
 from varbatch_kit.core.flops import ModelShape, available_presets
 from varbatch_kit.core.rollouts import Rollouts
 from varbatch_kit.core.traces import bundled_traces, read_trace
 
-__all__ = ["add_parser", "format_table", "load_model", "load_trace", "run"]
+__all__ = ["COLUMN_LEGEND", "add_parser", "check_step", "format_legend", "format_table",
+           "load_model", "load_trace", "run", "write_figures"]
 
 TABLE_COLUMNS = ["packing", "distribution", "steps", "micro_batches", "mb_lower_bound",
                  "cap_violations", "max_flops_imbalance", "mean_makespan_ratio", "schedule_s",
                  "slime"]
+
+#: what each column of the table means, and its unit (printed under the table)
+COLUMN_LEGEND = {
+    "packing": "how a step's samples become micro-batches (policy name)",
+    "distribution": "how the micro-batches are dealt to the DP ranks (policy name)",
+    "steps": "training steps of global_batch_size rollouts each (count)",
+    "micro_batches": "micro-batches over all steps and ranks (count)",
+    "mb_lower_bound": "fewest micro-batches the cap allows: sum over steps of "
+                      "ceil(step tokens / cap) (count; blank without a cap)",
+    "cap_violations": "micro-batches of two or more samples over the token cap (count; a "
+                      "lone sample longer than the cap is not counted)",
+    "max_flops_imbalance": "busiest rank's forward FLOPs / the mean rank's, worst step "
+                           "(ratio; 1 = even)",
+    "mean_makespan_ratio": "busiest rank's FLOPs / max(step FLOPs / dp, largest sample), mean "
+                           "over steps (ratio; 1 = optimal)",
+    "schedule_s": "CPU time to build the schedule (seconds)",
+    "slime": "slime's flags for this policy (blank: slime has no such option)",
+}
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -66,7 +90,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                         "Face config.json path (default qwen3-8b)")
     p.add_argument("--html", default=None, metavar="DIR",
                    help="also write the figures as HTML files into DIR")
-    p.add_argument("--step", type=int, default=0, help="step drawn in the packing figure")
+    p.add_argument("--step", type=int, default=0,
+                   help="step drawn in the packing figures of --html (default 0; must be one "
+                        "of the schedule's steps)")
     p.set_defaults(func=run)
     return p
 
@@ -131,10 +157,24 @@ def format_table(table) -> str:
     return text
 
 
+def format_legend(columns=TABLE_COLUMNS) -> str:
+    """One line per column of the table: what it means and its unit."""
+    cols = [c for c in columns if c in COLUMN_LEGEND]
+    width = max(len(c) for c in cols)
+    return "columns:\n" + "\n".join(f"  {c:{width}s}  {COLUMN_LEGEND[c]}" for c in cols)
+
+
+def check_step(step: int, num_steps: int) -> int:
+    """``step`` if the schedule has it, else a ``ValueError`` naming the valid range."""
+    if not 0 <= step < num_steps:
+        raise ValueError(f"--step {step} is out of range: the schedule has {num_steps} "
+                         f"step{'s' if num_steps != 1 else ''}, 0..{num_steps - 1}")
+    return step
+
+
 def run(args: argparse.Namespace) -> int:
     """Run the subcommand; ``ValueError`` for anything the user can fix."""
     from varbatch_kit.policies.registry import get_distribution, get_packer
-    from varbatch_kit.ui import viz
 
     name, rollouts = load_trace(args.trace)
     model = load_model(args.model)
@@ -146,23 +186,28 @@ def run(args: argparse.Namespace) -> int:
     if args.packing is not None or args.distribution is not None or args.slime_args:
         pairs = [(args.packing or config.packing, args.distribution or config.distribution)]
     else:
-        pairs = viz.policy_pairs(model, dynamic=config.dynamic)
-    table = viz.policy_table(rollouts, config, model, pairs)
+        pairs = sweeps.policy_pairs(model, dynamic=config.dynamic)
+    table = sweeps.policy_table(rollouts, config, model, pairs, flag_names=SLIME_FLAGS)
     ok = table[table["error"] == ""]
     if ok.empty:
         # every policy failed: the layout itself is impossible; say why once
         raise ValueError(table["error"].iloc[0])
+    check_step(args.step, int(ok["steps"].iloc[0]))
     layout = (f"dp={config.dp} cp={config.cp} vpp={config.vpp} mb_group={config.mb_group} "
               f"global_batch_size={config.global_batch_size} "
               + (f"max_tokens_per_gpu={config.max_tokens_per_gpu} (cap {config.cap})"
                  if config.dynamic else f"micro_batch_size={config.micro_batch_size}"))
-    print(f"trace {name}: {rollouts!r}")
-    print(f"layout: {layout}; model {model.name}")
-    print(format_table(table))
+    header = f"trace {name}: {rollouts!r}\nlayout: {layout}; model {model.name}"
+    text = format_table(table) + "\n\n" + format_legend()
+    print(header)
+    print(text)
     if args.html:
-        paths = write_figures(Path(args.html), rollouts, config, model, table, step=args.step)
-        print(f"wrote {len(paths)} figures to {Path(args.html).resolve()}/: "
-              + ", ".join(p.name for p in paths))
+        out = Path(args.html)
+        paths = write_figures(out, rollouts, config, model, table, step=args.step,
+                              title=f"varbatch-kit schedule {name}",
+                              summary=header + "\n\n" + text)
+        print(f"wrote {len(paths)} figures and index.html to {out.resolve()}/; open "
+              f"{(out / 'index.html').resolve()}")
     if len(ok) < len(table):
         print(f"{len(table) - len(ok)} policies cannot run this layout (see above)",
               file=sys.stderr)
@@ -170,27 +215,43 @@ def run(args: argparse.Namespace) -> int:
 
 
 def write_figures(out: Path, rollouts: Rollouts, config: ScheduleConfig, model: ModelShape,
-                  table, *, step: int = 0) -> list[Path]:
+                  table, *, step: int = 0, title: str = "varbatch-kit schedule",
+                  summary: str = "") -> list[Path]:
     """Write the length, policy, packing and balance figures as HTML files into ``out``.
 
     plotly.js is written once next to them (``plotly.min.js``), so the files
-    open offline and stay small.
+    open offline and stay small; ``index.html`` links every figure with one
+    line saying what it shows, under ``summary`` (the printed table). Returns
+    the figure files (not the index). A ``step`` the schedule does not have
+    is a ``ValueError``.
     """
+    from varbatch_kit.cli.demo import write_index
     from varbatch_kit.core.schedule import build_schedule
     from varbatch_kit.ui import viz
 
     out.mkdir(parents=True, exist_ok=True)
-    figs = {"lengths": viz.length_figure(rollouts, model),
-            "policies": viz.policy_figure(table)}
+    figs = {"lengths": (viz.length_figure(rollouts, model),
+                        "length distribution: share of samples, tokens and FLOPs per length "
+                        "bin, and forward FLOPs per token against length"),
+            "policies": (viz.policy_figure(table),
+                         "every policy side by side: busiest rank and micro-batch count "
+                         "against their lower bounds, micro-batches over the cap")}
     for _, row in table[table["error"] == ""].iterrows():
         cfg = config.with_(packing=row["packing"], distribution=row["distribution"])
         sched = build_schedule(rollouts, cfg, model)
+        policy = f"{row['packing']} + {row['distribution']}"
         tag = f"{row['packing']}-{row['distribution']}"
-        figs[f"packing-{tag}"] = viz.packing_figure(sched, min(step, sched.num_steps - 1))
-        figs[f"balance-{tag}"] = viz.balance_figure(sched)
-    paths = []
-    for fname, fig in figs.items():
+        figs[f"packing-{tag}"] = (viz.packing_figure(sched, check_step(step, sched.num_steps)),
+                                  f"{policy}: step {step} packed into micro-batches, grouped "
+                                  "by DP rank, the token cap and over-cap micro-batches marked")
+        figs[f"balance-{tag}"] = (viz.balance_figure(sched),
+                                  f"{policy}: forward FLOPs and tokens per DP rank per step, "
+                                  "with the lower bound on the busiest rank")
+    paths, entries = [], []
+    for fname, (fig, what) in figs.items():
         path = out / f"{fname}.html"
         fig.write_html(path, include_plotlyjs="directory", full_html=True)
         paths.append(path)
+        entries.append((path.name, fname, what))
+    write_index(out / "index.html", title, entries, preformatted=summary)
     return paths

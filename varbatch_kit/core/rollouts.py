@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -47,6 +48,12 @@ class Rollouts:
     loss_masks:
         Optional list of 0/1 arrays, one per sample, each of length
         ``response_len[i]``. Defaults to all ones.
+    extra:
+        Optional pandas DataFrame of further per-sample fields (one row per
+        sample, same order; e.g. a slime dump's ``reward``, ``status``,
+        ``group_index``, ``tokens``: see :func:`varbatch_kit.io.read_trace`).
+        Stored with a fresh ``0..n-1`` index; :meth:`subset` keeps the rows of
+        the kept samples and :meth:`to_frame` joins the columns.
 
     Example
     -------
@@ -59,6 +66,7 @@ class Rollouts:
     response_len: np.ndarray
     rollout_id: np.ndarray | None = None
     loss_masks: Sequence[np.ndarray] | None = field(default=None, repr=False)
+    extra: Any = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         prompt = _as_int_array("prompt_len", self.prompt_len)
@@ -110,6 +118,20 @@ class Rollouts:
             arr.setflags(write=False)
             object.__setattr__(self, name, arr)
         object.__setattr__(self, "loss_masks", masks)
+        if self.extra is not None:
+            import pandas as pd
+
+            if not isinstance(self.extra, pd.DataFrame):
+                raise ValueError(
+                    f"extra must be a pandas DataFrame with one row per sample, got "
+                    f"{type(self.extra).__name__}"
+                )
+            if len(self.extra) != n:
+                raise ValueError(
+                    f"extra has {len(self.extra)} rows but there are {n} samples: pass one row "
+                    "per sample, in sample order"
+                )
+            object.__setattr__(self, "extra", self.extra.reset_index(drop=True))
         total = prompt + response
         total.setflags(write=False)
         object.__setattr__(self, "_total_len", total)
@@ -152,6 +174,17 @@ class Rollouts:
             return self.response_len.copy()
         return np.array([int(m.sum()) for m in self.loss_masks], dtype=np.int64)
 
+    def rollout_mask_sums(self) -> np.ndarray:
+        """Per sample, the loss-bearing tokens of its whole rollout (slime's ``rollout_mask_sums``).
+
+        The per-rollout denominator: the sum of :meth:`mask_sums` over every
+        sample sharing sample i's rollout id, computed over this whole table.
+        """
+        _, inverse = np.unique(self.rollout_id, return_inverse=True)
+        per_rollout = np.bincount(inverse.reshape(-1), weights=self.mask_sums(),
+                                  minlength=int(inverse.max()) + 1)
+        return per_rollout[inverse.reshape(-1)].astype(np.int64)
+
     def masks(self) -> list[np.ndarray]:
         """Loss masks per sample (all ones when none were given)."""
         if self.loss_masks is not None:
@@ -162,13 +195,22 @@ class Rollouts:
         """The samples at ``indices`` (in that order) as a new table."""
         idx = np.asarray(indices, dtype=np.int64)
         masks = None if self.loss_masks is None else [self.loss_masks[i] for i in idx]
-        return Rollouts(self.prompt_len[idx], self.response_len[idx], self.rollout_id[idx], masks)
+        extra = None if self.extra is None else self.extra.iloc[idx]
+        return Rollouts(self.prompt_len[idx], self.response_len[idx], self.rollout_id[idx], masks,
+                        extra=extra)
 
-    def to_frame(self):
-        """A pandas DataFrame with one row per sample."""
+    def to_frame(self, *, extra: bool = True):
+        """A pandas DataFrame with one row per sample.
+
+        Columns ``prompt_len``, ``response_len``, ``total_len``, ``rollout_id``
+        and, with ``extra`` (default), the columns of :attr:`extra`; an extra
+        column named like one of those four gets the suffix ``_given`` (a
+        slime dump's ``rollout_id`` as given, None for the samples slime
+        numbers itself, becomes ``rollout_id_given``).
+        """
         import pandas as pd
 
-        return pd.DataFrame(
+        frame = pd.DataFrame(
             {
                 "prompt_len": self.prompt_len,
                 "response_len": self.response_len,
@@ -176,6 +218,11 @@ class Rollouts:
                 "rollout_id": self.rollout_id,
             }
         )
+        if extra and self.extra is not None:
+            more = self.extra.rename(
+                columns={c: f"{c}_given" for c in self.extra.columns if c in frame.columns})
+            frame = pd.concat([frame, more], axis=1)
+        return frame
 
     def __repr__(self) -> str:
         t = self.total_len

@@ -2,7 +2,15 @@
 
 One function per picture. Each takes core values (a :class:`Rollouts`, a
 :class:`Schedule`, a table) and returns a ``plotly.graph_objects.Figure``;
-nothing is displayed and no state is kept between calls.
+nothing is displayed and no state is kept between calls. The tables come
+from the pure modules (:mod:`varbatch_kit.analysis.sweeps`, :mod:`varbatch_kit.analysis.quality`,
+:mod:`varbatch_kit.analysis.simulate`, :func:`varbatch_kit.train.compare`); nothing
+here builds a schedule.
+
+Text in figures is plain Unicode (``Σ``, ``²``, ``×``, ``≥``), never LaTeX:
+plotly renders ``$...$`` with MathJax, which offline HTML pages do not have.
+Bar panels leave about 10% headroom above the tallest bar, and legends sit
+outside the plot area, clear of the subplot titles.
 
 Figures whose data change interactively (:func:`packing_figure`,
 :func:`balance_figure`) have a fixed set of traces whose arrays are computed
@@ -20,11 +28,11 @@ Pictures
   and over-cap micro-batches marked.
 - :func:`balance_figure`: FLOPs and tokens per rank per step with the lower
   bound ``max(total / dp, largest micro-batch)``.
-- :func:`sweep_heatmap` (data from :func:`sweep_table`): a quality metric
+- :func:`sweep_heatmap` (data from :func:`~varbatch_kit.analysis.sweeps.sweep_table`): a metric
   over ``max_tokens_per_gpu x dp``.
 - :func:`report_figure`: reported metrics per step for several training
   configurations and their relative difference to a reference run.
-- :func:`policy_figure` (data from :func:`policy_table`): every registered
+- :func:`policy_figure` (data from :func:`~varbatch_kit.analysis.sweeps.policy_table`): every
   ``(packing, distribution)`` pair side by side.
 - :func:`step_sizes_figure` and :func:`training_figure`: samples / tokens /
   micro-batches per step of a variable global batch size, and training
@@ -46,15 +54,13 @@ import plotly.graph_objects as go
 from plotly.colors import qualitative
 from plotly.subplots import make_subplots
 
-from varbatch_kit.core.config import ScheduleConfig
 from varbatch_kit.core.flops import ModelShape
 from varbatch_kit.core.rollouts import Rollouts
-from varbatch_kit.core.schedule import Schedule, build_schedule
+from varbatch_kit.core.schedule import Schedule
 
 __all__ = [
     "BALANCE_TRACE_NAMES",
     "PACKING_TRACE_NAMES",
-    "SLIME_FLAGS",
     "apply_traces",
     "balance_figure",
     "balance_traces",
@@ -64,13 +70,10 @@ __all__ = [
     "packing_figure",
     "packing_traces",
     "policy_figure",
-    "policy_pairs",
-    "policy_table",
     "report_figure",
     "step_sizes_figure",
     "step_time_figure",
     "sweep_heatmap",
-    "sweep_table",
     "timeline_figure",
     "training_figure",
 ]
@@ -97,6 +100,29 @@ def _discrete_colorscale(colors: Sequence[str]) -> list[list[Any]]:
 
 
 ROLLOUT_COLORSCALE = _discrete_colorscale(PALETTE)
+
+
+#: Legend placement of every figure: a horizontal row at the bottom of the figure, in a
+#: margin it reserves (``yref="container"``), so tick labels and axis titles are pushed
+#: above it and it never covers a subplot title, an axis title or a bar.
+LEGEND_BELOW = {"orientation": "h", "yref": "container", "y": 0, "yanchor": "bottom",
+                "x": 0.5, "xanchor": "center"}
+#: Head-room above the tallest bar of a bar panel (fraction of the data span).
+HEADROOM = 0.1
+
+
+def _headroom(*values: Any, frac: float = HEADROOM) -> list[float]:
+    """A y range from 0 (or ``frac`` below the lowest negative value) to ``frac`` above the
+    tallest value, so bars never touch the top of their panel."""
+    arrays = [np.asarray(v, dtype=np.float64).ravel() for v in values]
+    v = np.concatenate(arrays) if arrays else np.zeros(0)
+    v = v[np.isfinite(v)]
+    hi = max(float(v.max()), 0.0) if v.size else 0.0
+    lo = min(float(v.min()), 0.0) if v.size else 0.0
+    span = hi - lo
+    if span == 0:
+        return [0.0, 1.0]
+    return [lo - frac * span if lo < 0 else 0.0, hi + frac * span]
 
 
 def _si(value: float) -> str:
@@ -161,7 +187,8 @@ def length_figure(rollouts: Rollouts, model: ModelShape | None = None, *, bins: 
             "<extra></extra>"), row=1, col=1)
     fig.update_layout(barmode="group", bargap=0.05)
     fig.update_xaxes(title_text="sample length (prompt + response tokens)", row=1, col=1)
-    fig.update_yaxes(title_text="% of batch", row=1, col=1)
+    fig.update_yaxes(title_text="% of batch", range=_headroom(*(100 * y for _, y, _ in shares)),
+                     row=1, col=1)
     title = (f"{len(rollouts)} samples, {rollouts.num_rollouts} rollouts, "
              f"median {int(np.median(lengths))} tokens, max {int(hi)}")
     if model is not None:
@@ -185,8 +212,7 @@ def length_figure(rollouts: Rollouts, model: ModelShape | None = None, *, bins: 
         fig.update_xaxes(title_text="sample length L (tokens)", row=1, col=2)
         fig.update_yaxes(title_text="forward FLOPs per token", rangemode="tozero", row=1, col=2)
         title += f" — {model.name}"
-    fig.update_layout(title=title, template=TEMPLATE, height=420,
-                      legend={"orientation": "h", "y": -0.2})
+    fig.update_layout(title=title, template=TEMPLATE, height=460, legend=LEGEND_BELOW)
     return fig
 
 
@@ -272,7 +298,8 @@ def packing_traces(schedule: Schedule, step: int = 0) -> dict[str, Any]:
         "title": {"text": title},
         "xaxis": {"tickvals": (tick_ranks * (m + 1) + (m - 1) / 2).tolist(),
                    "ticktext": [f"r{r}" for r in tick_ranks], "range": [x_lo, x_hi]},
-        "yaxis": {"range": [0, 1.08 * y_top if y_top else 1]},
+        # head-room above the tallest bar and its over-cap marker (drawn at +3%)
+        "yaxis": {"range": [0, (1.03 + HEADROOM) * y_top if y_top else 1]},
     }
     info = {"micro_batches": k, "over_cap": int(over.sum()), "samples": int(members.size),
                 "tokens": int(tokens.sum()), "cap": cap, "dp": dp, "step": s}
@@ -454,8 +481,8 @@ def empty_balance_figure() -> go.Figure:
     fig.update_yaxes(title_text="tokens (axis zoomed)", exponentformat="SI", row=2, col=1)
     fig.update_xaxes(title_text="DP ranks, grouped by step", row=2, col=1)
     fig.update_layout(template=TEMPLATE, bargap=0.1, height=560, uirevision="balance",
-                      legend={"orientation": "h", "yanchor": "top", "y": -0.12, "x": 1,
-                              "xanchor": "right"}, margin={"t": 110, "r": 20, "l": 60, "b": 80})
+                      legend={**LEGEND_BELOW, "x": 1, "xanchor": "right"},
+                      margin={"t": 110, "r": 20, "l": 60, "b": 50})
     return fig
 
 
@@ -493,47 +520,10 @@ SWEEP_METRICS = {
 }
 
 
-def sweep_table(rollouts: Rollouts, config: ScheduleConfig, model: ModelShape | None,
-                max_tokens_per_gpu: Sequence[int], dp: Sequence[int]):
-    """Schedule quality for every ``(max_tokens_per_gpu, dp)`` pair (a pure computation).
-
-    Returns a pandas table with one row per pair: ``max_tokens_per_gpu, dp,
-    micro_batches, mb_lower_bound, mb_ratio, cap_violations, flops_imbalance,
-    token_imbalance, makespan_ratio, error``. An impossible layout does not
-    raise: its row holds NaN and the scheduler's message in ``error``.
-    """
-    import pandas as pd
-
-    from varbatch_kit.analysis.quality import step_quality
-
-    rows = []
-    for d in dp:
-        for c in max_tokens_per_gpu:
-            row: dict[str, Any] = {"max_tokens_per_gpu": int(c), "dp": int(d), "error": ""}
-            try:
-                sched = build_schedule(rollouts, config.with_(dp=int(d),
-                                                              max_tokens_per_gpu=int(c)), model)
-            except ValueError as e:
-                row.update(micro_batches=np.nan, mb_lower_bound=np.nan, mb_ratio=np.nan,
-                           cap_violations=np.nan, flops_imbalance=np.nan,
-                           token_imbalance=np.nan, makespan_ratio=np.nan, error=str(e))
-                rows.append(row)
-                continue
-            q = step_quality(sched)
-            mb = int(q["micro_batches"].sum())
-            lb = float(q["mb_lower_bound"].sum())
-            row.update(micro_batches=mb, mb_lower_bound=lb, mb_ratio=mb / lb if lb else np.nan,
-                       cap_violations=int(q["cap_violations"].sum()),
-                       flops_imbalance=float(q["flops_imbalance"].max()),
-                       token_imbalance=float(q["token_imbalance"].max()),
-                       makespan_ratio=float(q["makespan_ratio"].max()))
-            rows.append(row)
-    return pd.DataFrame(rows)
-
-
 def sweep_heatmap(table, metric: str = "flops_imbalance", *, title: str | None = None
                   ) -> go.Figure:
-    """A heat-map of one column of :func:`sweep_table` over ``max_tokens_per_gpu × dp``.
+    """A heat-map of one column of :func:`~varbatch_kit.analysis.sweeps.sweep_table` over
+    ``max_tokens_per_gpu × dp``.
 
     Cells print their value; impossible layouts are blank and their hover
     shows the scheduler's error.
@@ -541,7 +531,7 @@ def sweep_heatmap(table, metric: str = "flops_imbalance", *, title: str | None =
     Parameters
     ----------
     table:
-        The output of :func:`sweep_table` (or any table with columns
+        The output of :func:`varbatch_kit.analysis.sweeps.sweep_table` (or any table with columns
         ``max_tokens_per_gpu``, ``dp``, ``metric`` and optionally ``error``).
     metric:
         Column to colour by; one of :data:`SWEEP_METRICS` or any numeric column.
@@ -573,108 +563,13 @@ def sweep_heatmap(table, metric: str = "flops_imbalance", *, title: str | None =
 
 
 # -------------------------------------------------------------- policies
-#: slime's command-line flags for the (packing, distribution) pairs it offers
-SLIME_FLAGS = {
-    ("static", "strided"): "(default)",
-    ("static", "flops_kk"): "--balance-data",
-    ("first_fit", "strided"): "--use-dynamic-batch-size",
-    ("first_fit", "flops_kk"): "--use-dynamic-batch-size --balance-data",
-    ("flops_kk", "flops_kk"): "--use-dynamic-batch-size --balance-by-flops",
-}
-
-
-def policy_pairs(model: ModelShape | None = None, *, dynamic: bool = True
-                 ) -> list[tuple[str, str]]:
-    """Every registered ``(packing, distribution)`` pair that can run together.
-
-    Taken from :data:`varbatch_kit.policies.packers.PACKERS` and
-    :data:`varbatch_kit.policies.distributions.DISTRIBUTIONS`, so new policies appear
-    automatically. Pairs needing FLOPs are left out when ``model`` is None;
-    a packer that requires one distribution is paired with that one only.
-    """
-    from varbatch_kit.policies.registry import DISTRIBUTIONS, PACKERS
-
-    pairs = []
-    for pname, pspec in PACKERS.items():
-        if pspec.dynamic != dynamic or (pspec.needs_flops and model is None):
-            continue
-        required = getattr(pspec, "requires_distribution", None)
-        for dname, dspec in DISTRIBUTIONS.items():
-            if required is not None and dname != required:
-                continue
-            if dspec.needs_flops and model is None:
-                continue
-            pairs.append((pname, dname))
-    return pairs
-
-
-def policy_table(rollouts: Rollouts, config: ScheduleConfig, model: ModelShape | None,
-                 policies: Sequence[tuple[str, str]] | None = None):
-    """Schedule quality of several ``(packing, distribution)`` policies on one layout.
-
-    A pure computation behind the policy comparisons of the notebooks, the
-    demo and ``varbatch-kit schedule``. Returns a pandas table with one row per
-    policy: ``packing, distribution, slime`` (the equivalent slime flags, or
-    ``""``), ``steps, micro_batches, mb_lower_bound`` (sum over steps of
-    ``ceil(tokens/cap)``), ``cap_violations, max_flops_imbalance``,
-    ``mean_makespan_ratio`` (busiest rank / its lower bound, mean over steps),
-    ``max_makespan_ratio``, ``schedule_s`` (wall time) and ``error`` (the
-    scheduler's message for a policy that cannot run this layout; its numbers
-    are NaN).
-
-    Parameters
-    ----------
-    rollouts, config, model:
-        What :func:`build_schedule` takes; ``config`` gives the layout, its
-        packing and distribution are replaced per row.
-    policies:
-        Pairs to compare (default :func:`policy_pairs` for the config's path).
-    """
-    import time
-
-    import pandas as pd
-
-    from varbatch_kit.analysis.quality import step_quality
-
-    pairs = list(policies) if policies is not None else policy_pairs(
-        model, dynamic=config.dynamic)
-    rows = []
-    for packing, distribution in pairs:
-        row: dict[str, Any] = {"packing": packing, "distribution": distribution,
-                                   "slime": SLIME_FLAGS.get((packing, distribution), "")}
-        t0 = time.perf_counter()
-        try:
-            sched = build_schedule(rollouts, config.with_(packing=packing,
-                                                          distribution=distribution), model)
-        except ValueError as e:
-            row.update(steps=np.nan, micro_batches=np.nan, mb_lower_bound=np.nan,
-                       cap_violations=np.nan, max_flops_imbalance=np.nan,
-                       mean_makespan_ratio=np.nan, max_makespan_ratio=np.nan,
-                       schedule_s=time.perf_counter() - t0, error=str(e))
-            rows.append(row)
-            continue
-        dt = time.perf_counter() - t0
-        q = step_quality(sched)
-        bound = q["mb_lower_bound"]
-        row.update(
-            steps=len(q), micro_batches=int(q["micro_batches"].sum()),
-            mb_lower_bound=float(bound.sum()) if bound.notna().all() else np.nan,
-            cap_violations=int(q["cap_violations"].sum()),
-            max_flops_imbalance=float(q["flops_imbalance"].max()),
-            mean_makespan_ratio=float(q["makespan_ratio"].mean()),
-            max_makespan_ratio=float(q["makespan_ratio"].max()),
-            schedule_s=dt, error="")
-        rows.append(row)
-    return pd.DataFrame(rows)
-
-
 def policy_figure(table, *, title: str | None = None) -> go.Figure:
     """Policies side by side: busiest rank vs its bound, micro-batches vs theirs, cap violations.
 
     Parameters
     ----------
     table:
-        The output of :func:`policy_table` (optionally with a ``trace``
+        The output of :func:`varbatch_kit.analysis.sweeps.policy_table` (optionally with a ``trace``
         column: one group of bars per trace).
     """
     import pandas as pd
@@ -683,9 +578,11 @@ def policy_figure(table, *, title: str | None = None) -> go.Figure:
     df = df[df["error"].fillna("") == ""] if "error" in df.columns else df
     label = df["packing"] + " + " + df["distribution"]
     groups = list(dict.fromkeys(df["trace"])) if "trace" in df.columns else [None]
-    fig = make_subplots(rows=1, cols=3, horizontal_spacing=0.08, subplot_titles=(
-        "busiest rank / lower bound − 1 (mean over steps)",
-        "micro-batches / ceil(tokens/cap) − 1", "micro-batches over the cap"))
+    fig = make_subplots(rows=1, cols=3, horizontal_spacing=0.09, subplot_titles=(
+        "busiest rank / its lower bound − 1<br>(mean over steps)",
+        "micro-batches / ceil(tokens / cap) − 1<br>(all steps)",
+        "micro-batches over the cap<br>(two or more samples)"))
+    panels: list[list[Any]] = [[], [], []]
     for i, g in enumerate(groups):
         sel = df if g is None else df[df["trace"] == g]
         lab = label[sel.index]
@@ -695,16 +592,19 @@ def policy_figure(table, *, title: str | None = None) -> go.Figure:
                 100 * (sel["micro_batches"] / sel["mb_lower_bound"] - 1),
                 sel["cap_violations"]]
         for j, y in enumerate(cols):
+            panels[j].append(y)
             fig.add_trace(go.Bar(x=lab, y=y, name=name, legendgroup=name, marker_color=color,
                                  showlegend=j == 0 and g is not None,
                                  hovertemplate="%{x}: %{y:.3g}<extra>" + name + "</extra>"),
                           row=1, col=j + 1)
-    fig.update_yaxes(title_text="%", row=1, col=1)
-    fig.update_yaxes(title_text="%", row=1, col=2)
-    fig.update_yaxes(title_text="micro-batches", row=1, col=3)
-    fig.update_layout(template=TEMPLATE, barmode="group", height=430,
+    for j, ytitle in enumerate(("% above the bound", "% above the bound", "micro-batches")):
+        fig.update_yaxes(title_text=ytitle, range=_headroom(*panels[j]), row=1, col=j + 1)
+    fig.update_xaxes(tickangle=-45)
+    fig.update_annotations(font_size=13)  # the subplot titles
+    fig.update_layout(template=TEMPLATE, barmode="group", height=520,
                       title=title or "scheduling policies compared",
-                      legend={"orientation": "h", "y": 1.12, "x": 1, "xanchor": "right"})
+                      legend={**LEGEND_BELOW, "title": {"text": "trace "}},
+                      margin={"t": 120})
     return fig
 
 
@@ -790,8 +690,8 @@ def report_figure(reports, metric: str = "loss", reference: str | None = None, *
         fig.update_xaxes(dtick=1, tickformat="d")
     fig.update_yaxes(title_text=metric, row=1, col=1)
     fig.update_yaxes(title_text="(value − ref) / |ref|", exponentformat="e", row=2, col=1)
-    fig.update_layout(template=TEMPLATE, height=560, title=title or f"{metric}: {len(names)} "
-                      f"configurations vs {ref}", legend={"orientation": "h", "y": -0.15})
+    fig.update_layout(template=TEMPLATE, height=580, title=title or f"{metric}: {len(names)} "
+                      f"configurations vs {ref}", legend=LEGEND_BELOW)
     return fig
 
 
@@ -805,20 +705,23 @@ def step_sizes_figure(schedule: Schedule) -> go.Figure:
     """
     steps = schedule.steps
     x = [st.index for st in steps]
+    samples = [st.num_samples for st in steps]
     tokens = [int(schedule.rollouts.total_len[st.sample_indices].sum()) for st in steps]
+    per_rank = [st.num_microbatches for st in steps]
     fig = make_subplots(rows=1, cols=3, horizontal_spacing=0.08, subplot_titles=(
         "samples per step", "tokens per step", "micro-batches per rank"))
-    fig.add_trace(go.Bar(x=x, y=[st.num_samples for st in steps], name="samples",
+    fig.add_trace(go.Bar(x=x, y=samples, name="samples",
                          marker_color="#1f77b4", customdata=[st.num_rollouts for st in steps],
                          hovertemplate="step %{x}: %{y} samples from %{customdata} rollouts"
                          "<extra></extra>"), row=1, col=1)
     fig.add_trace(go.Bar(x=x, y=tokens, name="tokens", marker_color="#ff7f0e",
                          hovertemplate="step %{x}: %{y} tokens<extra></extra>"), row=1, col=2)
-    fig.add_trace(go.Bar(x=x, y=[st.num_microbatches for st in steps], name="micro-batches",
+    fig.add_trace(go.Bar(x=x, y=per_rank, name="micro-batches",
                          marker_color="#2ca02c",
                          hovertemplate="step %{x}: %{y} per rank<extra></extra>"), row=1, col=3)
-    for c in (1, 2, 3):
+    for c, y in enumerate((samples, tokens, per_rank), start=1):
         fig.update_xaxes(title_text="step", row=1, col=c)
+        fig.update_yaxes(range=_headroom(y), row=1, col=c)
     fig.update_layout(template=TEMPLATE, height=330, showlegend=False,
                       title=(f"{schedule.num_steps} steps of {schedule.config.global_batch_size} "
                              f"rollouts each (dp {schedule.config.dp})"))
@@ -854,6 +757,8 @@ def training_figure(steps, metrics: Sequence[str] = ("loss", "token_acc", "lr", 
                            hovertemplate="step %{x}: %{y:.4g}<extra>" + m + "</extra>",
                            **extra), row=1, col=i + 1)
         fig.update_xaxes(title_text="step", row=1, col=i + 1)
+        if kind is go.Bar:
+            fig.update_yaxes(range=_headroom(df[m]), row=1, col=i + 1)
     fig.update_layout(template=TEMPLATE, height=330, showlegend=False,
                       title=title or "training curves")
     return fig
@@ -905,8 +810,10 @@ def step_time_figure(step_times: Mapping[str, Any], *, relative: bool = False,
 
     fig = go.Figure()
     names = list(frames)
+    tops = []
     for i, name in enumerate(names):
         y, _ = values(frames[name])
+        tops.append(y)
         x = [name] if total else frames[name]["step"].astype(str)
         fmt = "%{y:.2f}%" if relative else "%{y:.3f} s"
         fig.add_trace(go.Bar(x=x, y=y, name=name, marker_color=qualitative.D3[i % 10],
@@ -916,6 +823,7 @@ def step_time_figure(step_times: Mapping[str, Any], *, relative: bool = False,
     first = frames[names[0]]
     if "bound_s" in first.columns and not relative:
         _, b = values(first)
+        tops.append(b)
         fig.add_trace(go.Scatter(x=names if total else first["step"].astype(str),
                                  y=np.repeat(b, len(names)) if total else b, mode="markers",
                                  name="bound (perfect schedule)",
@@ -927,8 +835,8 @@ def step_time_figure(step_times: Mapping[str, Any], *, relative: bool = False,
                                       else "simulated step time"),
                       xaxis={"title": {"text": "policy" if total else "step"},
                                  "type": "category"},
-                      yaxis={"title": {"text": unit}},
-                      legend={"orientation": "h", "y": -0.2})
+                      yaxis={"title": {"text": unit}, "range": _headroom(*tops)},
+                      legend=LEGEND_BELOW)
     return fig
 
 
@@ -984,8 +892,9 @@ def timeline_figure(timelines, step: int = 0, *, title: str | None = None) -> go
     n_ranks = int(df["rank"].nunique())
     fig.update_layout(template=TEMPLATE, barmode="overlay", height=max(300, 16 * n_ranks + 160),
                       title=title or f"simulated timeline of step {step}",
-                      xaxis={"title": {"text": "seconds from the start of the step"}},
+                      xaxis={"title": {"text": "seconds from the start of the step"},
+                             "range": _headroom(end, frac=0.08)},
                       yaxis={"title": {"text": "DP rank"}, "autorange": "reversed",
                                  "type": "category"},
-                      legend={"orientation": "h", "y": -0.15})
+                      legend=LEGEND_BELOW)
     return fig

@@ -24,11 +24,13 @@ from varbatch_kit.compat.slime.schedule import (
     get_seqlen_balanced_partitions,
     karmarkar_karp,
 )
+from varbatch_kit.compat.slime.train_data import convert_samples_to_train_data
 
 __all__ = [
     "SlimeCompatError",
     "build_dp_schedule",
     "calculate_fwd_flops",
+    "convert_samples_to_train_data",
     "expand_bins_by_splitting",
     "first_fit_pack",
     "gather_and_reduce_log_dict",

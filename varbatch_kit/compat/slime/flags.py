@@ -32,7 +32,17 @@ from typing import Any
 
 from varbatch_kit.core.config import ScheduleConfig
 
-__all__ = ["SLIME_SCHEDULE_FLAGS", "schedule_config_from_slime_args", "parse_slime_flags"]
+__all__ = ["SLIME_FLAGS", "SLIME_SCHEDULE_FLAGS", "parse_slime_flags",
+           "schedule_config_from_slime_args"]
+
+#: slime's command-line flags for each (packing, distribution) pair it offers
+SLIME_FLAGS = {
+    ("static", "strided"): "(default)",
+    ("static", "flops_kk"): "--balance-data",
+    ("first_fit", "strided"): "--use-dynamic-batch-size",
+    ("first_fit", "flops_kk"): "--use-dynamic-batch-size --balance-data",
+    ("flops_kk", "flops_kk"): "--use-dynamic-batch-size --balance-by-flops",
+}
 
 #: the integer flags that shape the schedule
 _INT_FLAGS = (

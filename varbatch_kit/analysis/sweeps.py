@@ -1,0 +1,476 @@
+"""Sweeps and comparisons behind the notebooks, the demo and ``varbatch-kit schedule``.
+
+Pure computations: inputs in, tables and small result objects out; no
+plotting, no printing. The figures that draw these values live in
+:mod:`varbatch_kit.ui.viz`.
+
+- :func:`sweep_table`: schedule quality over a ``max_tokens_per_gpu x dp`` grid.
+- :func:`policy_pairs`, :func:`policy_table`: every registered
+  ``(packing, distribution)`` pair on one layout; :func:`policy_table_by_trace`
+  does it for several traces and :func:`policy_pivot` turns that into one
+  line per policy and a column pair per trace.
+- :func:`simulated_comparison`: simulated step times of several policies
+  (:mod:`varbatch_kit.analysis.simulate`) and their total against a perfect schedule.
+- :func:`invariance_experiment`, :func:`worst_rel_diff`,
+  :func:`invariance_verdict`: the metric-report invariance check of
+  notebook 04 (the configuration matrix as plain values, the largest
+  relative difference per report mode, and the verdict with its thresholds).
+
+Nothing here imports plotly, torch or the training engine: ``varbatch-kit
+schedule`` and the demo use this module without them.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from varbatch_kit.core.config import ScheduleConfig
+from varbatch_kit.core.flops import ModelShape
+from varbatch_kit.core.rollouts import Rollouts
+from varbatch_kit.core.schedule import build_schedule
+
+__all__ = [
+    "REL_DIFF_COLUMNS",
+    "InvarianceExperiment",
+    "InvarianceVerdict",
+    "SimulatedComparison",
+    "invariance_experiment",
+    "invariance_verdict",
+    "policy_pairs",
+    "policy_pivot",
+    "policy_table",
+    "policy_table_by_trace",
+    "simulated_comparison",
+    "sweep_table",
+    "worst_rel_diff",
+]
+
+def _policy_name(packing: str, distribution: str) -> str:
+    return f"{packing} + {distribution}"
+
+
+# ------------------------------------------------------------------ sweeps
+def sweep_table(rollouts: Rollouts, config: ScheduleConfig, model: ModelShape | None,
+                max_tokens_per_gpu: Sequence[int], dp: Sequence[int]):
+    """Schedule quality for every ``(max_tokens_per_gpu, dp)`` pair.
+
+    Returns a pandas table with one row per pair: ``max_tokens_per_gpu, dp,
+    micro_batches, mb_lower_bound, mb_ratio, cap_violations, flops_imbalance,
+    token_imbalance, makespan_ratio, error``. An impossible layout does not
+    raise: its row holds NaN and the scheduler's message in ``error``.
+    """
+    import pandas as pd
+
+    from varbatch_kit.analysis.quality import step_quality
+
+    rows = []
+    for d in dp:
+        for c in max_tokens_per_gpu:
+            row: dict[str, Any] = {"max_tokens_per_gpu": int(c), "dp": int(d), "error": ""}
+            try:
+                sched = build_schedule(rollouts, config.with_(dp=int(d),
+                                                              max_tokens_per_gpu=int(c)), model)
+            except ValueError as e:
+                row.update(micro_batches=np.nan, mb_lower_bound=np.nan, mb_ratio=np.nan,
+                           cap_violations=np.nan, flops_imbalance=np.nan,
+                           token_imbalance=np.nan, makespan_ratio=np.nan, error=str(e))
+                rows.append(row)
+                continue
+            q = step_quality(sched)
+            mb = int(q["micro_batches"].sum())
+            lb = float(q["mb_lower_bound"].sum())
+            row.update(micro_batches=mb, mb_lower_bound=lb, mb_ratio=mb / lb if lb else np.nan,
+                       cap_violations=int(q["cap_violations"].sum()),
+                       flops_imbalance=float(q["flops_imbalance"].max()),
+                       token_imbalance=float(q["token_imbalance"].max()),
+                       makespan_ratio=float(q["makespan_ratio"].max()))
+            rows.append(row)
+    return pd.DataFrame(rows)
+
+
+# ---------------------------------------------------------------- policies
+def policy_pairs(model: ModelShape | None = None, *, dynamic: bool = True
+                 ) -> list[tuple[str, str]]:
+    """Every registered ``(packing, distribution)`` pair that can run together.
+
+    Taken from :data:`varbatch_kit.policies.packers.PACKERS` and
+    :data:`varbatch_kit.policies.distributions.DISTRIBUTIONS`, so new policies appear
+    automatically. Pairs needing FLOPs are left out when ``model`` is None;
+    a packer that requires one distribution is paired with that one only.
+    """
+    from varbatch_kit.policies.registry import DISTRIBUTIONS
+    from varbatch_kit.policies.registry import PACKERS
+
+    pairs = []
+    for pname, pspec in PACKERS.items():
+        if pspec.dynamic != dynamic or (pspec.needs_flops and model is None):
+            continue
+        required = getattr(pspec, "requires_distribution", None)
+        for dname, dspec in DISTRIBUTIONS.items():
+            if required is not None and dname != required:
+                continue
+            if dspec.needs_flops and model is None:
+                continue
+            pairs.append((pname, dname))
+    return pairs
+
+
+def policy_table(rollouts: Rollouts, config: ScheduleConfig, model: ModelShape | None,
+                 policies: Sequence[tuple[str, str]] | None = None, *,
+                 flag_names: Mapping[tuple[str, str], str] | None = None):
+    """Schedule quality of several ``(packing, distribution)`` policies on one layout.
+
+    Returns a pandas table with one row per policy: ``packing, distribution``,
+    ``slime`` when ``flag_names`` is given (a framework's flags for the pair,
+    e.g. :data:`varbatch_kit.compat.slime.SLIME_FLAGS`; ``""`` where it has
+    none), ``steps, micro_batches,
+    mb_lower_bound`` (sum over steps of ``ceil(tokens/cap)``),
+    ``cap_violations, max_flops_imbalance``, ``mean_makespan_ratio``
+    (busiest rank / its lower bound, mean over steps),
+    ``max_makespan_ratio``, ``schedule_s`` (wall time) and ``error`` (the
+    scheduler's message for a policy that cannot run this layout; its numbers
+    are NaN).
+
+    Parameters
+    ----------
+    rollouts, config, model:
+        What :func:`build_schedule` takes; ``config`` gives the layout, its
+        packing and distribution are replaced per row.
+    policies:
+        Pairs to compare (default :func:`policy_pairs` for the config's path).
+    """
+    import pandas as pd
+
+    from varbatch_kit.analysis.quality import step_quality
+
+    pairs = list(policies) if policies is not None else policy_pairs(
+        model, dynamic=config.dynamic)
+    rows = []
+    for packing, distribution in pairs:
+        row: dict[str, Any] = {"packing": packing, "distribution": distribution}
+        if flag_names is not None:
+            row["slime"] = flag_names.get((packing, distribution), "")
+        t0 = time.perf_counter()
+        try:
+            sched = build_schedule(rollouts, config.with_(packing=packing,
+                                                          distribution=distribution), model)
+        except ValueError as e:
+            row.update(steps=np.nan, micro_batches=np.nan, mb_lower_bound=np.nan,
+                       cap_violations=np.nan, max_flops_imbalance=np.nan,
+                       mean_makespan_ratio=np.nan, max_makespan_ratio=np.nan,
+                       schedule_s=time.perf_counter() - t0, error=str(e))
+            rows.append(row)
+            continue
+        dt = time.perf_counter() - t0
+        q = step_quality(sched)
+        bound = q["mb_lower_bound"]
+        row.update(
+            steps=len(q), micro_batches=int(q["micro_batches"].sum()),
+            mb_lower_bound=float(bound.sum()) if bound.notna().all() else np.nan,
+            cap_violations=int(q["cap_violations"].sum()),
+            max_flops_imbalance=float(q["flops_imbalance"].max()),
+            mean_makespan_ratio=float(q["makespan_ratio"].mean()),
+            max_makespan_ratio=float(q["makespan_ratio"].max()),
+            schedule_s=dt, error="")
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def policy_table_by_trace(traces: Mapping[str, Rollouts], model: ModelShape | None, *,
+                          dp: int = 16, max_tokens_per_gpu: int = 16384, steps: int = 4,
+                          policies: Sequence[tuple[str, str]] | None = None):
+    """:func:`policy_table` for several traces on one layout, stacked, with a ``trace`` column.
+
+    Each trace is cut into ``steps`` steps: ``global_batch_size`` is its
+    number of rollouts ``// steps`` (at least 1). Rows come trace after
+    trace, in the order of ``traces``, the policies in the order of
+    ``policies`` (default :func:`policy_pairs` of the dynamic path).
+    """
+    import pandas as pd
+
+    if not traces:
+        raise ValueError("traces is empty: pass a mapping name -> Rollouts")
+    if isinstance(steps, bool) or not isinstance(steps, (int, np.integer)) or steps < 1:
+        raise ValueError(f"steps must be an integer >= 1, got {steps!r}")
+    tables = []
+    for name, r in traces.items():
+        config = ScheduleConfig(dp=dp, global_batch_size=max(1, r.num_rollouts // int(steps)),
+                                max_tokens_per_gpu=max_tokens_per_gpu)
+        tables.append(policy_table(r, config, model, policies).assign(trace=str(name)))
+    return pd.concat(tables, ignore_index=True)
+
+
+#: the columns of :func:`policy_pivot`, per trace: (table column, label)
+PIVOT_VALUES = (("mean_makespan_ratio", "busiest/bound"), ("cap_violations", "over cap"))
+
+
+def policy_pivot(table):
+    """One row per policy, a ``busiest/bound`` and an ``over cap`` column per trace.
+
+    ``table`` is :func:`policy_table_by_trace`'s (columns ``trace, packing,
+    distribution, mean_makespan_ratio, cap_violations``). The index is
+    ``"packing + distribution"`` in the table's order; the columns are
+    ``"<trace> busiest/bound"`` (busiest rank / its lower bound, mean over
+    steps; 1.0 is optimal) and ``"<trace> over cap"`` (micro-batches of two
+    or more samples over the token cap, an integer), sorted by name. A
+    policy that could not run on a trace has NaN / ``<NA>`` there.
+    """
+    import pandas as pd
+
+    need = [c for c in ("trace", "packing", "distribution", *dict(PIVOT_VALUES))
+            if c not in table.columns]
+    if need:
+        raise ValueError(f"policy_pivot needs column(s) {need}; pass the table of "
+                         "policy_table_by_trace (or a policy_table with a trace column)")
+    policy = table["packing"] + " + " + table["distribution"]
+    wide = table.assign(policy=policy).pivot(index="policy", columns="trace",
+                                             values=[v for v, _ in PIVOT_VALUES])
+    wide = wide.reindex(list(dict.fromkeys(policy)))
+    labels = dict(PIVOT_VALUES)
+    wide.columns = [f"{trace} {labels[v]}" for v, trace in wide.columns]
+    for col in wide.columns:
+        if col.endswith(" over cap"):
+            wide[col] = wide[col].astype("Int64")
+    out = wide[sorted(wide.columns)]
+    out.index.name = "policy"
+    out.columns.name = None
+    return pd.DataFrame(out)
+
+
+# --------------------------------------------------------------- simulation
+@dataclass
+class SimulatedComparison:
+    """What :func:`simulated_comparison` returns.
+
+    ``step_times``: ``policy -> per-step table`` (``simulate(...).step_times``:
+    ``step, time_s, bound_s, ...``), what :func:`varbatch_kit.ui.viz.step_time_figure`
+    draws. ``totals``: one row per policy, indexed by ``"packing +
+    distribution"``, with ``time_s`` and ``bound_s`` (sums over the steps) and
+    ``above_bound_pct`` (``100 * (time_s / bound_s - 1)``), sorted by it.
+    ``errors``: ``policy -> scheduler message`` for policies that cannot run
+    the layout (left out of the other two).
+    """
+
+    step_times: dict[str, Any]
+    totals: Any
+    errors: dict[str, str] = field(default_factory=dict)
+
+
+def simulated_comparison(rollouts: Rollouts, config: ScheduleConfig, model: ModelShape,
+                         policies: Sequence[tuple[str, str]] | None = None, *,
+                         hardware: str = "H100", **simulate_kwargs: Any) -> SimulatedComparison:
+    """Simulated step times of several policies on one layout, against a perfect schedule.
+
+    Every policy (default :func:`policy_pairs` for the config's path) is
+    scheduled with :func:`build_schedule` and run through
+    :func:`varbatch_kit.analysis.simulate.simulate` with ``hardware`` and
+    ``simulate_kwargs``.
+    """
+    import pandas as pd
+
+    from varbatch_kit.analysis.simulate import simulate
+
+    if model is None:
+        raise ValueError("simulated_comparison needs a model shape (FLOPs); got model=None")
+    pairs = list(policies) if policies is not None else policy_pairs(
+        model, dynamic=config.dynamic)
+    step_times: dict[str, Any] = {}
+    errors: dict[str, str] = {}
+    for packing, distribution in pairs:
+        name = _policy_name(packing, distribution)
+        try:
+            sched = build_schedule(rollouts, config.with_(packing=packing,
+                                                          distribution=distribution), model)
+        except ValueError as e:
+            errors[name] = str(e)
+            continue
+        step_times[name] = simulate(sched, hardware=hardware, **simulate_kwargs).step_times
+    totals = pd.DataFrame(
+        {"time_s": [float(t["time_s"].sum()) for t in step_times.values()],
+         "bound_s": [float(t["bound_s"].sum()) for t in step_times.values()]},
+        index=pd.Index(list(step_times), name="policy"))
+    totals["above_bound_pct"] = 100 * (totals["time_s"] / totals["bound_s"] - 1)
+    totals = totals.sort_values("above_bound_pct", kind="stable")
+    return SimulatedComparison(step_times, totals, errors)
+
+
+# --------------------------------------------------------- report invariance
+#: the relative differences :func:`train.compare <varbatch_kit.train.compare>` reports
+REL_DIFF_COLUMNS = ("loss_rel_diff", "grad_norm_rel_diff", "param_rel_diff")
+
+
+@dataclass(frozen=True)
+class InvarianceExperiment:
+    """A configuration matrix for the report-invariance check, as plain values.
+
+    Every layout is trained once per report mode on the same rollouts
+    (``runs()`` lists the ``(layout, mode)`` pairs, mode after mode, the
+    reference layout first in each mode). ``train_kwargs`` are the
+    :class:`varbatch_kit.train.TrainConfig` fields shared by every run, so::
+
+        configs = [TrainConfig(schedule=s, mode=m, **experiment.train_kwargs)
+                   for s, m in experiment.runs()]
+        table = train.compare(configs, experiment.rollouts)
+    """
+
+    rollouts: Rollouts
+    layouts: tuple[ScheduleConfig, ...]
+    modes: tuple[str, ...]
+    train_kwargs: Mapping[str, Any]
+
+    def runs(self) -> list[tuple[ScheduleConfig, str]]:
+        """``(layout, mode)`` for every run, mode after mode."""
+        return [(s, m) for m in self.modes for s in self.layouts]
+
+
+def invariance_experiment(
+        layouts: Sequence[ScheduleConfig] | None = None, modes: Sequence[str] | None = None,
+        rollouts: Rollouts | None = None, **train_kwargs: Any) -> InvarianceExperiment:
+    """The matrix notebook 04 and the demo train: 4 layouts x 4 report modes, 3 steps.
+
+    Defaults: 24 synthetic rollouts of 1-4 samples (8 rollouts per step: 3
+    steps of different sample counts); the layouts ``dp=1`` with one sample
+    per micro-batch (the reference), ``dp=2`` first-fit dealt round-robin,
+    ``dp=2`` first-fit dealt FLOPs-balanced, and ``cp=2``; the sound modes
+    ``per_rollout_mean``, ``per_token`` and the naive ``naive_microbatch_mean``,
+    ``naive_rank_mean``; a 2-layer, 32-wide GPT at a constant learning rate,
+    parameters saved after step 3. ``train_kwargs`` override the model and
+    optimiser fields.
+    """
+    if rollouts is None:
+        rollouts = Rollouts.synthetic(24, samples_per_rollout=(1, 4), prompt_len=(3, 8),
+                                      response_len=10, response_sigma=0.5, max_response_len=16,
+                                      seed=7)
+    if layouts is None:
+        layouts = (
+            ScheduleConfig(dp=1, global_batch_size=8, micro_batch_size=1),
+            ScheduleConfig(dp=2, global_batch_size=8, max_tokens_per_gpu=48),
+            ScheduleConfig(dp=2, global_batch_size=8, max_tokens_per_gpu=48,
+                           distribution="flops_kk"),
+            ScheduleConfig(dp=1, cp=2, global_batch_size=8, max_tokens_per_gpu=32),
+        )
+    if modes is None:
+        modes = ("per_rollout_mean", "per_token", "naive_microbatch_mean", "naive_rank_mean")
+    kwargs: dict[str, Any] = dict(
+        num_layers=2, hidden_size=32, num_attention_heads=2, vocab_size=64, lr=1e-3,
+        min_lr=1e-3, lr_decay_style="constant", n_samples_per_prompt=2, save_params_at=(3,))
+    kwargs.update(train_kwargs)
+    if not layouts or not modes:
+        raise ValueError(f"an invariance experiment needs layouts and modes; got "
+                         f"{len(layouts)} layouts and {len(modes)} modes")
+    return InvarianceExperiment(rollouts, tuple(layouts), tuple(modes), kwargs)
+
+
+def worst_rel_diff(table, modes: Sequence[str] | None = None):
+    """Per report mode, the largest relative difference to its reference run.
+
+    ``table`` is :func:`varbatch_kit.train.compare`'s (columns ``config,
+    reference, mode`` and :data:`REL_DIFF_COLUMNS`); the reference runs
+    themselves are left out. One row per mode (``modes``, default in order
+    of appearance), one column per relative difference (NaN where nothing
+    was compared, e.g. parameters that were not saved).
+    """
+    need = [c for c in ("config", "reference", "mode", *REL_DIFF_COLUMNS)
+            if c not in table.columns]
+    if need:
+        raise ValueError(f"the comparison table lacks column(s) {need}; pass the table "
+                         "varbatch_kit.train.compare returns")
+    order = list(dict.fromkeys(table["mode"])) if modes is None else list(modes)
+    others = table[table["config"] != table["reference"]]
+    worst = others.groupby("mode", sort=False)[list(REL_DIFF_COLUMNS)].max()
+    worst = worst.reindex(order)
+    worst.index.name = "mode"
+    return worst
+
+
+@dataclass(frozen=True)
+class InvarianceVerdict:
+    """What :func:`invariance_verdict` decided.
+
+    ``worst``: :func:`worst_rel_diff`'s table. ``labels``: ``mode -> verdict``
+    in words. ``sound_invariant``: every layout-invariant mode stayed below
+    ``sound_tol``; ``naive_drift``: every naive mode moved above
+    ``drift_min``. ``ok`` is both.
+    """
+
+    worst: Any
+    labels: dict[str, str]
+    sound_modes: tuple[str, ...]
+    naive_modes: tuple[str, ...]
+    sound_invariant: bool
+    naive_drift: bool
+    sound_tol: float
+    drift_min: float
+
+    @property
+    def ok(self) -> bool:
+        return self.sound_invariant and self.naive_drift
+
+    def lines(self) -> list[str]:
+        """One line per mode, then the overall verdict."""
+        out = [f"{mode:22s} {label}" for mode, label in self.labels.items()]
+        out.append(f"verdict: sound modes layout-invariant: {self.sound_invariant}; "
+                   f"naive modes drift: {self.naive_drift}")
+        return out
+
+    def __str__(self) -> str:
+        return "\n".join(self.lines())
+
+
+SOUND_LABEL = ("identical across layouts", "MOVES WITH THE LAYOUT")
+NAIVE_LABEL = ("drifts with the layout, as expected", "did not drift here")
+
+
+def invariance_verdict(table, *, sound_tol: float = 1e-4, drift_min: float = 1e-3,
+                       sound_modes: Sequence[str] | None = None,
+                       modes: Sequence[str] | None = None) -> InvarianceVerdict:
+    """Do the sound report modes stay put across layouts, and do the naive ones move?
+
+    A mode's score is its largest relative difference to its reference run
+    (loss, gradient norm or parameters, any step; :func:`worst_rel_diff`).
+    A layout-invariant mode passes when its score is below ``sound_tol``
+    (float32 rounding stays far below 1e-4); a naive mode is judged to drift
+    when its score is above ``drift_min`` (real drift is of order 1e-2 to 1).
+
+    Parameters
+    ----------
+    table:
+        :func:`varbatch_kit.train.compare`'s table.
+    sound_tol, drift_min:
+        The two thresholds (``sound_tol <= drift_min``).
+    sound_modes:
+        Modes that must be layout-invariant (default
+        :data:`varbatch_kit.report.LAYOUT_INVARIANT_MODES`); every other
+        mode of the table is judged as naive.
+    modes:
+        Modes to judge, in this order (default: the table's, in order of appearance).
+    """
+    if not (0 < sound_tol <= drift_min):
+        raise ValueError(f"need 0 < sound_tol <= drift_min; got sound_tol={sound_tol!r}, "
+                         f"drift_min={drift_min!r}")
+    if sound_modes is None:
+        from varbatch_kit.report import LAYOUT_INVARIANT_MODES as sound_modes
+    sound_set = set(sound_modes)
+    worst = worst_rel_diff(table, modes)
+    labels: dict[str, str] = {}
+    sound, naive = [], []
+    sound_ok, drift_ok = True, True
+    for mode, row in worst.iterrows():
+        top = float(row.max())  # NaN-skipping; NaN when nothing was compared
+        if mode in sound_set:
+            passed = bool(top < sound_tol)
+            sound.append(mode)
+            sound_ok &= passed
+            labels[mode] = SOUND_LABEL[0] if passed else SOUND_LABEL[1]
+        else:
+            drifted = bool(top > drift_min)
+            naive.append(mode)
+            drift_ok &= drifted
+            labels[mode] = NAIVE_LABEL[0] if drifted else NAIVE_LABEL[1]
+    return InvarianceVerdict(worst, labels, tuple(sound), tuple(naive), bool(sound_ok),
+                             bool(drift_ok), float(sound_tol), float(drift_min))
