@@ -21,5 +21,5 @@ def pytest_collection_modifyitems(config, items):
     the main thread until the session ends; code that checks for a running
     loop (the explorers' debouncing) must not see it in the other tests.
     """
-    browser_dir = Path(__file__).parent / "browser"
+    browser_dir = Path(__file__).parent / "integration" / "browser"
     items.sort(key=lambda item: browser_dir in Path(str(item.fspath)).parents)

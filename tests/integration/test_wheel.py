@@ -18,10 +18,10 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from _paths import REPO
 
 import varbatch_kit
 
-REPO = Path(__file__).resolve().parents[2]
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(1500)]
 
 

@@ -20,6 +20,8 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+from _paths import GOLDEN as GOLDEN_ROOT
+from _paths import REPO
 
 from varbatch_kit import Rollouts
 from varbatch_kit.compat.slime import (
@@ -30,7 +32,7 @@ from varbatch_kit.compat.slime import (
 from varbatch_kit.core.traces import TraceError, read_trace, slime_train_data, write_trace
 from varbatch_kit.report import rollout_denominators
 
-GOLDEN = Path(__file__).parent / "golden" / "dumps"
+GOLDEN = GOLDEN_ROOT / "dumps"
 PINNED = "624b824a898ab0ec1fcb4d373004c7f3852bf515"
 RECORDS = {p.stem: json.loads(p.read_text()) for p in sorted(GOLDEN.glob("*.json"))}
 READABLE = {k: v for k, v in RECORDS.items() if v["kind"] != "unsafe"}
@@ -392,8 +394,7 @@ def test_core_does_not_import_compat():
 @pytest.mark.skipif(not os.environ.get("SLIME_SRC"),
                     reason="set SLIME_SRC to a slime checkout to re-record the golden dumps")
 def test_generator_reproduces_the_records(tmp_path):
-    root = Path(__file__).resolve().parent.parent
-    subprocess.run([sys.executable, str(root / "scripts" / "record_slime_dumps.py"),
+    subprocess.run([sys.executable, str(REPO / "scripts" / "record_slime_dumps.py"),
                     "--slime", os.environ["SLIME_SRC"], "--out", str(tmp_path),
                     "--slime-commit", PINNED], check=True, capture_output=True)
     again = {p.stem: json.loads(p.read_text()) for p in sorted(tmp_path.glob("*.json"))}

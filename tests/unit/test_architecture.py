@@ -11,8 +11,9 @@ import ast
 from pathlib import Path
 
 import pytest
+from _paths import PACKAGE
 
-PKG = Path(__file__).resolve().parents[1] / "varbatch_kit"
+PKG = PACKAGE
 
 #: layer -> the layers it may import (itself included)
 ALLOWED = {
@@ -20,7 +21,7 @@ ALLOWED = {
     "policies": {"policies"},
     "core": {"core", "policies", "data"},
     "report": {"report"},
-    "analysis": {"analysis", "core", "policies", "data"},
+    "analysis": {"analysis", "core", "policies", "report", "data"},
     "ui": {"ui", "analysis", "core", "policies", "report", "data"},
     "compat": {"compat", "core", "policies", "report", "data"},
     "train": {"train", "core", "policies", "report", "analysis", "data"},

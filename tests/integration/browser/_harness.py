@@ -36,8 +36,10 @@ import urllib.request
 from pathlib import Path
 
 import psutil
+from _paths import NOTEBOOKS_DIR
+from _paths import REPO as _REPO
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = _REPO
 CHROMIUM = os.environ.get("VARBATCH_CHROMIUM", "/usr/bin/chromium")
 CHROMIUM_FLAGS = [
     "--headless",
@@ -129,7 +131,7 @@ def _die_with_parent() -> None:  # pragma: no cover - runs in the child before e
 
 
 @contextlib.contextmanager
-def lab_root(tmp: Path, notebooks: Path = REPO / "notebooks"):
+def lab_root(tmp: Path, notebooks: Path = NOTEBOOKS_DIR):
     """A server root holding a copy of ``notebooks`` and links to the rest of the repo."""
     root = tmp / "root"
     root.mkdir(parents=True)

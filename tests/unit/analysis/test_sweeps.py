@@ -15,8 +15,8 @@ import pytest
 
 from varbatch_kit import ModelShape, Rollouts, ScheduleConfig, build_schedule
 from varbatch_kit.analysis import sweeps
-from varbatch_kit.compat.slime.flags import SLIME_FLAGS
 from varbatch_kit.analysis.quality import step_quality
+from varbatch_kit.compat.slime.flags import SLIME_FLAGS
 from varbatch_kit.policies.registry import PACKERS
 
 TINY = ModelShape(num_layers=2, hidden_size=16, num_attention_heads=2, num_query_groups=2,

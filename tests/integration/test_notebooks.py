@@ -23,9 +23,10 @@ from pathlib import Path
 
 import nbformat
 import pytest
+from _paths import NOTEBOOKS_DIR, REPO
 
-ROOT = Path(__file__).resolve().parent.parent
-NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+ROOT = REPO
+NOTEBOOKS = sorted(NOTEBOOKS_DIR.glob("[0-9][0-9]_*.ipynb"))
 EXPECTED = Path(__file__).with_name("notebook_outputs.json")
 MARK = "# NBVAL_CHECK_OUTPUT"
 # notebooks that start torchrun workers (the training engine)
