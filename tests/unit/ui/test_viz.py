@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 from varbatch_kit import ModelShape, Rollouts, ScheduleConfig, build_schedule
 from varbatch_kit.analysis import sweeps
 from varbatch_kit.ui import viz
+from varbatch_kit.ui.figures.style import headroom
 
 TINY = ModelShape(num_layers=2, hidden_size=16, num_attention_heads=2, num_query_groups=2,
                   vocab_size=32, ffn_hidden_size=64, kv_channels=8)
@@ -295,10 +296,10 @@ def test_bar_panels_have_headroom():
 
 
 def test_headroom_of_negative_and_empty_values():
-    assert viz._headroom([-2.0, 8.0]) == pytest.approx([-3.0, 9.0])
-    assert viz._headroom([]) == [0.0, 1.0]
-    assert viz._headroom([0, 0]) == [0.0, 1.0]
-    assert viz._headroom([np.nan, 5.0]) == pytest.approx([0.0, 5.5])
+    assert headroom([-2.0, 8.0]) == pytest.approx([-3.0, 9.0])
+    assert headroom([]) == [0.0, 1.0]
+    assert headroom([0, 0]) == [0.0, 1.0]
+    assert headroom([np.nan, 5.0]) == pytest.approx([0.0, 5.5])
 
 
 def _strings(obj):

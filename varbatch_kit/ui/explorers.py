@@ -1,0 +1,475 @@
+"""The two explorers: how one step is packed and spread over ranks, and per-rank FLOPs balance.
+
+Built on :class:`~varbatch_kit.ui.explorer_engine.Explorer`; the figures come
+from :mod:`varbatch_kit.ui.viz`. See :mod:`varbatch_kit.ui.widgets` for how
+to drive them.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any
+
+import ipywidgets as W
+import numpy as np
+import plotly.graph_objects as go
+
+from varbatch_kit.core.config import ScheduleConfig
+from varbatch_kit.core.flops import ModelShape, available_presets
+from varbatch_kit.core.rollouts import Rollouts
+from varbatch_kit.core.schedule import Schedule, build_schedule
+from varbatch_kit.policies.registry import DISTRIBUTIONS, PACKERS
+from varbatch_kit.ui import viz
+from varbatch_kit.ui.explorer_engine import Explorer, span
+
+__all__ = [
+    "BALANCE_CONTROLS",
+    "PACKING_CONTROLS",
+    "BalanceExplorer",
+    "PackingExplorer",
+    "balance_explorer",
+    "packing_explorer",
+]
+
+
+#: control name -> description shown next to it, packing explorer
+PACKING_CONTROLS = {
+    "max_tokens_per_gpu": "max_tokens_per_gpu",
+    "micro_batch_size": "micro_batch_size",
+    "packing": "packing",
+    "distribution": "distribution",
+    "dp": "dp",
+    "cp": "cp",
+    "vpp": "vpp",
+    "mb_group": "mb_group",
+    "global_batch_size": "global_batch_size",
+    "step": "step",
+}
+#: control name -> description, balance explorer
+BALANCE_CONTROLS = {  # plus "hardware" when varbatch_kit.analysis.simulate is installed
+    "model": "model",
+    "max_tokens_per_gpu": "max_tokens_per_gpu",
+    "packing": "packing",
+    "distribution": "distribution",
+    "dp": "dp",
+    "global_batch_size": "global_batch_size",
+}
+
+DP_CHOICES = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192]
+CP_CHOICES = [1, 2, 4, 8]
+VPP_CHOICES = [1, 2, 4]
+MB_GROUP_CHOICES = [1, 2, 4, 8]
+
+
+def _hardware_profiles() -> list[str]:
+    """Hardware profile names of the step-time simulator, or [] when it is not installed."""
+    try:
+        from varbatch_kit.analysis.simulate import HARDWARE
+    except ImportError:
+        return []
+    return list(HARDWARE)
+
+
+def _follow_required_distribution(explorer: Explorer) -> None:
+    """A packing that works with one distribution only selects it (without a second update)."""
+    spec = PACKERS.get(explorer.controls["packing"].value)
+    required = getattr(spec, "requires_distribution", None)
+    dist = explorer.controls["distribution"]
+    if required is not None and dist.value != required and required in dist.options:
+        explorer._suspend = True
+        try:
+            dist.value = required
+        finally:
+            explorer._suspend = False
+
+
+def _cap_range(rollouts: Rollouts) -> tuple[int, int]:
+    longest = int(rollouts.total_len.max())
+    hi = max(65536, 1 << math.ceil(math.log2(2 * longest)))
+    return 512, hi
+
+
+class PackingExplorer(Explorer):
+    """Explore how one step is packed into micro-batches and spread over ranks.
+
+    Controls (``controls[name]``; the description equals the name):
+    ``max_tokens_per_gpu`` (IntSlider, the token cap; disabled for static
+    packing), ``micro_batch_size`` (IntSlider; static packing only),
+    ``packing`` and ``distribution`` (Dropdowns listing the registered
+    policies), ``dp``, ``cp``, ``vpp``, ``mb_group`` (Dropdowns),
+    ``global_batch_size`` (BoundedIntText, rollouts per step) and ``step``
+    (Dropdown of the schedule's steps).
+
+    ``state`` keys (the shown step): ``step, micro_batches`` (= bars of the
+    figure's ``micro-batches`` trace), ``mb_lower_bound, over_cap`` (▼
+    markers: every micro-batch over the cap), ``cap_violations`` (those with
+    two or more samples), ``oversize_alone`` (a single sample longer than the
+    cap), ``flops_imbalance, makespan_ratio, token_imbalance, samples,
+    tokens``; and over the schedule ``steps, total_micro_batches`` (plus
+    ``error`` while one is shown).
+    """
+
+    kind = "packing-explorer"
+
+    def __init__(self, rollouts: Rollouts, model: ModelShape | None = None, *,
+                 config: ScheduleConfig | None = None, step: int = 0,
+                 debounce_s: float = 0.05, background: bool = True) -> None:
+        if not isinstance(rollouts, Rollouts):
+            raise ValueError(  # noqa: TRY004 - the project reports user errors as ValueError
+                f"rollouts must be a Rollouts, got {type(rollouts).__name__}")
+        self.rollouts = rollouts
+        self.model = model
+        if config is None:
+            config = ScheduleConfig(
+                dp=8, global_batch_size=max(1, rollouts.num_rollouts // 4),
+                max_tokens_per_gpu=16384,
+                distribution="flops_kk" if model is not None else "strided")
+        self._initial = config
+        self._initial_step = step
+        super().__init__(debounce_s=debounce_s, background=background)
+
+    @property
+    def schedule(self) -> Schedule | None:
+        """The schedule shown (the last valid one)."""
+        return None if self._last_good is None else self._last_good["schedule"]
+
+    def _make_controls(self) -> dict[str, W.Widget]:
+        c = self._initial
+        lo, hi = _cap_range(self.rollouts)
+        cap = c.max_tokens_per_gpu or 16384
+        style = {"description_width": "initial"}
+        wide = W.Layout(width="420px")
+        small = W.Layout(width="150px")
+
+        def dd(name, options, value, layout=small):
+            opts = list(options)
+            if value not in opts:
+                opts.append(value)
+            return W.Dropdown(options=opts, value=value, description=name, style=style,
+                              layout=layout)
+
+        n_roll = self.rollouts.num_rollouts
+        controls = {
+            "max_tokens_per_gpu": W.IntSlider(
+                value=min(max(cap, lo), hi), min=lo, max=hi, step=512,
+                description="max_tokens_per_gpu", continuous_update=True, style=style,
+                layout=wide, disabled=not c.dynamic),
+            "micro_batch_size": W.IntSlider(
+                value=c.micro_batch_size or 4, min=1, max=64, description="micro_batch_size",
+                style=style, layout=W.Layout(width="300px"), disabled=c.dynamic),
+            "packing": dd("packing", PACKERS, c.packing, W.Layout(width="210px")),
+            "distribution": dd("distribution", DISTRIBUTIONS, c.distribution,
+                               W.Layout(width="230px")),
+            "dp": dd("dp", DP_CHOICES, c.dp, W.Layout(width="140px")),
+            "cp": dd("cp", CP_CHOICES, c.cp, W.Layout(width="110px")),
+            "vpp": dd("vpp", VPP_CHOICES, c.vpp, W.Layout(width="110px")),
+            "mb_group": dd("mb_group", MB_GROUP_CHOICES, c.mb_group, W.Layout(width="150px")),
+            "global_batch_size": W.BoundedIntText(
+                value=c.global_batch_size, min=1, max=max(n_roll, c.global_batch_size),
+                description="global_batch_size", style=style, layout=W.Layout(width="230px")),
+            "step": W.Dropdown(options=[self._initial_step], value=self._initial_step,
+                               description="step", style=style, layout=W.Layout(width="130px")),
+        }
+        return controls
+
+    def _control_box(self) -> W.Widget:
+        c = self.controls
+        return W.VBox([
+            W.HBox([c["packing"], c["distribution"], c["max_tokens_per_gpu"],
+                    c["micro_batch_size"]], layout=W.Layout(flex_flow="row wrap")),
+            W.HBox([c["dp"], c["cp"], c["vpp"], c["mb_group"], c["global_batch_size"],
+                    c["step"]], layout=W.Layout(flex_flow="row wrap")),
+        ])
+
+    def _skeleton(self) -> go.Figure:
+        return viz.empty_packing_figure()
+
+    def _sync_controls(self, change: dict) -> None:
+        if change.get("owner") is self.controls["packing"]:
+            spec = PACKERS.get(self.controls["packing"].value)
+            dynamic = True if spec is None else spec.dynamic
+            self.controls["max_tokens_per_gpu"].disabled = not dynamic
+            self.controls["micro_batch_size"].disabled = dynamic
+            _follow_required_distribution(self)
+
+    def _config_params(self) -> tuple:
+        v = {k: w.value for k, w in self.controls.items()}
+        spec = PACKERS.get(v["packing"])
+        dynamic = True if spec is None else spec.dynamic
+        return (
+            v["packing"], v["distribution"], int(v["dp"]), int(v["cp"]), int(v["vpp"]),
+            int(v["mb_group"]), int(v["global_batch_size"]),
+            int(v["max_tokens_per_gpu"]) if dynamic else None,
+            None if dynamic else int(v["micro_batch_size"]),
+        )
+
+    def _params(self) -> tuple:
+        return self._config_params()
+
+    def config(self) -> ScheduleConfig:
+        """The :class:`ScheduleConfig` the controls describe (raises ``ValueError`` if invalid)."""
+        return self._make_config(self._config_params())
+
+    @staticmethod
+    def _make_config(p: tuple) -> ScheduleConfig:
+        packing, distribution, dp, cp, vpp, mb_group, gbs, mtpg, mbs = p
+        return ScheduleConfig(dp=dp, cp=cp, vpp=vpp, mb_group=mb_group, global_batch_size=gbs,
+                              max_tokens_per_gpu=mtpg, micro_batch_size=mbs, packing=packing,
+                              distribution=distribution)
+
+    def _compute(self, params: tuple) -> tuple[dict, dict[str, float]]:
+        from varbatch_kit.analysis.quality import step_quality
+
+        t0 = time.perf_counter()
+        schedule = build_schedule(self.rollouts, self._make_config(params), self.model)
+        t1 = time.perf_counter()
+        quality = step_quality(schedule)
+        t2 = time.perf_counter()
+        return ({"schedule": schedule, "quality": quality},
+                {"schedule_ms": 1e3 * (t1 - t0), "stats_ms": 1e3 * (t2 - t1)})
+
+    def _render(self, result: dict) -> None:
+        schedule: Schedule = result["schedule"]
+        q = result["quality"]
+        steps = list(range(schedule.num_steps))
+        step_ctl = self.controls["step"]
+        step = step_ctl.value if step_ctl.value in steps else 0
+        if list(step_ctl.options) != steps or step_ctl.value != step:
+            self._suspend = True
+            try:
+                step_ctl.options = steps
+                step_ctl.value = step
+            finally:
+                self._suspend = False
+        data = viz.packing_traces(schedule, step)
+        with self.figure.batch_update():
+            viz.apply_traces(self.figure, data)
+        row = q.iloc[step]
+        info = data["info"]
+        bound = row["mb_lower_bound"]
+        # quality counts a lone sample longer than the cap apart from real violations
+        violations = int(row["cap_violations"])
+        alone = int(row["oversize_alone"]) if "oversize_alone" in row.index else 0
+        self.state = {
+            "step": step, "micro_batches": info["micro_batches"],
+            "mb_lower_bound": None if np.isnan(bound) else int(bound),
+            "over_cap": info["over_cap"], "cap_violations": violations, "oversize_alone": alone,
+            "samples": info["samples"], "tokens": info["tokens"],
+            "flops_imbalance": float(row["flops_imbalance"]),
+            "makespan_ratio": float(row["makespan_ratio"]),
+            "token_imbalance": float(row["token_imbalance"]),
+            "steps": schedule.num_steps, "total_micro_batches": int(q["micro_batches"].sum()),
+        }
+        s = self.state
+        imb = s["flops_imbalance"]
+        lb = s["mb_lower_bound"] if s["mb_lower_bound"] is not None else "n/a (static)"
+        over = f'{span("vbk-over-cap", s["cap_violations"])} over the cap'
+        if alone:
+            over += f" (+ {span('vbk-oversize-alone', alone)} single samples longer than it)"
+        parts = [
+            (f'<span class="vbk-status"></span>step {span("vbk-step", step)}: '
+             f'{span("vbk-micro-batches", s["micro_batches"])} micro-batches '
+             f'(lower bound ceil(tokens/cap) = {span("vbk-mb-bound", lb)})'),
+            over,
+            ("DP FLOPs imbalance "
+             + span("vbk-imbalance", "n/a" if np.isnan(imb) else f"{imb:.4f}")),
+            ("busiest rank / bound "
+             + span("vbk-makespan", "n/a" if np.isnan(imb) else f"{s['makespan_ratio']:.4f}")),
+            (f"{s['samples']} samples · {s['steps']} steps, {s['total_micro_batches']} "
+             "micro-batches in all"),
+        ]
+        self.summary.value = " · ".join(parts)
+
+
+# ================================================================== balance
+class BalanceExplorer(Explorer):
+    """Per-rank FLOPs and tokens of every step against the lower bound.
+
+    Controls: ``model`` (Dropdown of :func:`available_presets`),
+    ``max_tokens_per_gpu`` (IntSlider), ``packing``, ``distribution``,
+    ``dp`` (Dropdowns), ``global_batch_size`` (BoundedIntText) and, when
+    :mod:`varbatch_kit.analysis.simulate` is installed, ``hardware`` (Dropdown of its
+    profiles) for the predicted step time.
+
+    ``state`` keys: ``steps, micro_batches, cap_violations,
+    worst_flops_imbalance, worst_makespan_ratio, mean_makespan_ratio`` and,
+    with the simulator, ``predicted_s`` (all steps) and ``predicted_bound_s``.
+    """
+
+    kind = "balance-explorer"
+
+    def __init__(self, rollouts: Rollouts, model: str = "qwen3-8b", *,
+                 config: ScheduleConfig | None = None, debounce_s: float = 0.05,
+                 background: bool = True) -> None:
+        if not isinstance(rollouts, Rollouts):
+            raise ValueError(  # noqa: TRY004 - the project reports user errors as ValueError
+                f"rollouts must be a Rollouts, got {type(rollouts).__name__}")
+        presets = available_presets()
+        if model not in presets:
+            raise ValueError(f"model={model!r} is not a preset; choose one of {presets}")
+        self.rollouts = rollouts
+        self._models: dict[str, ModelShape] = {}
+        self._initial_model = model
+        if config is None:
+            config = ScheduleConfig(dp=16, global_batch_size=max(1, rollouts.num_rollouts // 4),
+                                    max_tokens_per_gpu=16384, distribution="flops_kk")
+        if not config.dynamic:
+            raise ValueError("balance_explorer explores token-capped (dynamic) packings: pass a "
+                             "config with max_tokens_per_gpu")
+        self._initial = config
+        super().__init__(debounce_s=debounce_s, background=background)
+
+    @property
+    def schedule(self) -> Schedule | None:
+        """The schedule shown (the last valid one)."""
+        return None if self._last_good is None else self._last_good["schedule"]
+
+    def model_shape(self, name: str) -> ModelShape:
+        """The preset ``name`` (cached)."""
+        if name not in self._models:
+            self._models[name] = ModelShape.preset(name)
+        return self._models[name]
+
+    def _make_controls(self) -> dict[str, W.Widget]:
+        c = self._initial
+        lo, hi = _cap_range(self.rollouts)
+        style = {"description_width": "initial"}
+        dynamic_packers = [n for n, s in PACKERS.items() if s.dynamic]
+        hardware = _hardware_profiles()
+        extra = {} if not hardware else {
+            "hardware": W.Dropdown(options=hardware, value=hardware[0], description="hardware",
+                                   style=style, layout=W.Layout(width="170px"))}
+        return {
+            "model": W.Dropdown(options=available_presets(), value=self._initial_model,
+                                description="model", style=style,
+                                layout=W.Layout(width="230px")),
+            "max_tokens_per_gpu": W.IntSlider(
+                value=min(max(c.max_tokens_per_gpu, lo), hi), min=lo, max=hi, step=512,
+                description="max_tokens_per_gpu", style=style, layout=W.Layout(width="420px")),
+            "packing": W.Dropdown(options=dynamic_packers, value=c.packing,
+                                  description="packing", style=style,
+                                  layout=W.Layout(width="210px")),
+            "distribution": W.Dropdown(options=list(DISTRIBUTIONS), value=c.distribution,
+                                       description="distribution", style=style,
+                                       layout=W.Layout(width="230px")),
+            "dp": W.Dropdown(options=sorted(set(DP_CHOICES) | {c.dp}), value=c.dp,
+                             description="dp", style=style, layout=W.Layout(width="140px")),
+            "global_batch_size": W.BoundedIntText(
+                value=c.global_batch_size, min=1,
+                max=max(self.rollouts.num_rollouts, c.global_batch_size),
+                description="global_batch_size", style=style, layout=W.Layout(width="230px")),
+            **extra,
+        }
+
+    def _skeleton(self) -> go.Figure:
+        return viz.empty_balance_figure()
+
+    def _sync_controls(self, change: dict) -> None:
+        if change.get("owner") is self.controls["packing"]:
+            _follow_required_distribution(self)
+
+    def _params(self) -> tuple:
+        v = {k: w.value for k, w in self.controls.items()}
+        return (v["model"], v["packing"], v["distribution"], int(v["dp"]),
+                int(v["global_batch_size"]), int(v["max_tokens_per_gpu"]), v.get("hardware"))
+
+    def config(self) -> ScheduleConfig:
+        """The :class:`ScheduleConfig` the controls describe."""
+        return self._make_config(self._params())
+
+    def _make_config(self, p: tuple) -> ScheduleConfig:
+        _model, packing, distribution, dp, gbs, mtpg, _hardware = p
+        return self._initial.with_(packing=packing, distribution=distribution, dp=dp,
+                                   global_batch_size=gbs, max_tokens_per_gpu=mtpg)
+
+    def _compute(self, params: tuple) -> tuple[dict, dict[str, float]]:
+        from varbatch_kit.analysis.quality import step_quality
+
+        t0 = time.perf_counter()
+        model = self.model_shape(params[0])
+        schedule = build_schedule(self.rollouts, self._make_config(params), model)
+        t1 = time.perf_counter()
+        quality = step_quality(schedule)
+        data = viz.balance_traces(schedule)
+        predicted = None
+        if params[-1] is not None:
+            from varbatch_kit.analysis.simulate import simulate
+
+            sim = simulate(schedule, hardware=params[-1], timelines=False)
+            predicted = (float(sim.step_times["time_s"].sum()),
+                         float(sim.step_times["bound_s"].sum()))
+        t2 = time.perf_counter()
+        return ({"schedule": schedule, "quality": quality, "data": data, "predicted": predicted},
+                {"schedule_ms": 1e3 * (t1 - t0), "stats_ms": 1e3 * (t2 - t1)})
+
+    def _render(self, result: dict) -> None:
+        q = result["quality"]
+        data = result["data"]
+        with self.figure.batch_update():
+            viz.apply_traces(self.figure, data)
+        self.state = {
+            "steps": len(q), "micro_batches": int(q["micro_batches"].sum()),
+            "cap_violations": int(q["cap_violations"].sum()),
+            "worst_flops_imbalance": float(q["flops_imbalance"].max()),
+            "worst_makespan_ratio": float(q["makespan_ratio"].max()),
+            "mean_makespan_ratio": float(q["makespan_ratio"].mean()),
+        }
+        parts = []
+        if result.get("predicted") is not None:
+            t, b = result["predicted"]
+            self.state.update(predicted_s=t, predicted_bound_s=b)
+            parts.append(f"predicted on {self.controls['hardware'].value}: "
+                         + span("vbk-predicted", f"{t:.2f} s")
+                         + f" for all steps ({100 * (t / b - 1):.1f}% above a perfect schedule)")
+        s = self.state
+        self.summary.value = " · ".join([
+            (f'<span class="vbk-status"></span>{s["steps"]} steps, '
+            f'{span("vbk-micro-batches", s["micro_batches"])} micro-batches'),
+            f'{span("vbk-over-cap", s["cap_violations"])} over the cap',
+            "worst DP FLOPs imbalance " + span("vbk-imbalance",
+                                                f"{s['worst_flops_imbalance']:.4f}"),
+            "busiest rank / bound: worst " + span("vbk-makespan",
+                                                   f"{s['worst_makespan_ratio']:.4f}")
+            + f", mean {s['mean_makespan_ratio']:.4f}",
+            *parts,
+        ])
+
+
+# ================================================================ factories
+def packing_explorer(rollouts: Rollouts, model: ModelShape | None = None, **kwargs: Any
+                     ) -> PackingExplorer:
+    """An interactive view of one step's packing; see :class:`PackingExplorer`.
+
+    Parameters
+    ----------
+    rollouts:
+        The batch to schedule.
+    model:
+        Model shape for FLOPs (hover, imbalance, FLOPs-balanced policies).
+    config:
+        Initial :class:`ScheduleConfig` (default: dp 8, cap 16384, four
+        steps, ``flops_kk`` distribution when a model is given).
+    step:
+        Initial step.
+    debounce_s, background:
+        Responsiveness knobs (see the module docstring).
+    """
+    return PackingExplorer(rollouts, model, **kwargs)
+
+
+def balance_explorer(rollouts: Rollouts, model: str = "qwen3-8b", **kwargs: Any
+                     ) -> BalanceExplorer:
+    """An interactive view of per-rank FLOPs balance; see :class:`BalanceExplorer`.
+
+    Parameters
+    ----------
+    rollouts:
+        The batch to schedule.
+    model:
+        Initial model preset name (see :func:`varbatch_kit.core.flops.available_presets`).
+    config:
+        Initial token-capped :class:`ScheduleConfig` (default dp 16, cap
+        16384, four steps, ``flops_kk`` distribution).
+    """
+    return BalanceExplorer(rollouts, model, **kwargs)

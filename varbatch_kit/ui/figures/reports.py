@@ -1,0 +1,139 @@
+"""Figures of training reports: metrics per step across configurations with their
+relative difference to a reference, and training curves."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+import plotly.graph_objects as go
+from plotly.colors import qualitative
+from plotly.subplots import make_subplots
+
+from varbatch_kit.ui.figures.style import (
+    LEGEND_BELOW,
+    TEMPLATE,
+    headroom,
+)
+
+
+def _long_reports(reports, metric: str):
+    """Normalise reports into a long table ``config, step, value``."""
+    import pandas as pd
+
+    if isinstance(reports, Mapping):
+        parts = []
+        for name, df in reports.items():
+            df = pd.DataFrame(df)
+            if metric not in df.columns:
+                raise ValueError(f"report {name!r} has no column {metric!r}; "
+                                 f"it has {list(df.columns)}")
+            step = df["step"] if "step" in df.columns else pd.Series(range(len(df)))
+            parts.append(pd.DataFrame({"config": str(name), "step": step.to_numpy(),
+                                       "value": df[metric].to_numpy(dtype=np.float64)}))
+        return pd.concat(parts, ignore_index=True)
+    df = pd.DataFrame(reports)
+    name = "label" if "label" in df.columns else "config"
+    missing = [c for c in (name, "step", metric) if c not in df.columns]
+    if missing:
+        raise ValueError(f"reports table lacks column(s) {missing}; pass a long table with "
+                         "config (or label), step and the metric, or a dict name -> per-step "
+                         "table")
+    out = df[[name, "step", metric]].rename(columns={metric: "value", name: "config"})
+    out["config"] = out["config"].astype(str)
+    return out
+
+
+def report_figure(reports, metric: str = "loss", reference: str | None = None, *,
+                  title: str | None = None) -> go.Figure:
+    """Reported metric per step for several configurations, and the relative difference.
+
+    Top: the metric each configuration reported per step. Bottom: ``(value -
+    reference) / |reference|`` per step; sound reductions sit on the zero
+    line (up to float rounding), layout-dependent ones drift.
+
+    Parameters
+    ----------
+    reports:
+        A dict ``name -> per-step table`` (columns ``step`` and ``metric``),
+        or one long table with columns ``step``, ``metric`` and ``label`` (or
+        ``config``) naming the configuration, as
+        :func:`varbatch_kit.train.compare` returns.
+    metric:
+        Column to draw.
+    reference:
+        Configuration to compare against (default: the first).
+    """
+    long = _long_reports(reports, metric)
+    names = list(dict.fromkeys(long["config"]))
+    if not names:
+        raise ValueError("reports holds no configurations")
+    ref = names[0] if reference is None else str(reference)
+    if ref not in names:
+        raise ValueError(f"reference={reference!r} is not one of the configurations {names}")
+    ref_s = long[long["config"] == ref].set_index("step")["value"]
+    fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.1,
+                        row_heights=[0.6, 0.4],
+                        subplot_titles=(f"reported {metric}", f"relative difference to {ref}"))
+    for i, name in enumerate(names):
+        s = long[long["config"] == name].set_index("step")["value"]
+        color = qualitative.D3[i % len(qualitative.D3)]
+        dash = "solid" if name == ref else ("dash" if i % 2 else "dot")
+        fig.add_trace(go.Scatter(x=s.index, y=s.to_numpy(), name=name, mode="lines+markers",
+                                 legendgroup=name, line={"color": color, "dash": dash},
+                                 marker={"size": 5}), row=1, col=1)
+        if name == ref:
+            continue
+        common = s.index.intersection(ref_s.index)
+        r = ref_s.loc[common].to_numpy()
+        with np.errstate(divide="ignore", invalid="ignore"):
+            rel = (s.loc[common].to_numpy() - r) / np.abs(r)
+        fig.add_trace(go.Scatter(x=common, y=rel, name=name, mode="lines+markers",
+                                 legendgroup=name, showlegend=False,
+                                 line={"color": color, "dash": dash}, marker={"size": 5},
+                                 hovertemplate="step %{x}: %{y:.3e}<extra>" + name +
+                                 "</extra>"), row=2, col=1)
+    fig.update_xaxes(title_text="training step", row=2, col=1)
+    if long["step"].nunique() <= 30:
+        fig.update_xaxes(dtick=1, tickformat="d")
+    fig.update_yaxes(title_text=metric, row=1, col=1)
+    fig.update_yaxes(title_text="(value − ref) / |ref|", exponentformat="e", row=2, col=1)
+    fig.update_layout(template=TEMPLATE, height=580, title=title or f"{metric}: {len(names)} "
+                      f"configurations vs {ref}", legend=LEGEND_BELOW)
+    return fig
+
+
+def training_figure(steps, metrics: Sequence[str] = ("loss", "token_acc", "lr", "samples"), *,
+                    title: str | None = None) -> go.Figure:
+    """Training curves: one panel per metric of a per-step report table.
+
+    Parameters
+    ----------
+    steps:
+        One row per step with a ``step`` column, e.g. ``train.run(...).steps``.
+    metrics:
+        Columns to draw, one panel each (missing ones are skipped).
+    """
+    import pandas as pd
+
+    df = pd.DataFrame(steps)
+    if "step" not in df.columns:
+        raise ValueError(f"the steps table needs a step column; columns are {list(df.columns)}")
+    shown = [m for m in metrics if m in df.columns]
+    if not shown:
+        raise ValueError(f"none of metrics={list(metrics)} is a column; columns are "
+                         f"{list(df.columns)}")
+    fig = make_subplots(rows=1, cols=len(shown), horizontal_spacing=0.07,
+                        subplot_titles=tuple(shown))
+    for i, m in enumerate(shown):
+        kind = go.Bar if m in ("samples", "tokens", "rollouts") else go.Scatter
+        extra = {} if kind is go.Bar else {"mode": "lines+markers", "marker": {"size": 4}}
+        fig.add_trace(kind(x=df["step"], y=df[m], name=m, marker_color=qualitative.D3[i % 10],
+                           hovertemplate="step %{x}: %{y:.4g}<extra>" + m + "</extra>",
+                           **extra), row=1, col=i + 1)
+        fig.update_xaxes(title_text="step", row=1, col=i + 1)
+        if kind is go.Bar:
+            fig.update_yaxes(range=headroom(df[m]), row=1, col=i + 1)
+    fig.update_layout(template=TEMPLATE, height=330, showlegend=False,
+                      title=title or "training curves")
+    return fig

@@ -1,0 +1,61 @@
+"""The look shared by every figure: palette, template, the legend row below the plot,
+headroom above bars, SI-prefixed numbers."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+from plotly.colors import qualitative
+
+PALETTE = qualitative.Dark24
+OVER_CAP_COLOR = "#d62728"
+TEMPLATE = "plotly_white"
+
+
+
+def discrete_colorscale(colors: Sequence[str]) -> list[list[Any]]:
+    """A step colorscale mapping integer ``i`` (with cmin=-0.5, cmax=n-0.5) to ``colors[i]``."""
+    n = len(colors)
+    scale: list[list[Any]] = []
+    for i, c in enumerate(colors):
+        scale.append([i / n, c])
+        scale.append([(i + 1) / n, c])
+    return scale
+
+
+ROLLOUT_COLORSCALE = discrete_colorscale(PALETTE)
+
+
+#: Legend placement of every figure: a horizontal row at the bottom of the figure, in a
+#: margin it reserves (``yref="container"``), so tick labels and axis titles are pushed
+#: above it and it never covers a subplot title, an axis title or a bar.
+LEGEND_BELOW = {"orientation": "h", "yref": "container", "y": 0, "yanchor": "bottom",
+                "x": 0.5, "xanchor": "center"}
+#: Head-room above the tallest bar of a bar panel (fraction of the data span).
+HEADROOM = 0.1
+
+
+def headroom(*values: Any, frac: float = HEADROOM) -> list[float]:
+    """A y range from 0 (or ``frac`` below the lowest negative value) to ``frac`` above the
+    tallest value, so bars never touch the top of their panel."""
+    arrays = [np.asarray(v, dtype=np.float64).ravel() for v in values]
+    v = np.concatenate(arrays) if arrays else np.zeros(0)
+    v = v[np.isfinite(v)]
+    hi = max(float(v.max()), 0.0) if v.size else 0.0
+    lo = min(float(v.min()), 0.0) if v.size else 0.0
+    span = hi - lo
+    if span == 0:
+        return [0.0, 1.0]
+    return [lo - frac * span if lo < 0 else 0.0, hi + frac * span]
+
+
+def si_number(value: float) -> str:
+    """A compact engineering form: 1.23e12 -> '1.23T'."""
+    if value is None or not np.isfinite(value):
+        return "n/a"
+    for div, suffix in ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(value) >= div:
+            return f"{value / div:.3g}{suffix}"
+    return f"{value:.3g}"

@@ -1,0 +1,152 @@
+"""Figures of simulated step times: per policy (absolute or relative to the bound) and a
+rank timeline of one step."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import plotly.graph_objects as go
+from plotly.colors import qualitative
+
+from varbatch_kit.ui.figures.style import (
+    LEGEND_BELOW,
+    TEMPLATE,
+    headroom,
+)
+
+
+def step_time_figure(step_times: Mapping[str, Any], *, relative: bool = False,
+                     total: bool = False, title: str | None = None) -> go.Figure:
+    """Simulated step times of several schedules, with the bound of a perfect schedule.
+
+    Parameters
+    ----------
+    step_times:
+        ``name -> per-step table`` with columns ``step`` and ``time_s`` (and
+        optionally ``bound_s``, the step time of a perfect schedule), e.g.
+        ``{policy: simulate(schedule).step_times}``.
+    relative:
+        Draw ``100 * (time / bound - 1)``, the percent above the bound, instead
+        of seconds (needs ``bound_s``): the differences between policies are
+        a few percent of a step.
+    total:
+        One bar per schedule for the sum over steps, instead of grouped bars
+        per step.
+    """
+    import pandas as pd
+
+    if not step_times:
+        raise ValueError("step_times is empty: pass name -> per-step table")
+    frames = {}
+    for name, df in step_times.items():
+        df = pd.DataFrame(df)
+        col = next((c for c in ("time_s", "step_time_s") if c in df.columns), None)
+        if col is None or "step" not in df.columns:
+            raise ValueError(f"step times of {name!r} need columns step and time_s; "
+                             f"columns are {list(df.columns)}")
+        if relative and "bound_s" not in df.columns:
+            raise ValueError(f"relative=True needs a bound_s column; {name!r} has none")
+        frames[name] = df.rename(columns={col: "time_s"})
+    unit = "% above the bound" if relative else "seconds"
+
+    def values(df):
+        t, b = df["time_s"].to_numpy(np.float64), df.get("bound_s")
+        if total:
+            t = np.array([t.sum()])
+            b = None if b is None else np.array([b.to_numpy(np.float64).sum()])
+        elif b is not None:
+            b = b.to_numpy(np.float64)
+        return 100 * (t / b - 1) if relative else t, b
+
+    fig = go.Figure()
+    names = list(frames)
+    tops = []
+    for i, name in enumerate(names):
+        y, _ = values(frames[name])
+        tops.append(y)
+        x = [name] if total else frames[name]["step"].astype(str)
+        fmt = "%{y:.2f}%" if relative else "%{y:.3f} s"
+        fig.add_trace(go.Bar(x=x, y=y, name=name, marker_color=qualitative.D3[i % 10],
+                             showlegend=not total,
+                             hovertemplate=("%{x}: " if total else "step %{x}: ") + fmt
+                             + "<extra>" + name + "</extra>"))
+    first = frames[names[0]]
+    if "bound_s" in first.columns and not relative:
+        _, b = values(first)
+        tops.append(b)
+        fig.add_trace(go.Scatter(x=names if total else first["step"].astype(str),
+                                 y=np.repeat(b, len(names)) if total else b, mode="markers",
+                                 name="bound (perfect schedule)",
+                                 marker={"symbol": "line-ew-open", "size": 40, "color": "#000",
+                                             "line": {"width": 2}},
+                                 hovertemplate="bound %{y:.3f} s<extra></extra>"))
+    fig.update_layout(template=TEMPLATE, barmode="group", height=420,
+                      title=title or ("simulated time, all steps" if total
+                                      else "simulated step time"),
+                      xaxis={"title": {"text": "policy" if total else "step"},
+                                 "type": "category"},
+                      yaxis={"title": {"text": unit}, "range": headroom(*tops)},
+                      legend=LEGEND_BELOW)
+    return fig
+
+
+def timeline_figure(timelines, step: int = 0, *, title: str | None = None) -> go.Figure:
+    """One step's simulated per-rank timeline: micro-batches as bars, then the wait.
+
+    Each rank's micro-batches are drawn one after the other (alternating
+    shades mark their boundaries; hover for FLOPs, tokens and samples); the
+    grey bar is the time a rank waits for the slowest one before the
+    gradient all-reduce.
+
+    Parameters
+    ----------
+    timelines:
+        A table with one row per (step, rank, micro-batch) and columns
+        ``step, rank, start_s, end_s`` (optionally ``micro_batch, flops,
+        tokens, samples``), as ``varbatch_kit.analysis.simulate.simulate(...).timelines``.
+    step:
+        Which step to draw.
+    """
+    import pandas as pd
+
+    df = pd.DataFrame(timelines)
+    need = [c for c in ("step", "rank", "start_s", "end_s") if c not in df.columns]
+    if need:
+        raise ValueError(f"timelines lack column(s) {need}; columns are {list(df.columns)}")
+    df = df[df["step"] == step]
+    if df.empty:
+        raise ValueError(f"timelines have no rows for step={step!r}")
+    ranks = df["rank"].to_numpy()
+    mb = df["micro_batch"].to_numpy() if "micro_batch" in df.columns else np.zeros(len(df))
+    extra = [df[c].to_numpy(dtype=np.float64) if c in df.columns else np.full(len(df), np.nan)
+             for c in ("flops", "tokens", "samples")]
+    custom = np.column_stack([mb, df["start_s"], df["end_s"], *extra]).astype(np.float64)
+    fig = go.Figure()
+    fig.add_trace(go.Bar(
+        y=ranks.astype(str), x=(df["end_s"] - df["start_s"]).to_numpy(),
+        base=df["start_s"].to_numpy(), orientation="h", name="micro-batch",
+        marker={"color": (mb % 2).astype(np.int32), "cmin": 0, "cmax": 1,
+                    "colorscale": [[0, "#1f77b4"], [1, "#6baed6"]], "line": {"width": 0}},
+        customdata=custom,
+        hovertemplate=("rank %{y}, micro-batch %{customdata[0]:d}: %{customdata[1]:.3f}–"
+                       "%{customdata[2]:.3f} s<br>%{customdata[3]:.3s} FLOPs, "
+                       "%{customdata[4]:d} tokens, %{customdata[5]:d} samples<extra></extra>")))
+    ends = df.groupby("rank")["end_s"].max()
+    end = float(ends.max())
+    fig.add_trace(go.Bar(
+        y=ends.index.astype(str), x=(end - ends).to_numpy(), base=ends.to_numpy(),
+        orientation="h", name="waiting for the slowest rank", marker={"color": "#d9d9d9"},
+        hovertemplate="rank %{y} waits %{x:.3f} s<extra></extra>"))
+    fig.add_vline(x=end, line={"color": "#d62728", "dash": "dash"},
+                  annotation_text=f"all-reduce at {end:.3f} s")
+    n_ranks = int(df["rank"].nunique())
+    fig.update_layout(template=TEMPLATE, barmode="overlay", height=max(300, 16 * n_ranks + 160),
+                      title=title or f"simulated timeline of step {step}",
+                      xaxis={"title": {"text": "seconds from the start of the step"},
+                             "range": headroom(end, frac=0.08)},
+                      yaxis={"title": {"text": "DP rank"}, "autorange": "reversed",
+                                 "type": "category"},
+                      legend=LEGEND_BELOW)
+    return fig
