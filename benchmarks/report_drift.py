@@ -1,6 +1,6 @@
 """How far do reported metrics move when only the parallel layout changes?
 
-For each bundled trace (``data/traces``: realistic, long-tailed response
+For each bundled trace (the bundled traces: realistic, long-tailed response
 lengths; single- and multi-sample rollouts) the first steps are scheduled with
 varbatch_kit's scheduler under several layouts (dp, cp, packing, distribution),
 and every report mode of :mod:`varbatch_kit.report` is evaluated on each

@@ -1,4 +1,4 @@
-"""Regenerate the bundled traces: ``python data/traces/make_traces.py``.
+"""Regenerate the bundled traces: ``python scripts/make_traces.py`` (from the checkout).
 
 Each trace is ``Rollouts.synthetic`` with the parameters below (recorded in
 ``traces.json`` beside the files too); the same seed gives the same file.
@@ -10,7 +10,8 @@ from pathlib import Path
 from varbatch_kit import Rollouts
 from varbatch_kit.core.traces import write_trace
 
-HERE = Path(__file__).resolve().parent
+#: the package data folder the traces are written to
+HERE = Path(__file__).resolve().parents[1] / "varbatch_kit" / "data" / "traces"
 
 TRACES = {
     # math-style RL: one sample per rollout, long tail truncated at 8k
