@@ -103,8 +103,7 @@ def policy_pairs(model: ModelShape | None = None, *, dynamic: bool = True
     automatically. Pairs needing FLOPs are left out when ``model`` is None;
     a packer that requires one distribution is paired with that one only.
     """
-    from varbatch_kit.policies.registry import DISTRIBUTIONS
-    from varbatch_kit.policies.registry import PACKERS
+    from varbatch_kit.policies.registry import DISTRIBUTIONS, PACKERS
 
     pairs = []
     for pname, pspec in PACKERS.items():

@@ -352,8 +352,9 @@ def build_schedule(
         n = samples.size
         if n < dp:
             raise ValueError(
-                f"step {s} holds {n} samples but dp={dp}: every rank needs at least one sample. "
-                f"Use dp <= {n} or a larger global_batch_size"
+                f"step {s}: {n} samples < dp_size {dp}; step {s} holds {n} samples but dp={dp}: "
+                f"every rank needs at least one sample. Use dp <= {n} or a larger "
+                "global_batch_size"
             )
         step_len = lengths[samples]
         inp = PackInput(

@@ -28,9 +28,14 @@ Two implementations give the same partitions:
      positions, which numpy adds in one go.
 
   The item lists are rebuilt at the end from the merge forest (at most
-  ``n - k`` internal nodes). Sums are added in the same order as the
-  reference (IEEE addition of the same operands), so every comparison, and
-  hence every heap operation, is identical.
+  ``n - k`` internal nodes). Sums are the reference's to the last bit, so
+  every comparison, and hence every heap operation, is identical: a merged
+  set's sum grows by the other set's items one at a time (slime's order;
+  with rounding floats ``a + (b1 + b2)`` may differ from ``(a + b1) + b2``),
+  which the fast path reproduces by folding the item values of overlapping
+  sets. Integer values need no fold (int64 sums are exact), nor do integral
+  floats (FLOPs estimates) while a merged sum stays below ``2**53``: then
+  whole set sums are added, and only the rare larger sums are folded.
 """
 
 from __future__ import annotations
@@ -84,15 +89,21 @@ class _State:
         merged = []
         for i in range(k):
             a, b = self.sets[i], other.sets[k - 1 - i]
-            merged.append(_Set(a.items + b.items, a.sum + b.sum))
+            total = a.sum
+            for _, v in b.items:  # one item at a time: float sums round as slime's do
+                total += v
+            merged.append(_Set(a.items + b.items, total))
         return _State(merged)
 
 
-def _validate(n: int, k, equal_size: bool) -> int:
+def _validate(n: int, k, equal_size: bool, allow_empty: bool = False) -> int:
     if isinstance(k, bool) or int(k) != k or k < 1:
         raise ValueError(f"k (number of partitions) must be a positive integer, got {k!r}")
     k = int(k)
-    if n < k:
+    if allow_empty and not equal_size:
+        if n < 1:
+            raise ValueError("cannot partition 0 items; pass at least one value")
+    elif n < k:
         raise ValueError(f"cannot split {n} items into k={k} non-empty partitions; need n >= k")
     if equal_size and n % k:
         raise ValueError(
@@ -102,16 +113,19 @@ def _validate(n: int, k, equal_size: bool) -> int:
 
 
 def karmarkar_karp_reference(values: Sequence[float], k: int, equal_size: bool, *,
-                             sort_parts: bool = True) -> list[list[int]]:
+                             sort_parts: bool = True,
+                             allow_empty: bool = False) -> list[list[int]]:
     """The plain ``O(n * k)`` transcription of SLIME_SEMANTICS §3 (same result as the fast path).
 
     Kept as the executable specification: the fast path is tested against
     it, and it handles the inputs the fast path does not (negative values,
-    lists mixing Python ints and floats).
+    lists mixing Python ints and floats). ``allow_empty=True`` (without
+    ``equal_size``) returns the final state's sets even when some are empty,
+    e.g. for fewer items than parts, as slime's raw ``karmarkar_karp`` does.
     """
     vals = [v.item() if isinstance(v, np.generic) else v for v in values]
     n = len(vals)
-    k = _validate(n, k, equal_size)
+    k = _validate(n, k, equal_size, allow_empty)
     order = sorted(range(n), key=lambda i: (vals[i], i))
     heap: list[_State] = []
     if equal_size:
@@ -129,7 +143,8 @@ def karmarkar_karp_reference(values: Sequence[float], k: int, equal_size: bool, 
     parts = [[i for i, _ in s.items] for s in heap[0].sets]
     if sort_parts:
         parts = [sorted(p) for p in parts]
-    assert all(parts), "Karmarkar-Karp produced an empty partition"
+    if not (allow_empty and not equal_size):
+        assert all(parts), "Karmarkar-Karp produced an empty partition"
     if equal_size:
         assert all(len(p) == n // k for p in parts)
     return parts
@@ -196,6 +211,46 @@ def _numeric_kind(vals: np.ndarray, values: Sequence) -> str | None:
     return None
 
 
+def _fold_sums(a_sums: np.ndarray, b_sums: np.ndarray, a_nodes: np.ndarray,
+               b_nodes: np.ndarray, first_node: int, item_vals: list | None,
+               val_list: list[float], left: np.ndarray, right: np.ndarray,
+               n: int) -> np.ndarray:
+    """Merged sums of overlapping sets, each grown by the other set's items one at a time.
+
+    A set's sum is the left fold from 0 of its item values in item order (slime
+    accumulates it so), hence merging ``b`` into ``a`` gives ``a.sum + b1 + b2 + ...``.
+    With ``item_vals`` (non-integral floats) ``item_vals[node]`` lists each set's item
+    values and the merged set ``first_node + t`` takes over the list of ``a_nodes[t]``
+    extended by that of ``b_nodes[t]``. Without it the values are integral: a merged sum
+    below ``2**53`` is exact in any order and is added whole; the others read ``b``'s
+    items off the merge forest (``left``/``right``, leaves ``< n``).
+    """
+    out = a_sums + b_sums
+    b_list = b_nodes.tolist()
+    if item_vals is None:
+        for t in np.flatnonzero(out >= 2.0 ** 53).tolist():
+            total, stack = float(a_sums[t]), [b_list[t]]
+            while stack:  # items of b in order: a node lists its left child's, then its right's
+                v = stack.pop()
+                if v < n:
+                    total += val_list[v]
+                else:
+                    stack.append(int(right[v - n]))
+                    stack.append(int(left[v - n]))
+            out[t] = total
+        return out
+    for t, (total, an, bn) in enumerate(zip(a_sums.tolist(), a_nodes.tolist(), b_list)):
+        items = item_vals[bn]
+        for v in items:
+            total += v
+        out[t] = total
+        merged = item_vals[an]
+        merged.extend(items)
+        item_vals[first_node + t] = merged
+        item_vals[an] = item_vals[bn] = None
+    return out
+
+
 def karmarkar_karp(values: Sequence[float], k: int, equal_size: bool, *,
                    sort_parts: bool = True) -> list[list[int]]:
     """Partition item indices ``0..n-1`` into ``k`` parts by largest differencing.
@@ -232,6 +287,16 @@ def karmarkar_karp(values: Sequence[float], k: int, equal_size: bool, *,
     if kind is None:
         return karmarkar_karp_reference(values, k, equal_size, sort_parts=sort_parts)
     vals = vals.astype(np.int64 if kind == "int" else np.float64)
+    # float sums round: slime grows a merged set's sum item by item, so the sums of
+    # overlapping sets are folded in that order (``fold``) unless every partial sum is exact
+    integral = kind == "float" and bool(np.all(vals == np.floor(vals)))
+    fold = kind == "float" and not (integral and float(vals.sum()) < 2.0 ** 52)
+    # item values per set, in item order: kept up to date for non-integral floats (every
+    # overlapping merge folds); integral floats fold only merged sums >= 2**53, rarely, and
+    # then read the items off the merge forest
+    item_vals: list | None = ([[v] for v in vals.tolist()] + [None] * n
+                              if fold and not integral else None)
+    val_list = vals.tolist() if fold else []
     order = np.lexsort((np.arange(n), vals))  # ascending by (value, index)
     heap: list[_FastState] = []
     if equal_size:
@@ -262,9 +327,14 @@ def karmarkar_karp(values: Sequence[float], k: int, equal_size: bool, *,
             mid[0] = a.meta[0, lo:ma] + b.meta[0, bo]
             mid[1] = a.meta[1, lo:ma]
             mid[2] = np.arange(n + n_nodes, n + n_nodes + n_ov)
+            if fold:
+                merged = _fold_sums(a.sums[lo:ma], b.sums[bo], a.meta[2, lo:ma], b.meta[2, bo],
+                                    n + n_nodes, item_vals, val_list, left, right, n)
+            else:
+                merged = a.sums[lo:ma] + b.sums[bo]
             n_nodes += n_ov
             state = _FastState(
-                np.concatenate((a.sums[:lo], a.sums[lo:ma] + b.sums[bo], b.sums[:k - ma])),
+                np.concatenate((a.sums[:lo], merged, b.sums[:k - ma])),
                 np.concatenate((a.meta[:, :lo], mid, b.meta[:, :k - ma]), axis=1), k)
         heapq.heappush(heap, state)
     final = heap[0]

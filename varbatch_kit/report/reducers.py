@@ -121,6 +121,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -277,10 +278,11 @@ class _LocalPieces:
             if local
             else torch.zeros(0, dtype=torch.float64, device=device)
         )
-        segments = torch.repeat_interleave(
-            torch.arange(len(lengths), device=device),
-            torch.tensor(lengths, dtype=torch.long, device=device),
-        )
+        # segment id of every CP-local entry, built on the host (torch's CPU
+        # repeat_interleave costs ~1 ms a call when its thread pool is contended)
+        segments = torch.from_numpy(
+            np.repeat(np.arange(len(lengths), dtype=np.int64), np.asarray(lengths, dtype=np.int64))
+        ).to(device)
         return cls(lengths, flat, segments, len(lengths))
 
     def sums(self, values: torch.Tensor) -> torch.Tensor:
@@ -729,8 +731,17 @@ def _resolve_mode(mode: str | ReportMode) -> ReportMode:
 
 
 def _collective_device(group: Any) -> torch.device:
-    """The device a tensor collective on ``group`` needs: CUDA for NCCL, else CPU."""
-    if dist.get_backend(group) == "nccl":
+    """The device a tensor collective on ``group`` needs: CUDA for NCCL, else CPU.
+
+    A ``group`` that torch.distributed does not know (a stand-in object, as
+    slime's single-process tests pass with a patched ``dist.all_reduce``) gets
+    CPU: the collective itself then decides whether the group is usable.
+    """
+    try:
+        backend = dist.get_backend(group)
+    except (ValueError, RuntimeError, TypeError, AttributeError):
+        return torch.device("cpu")
+    if backend == "nccl":
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")
 
@@ -750,10 +761,11 @@ def reduce_train_step_metrics(
     communication), and each metric sum is divided by ``divisor`` (the step's
     report divisor, e.g. the rollout count) or, with ``divisor=None`` (slime's
     per-token path), by ``slot0 / cp_size``: every CP rank counted its samples'
-    tokens in full. A zero token count reports 0, never NaN. A rank with no
-    micro-batches passes an empty sequence. The sums are float64 on the CPU and
-    move, for the all-reduce only, to the device the group's backend needs
-    (CUDA for NCCL).
+    tokens in full (computed as ``sum * cp_size / slot0``, slime's operations, so
+    the float is slime's to the last bit). A zero token count reports 0, never
+    NaN. A rank with no micro-batches passes an empty sequence. The sums are
+    float64 on the CPU and move, for the all-reduce only, to the device the
+    group's backend needs (CUDA for NCCL).
     """
     keys = list(keys)
     _, cp_size = validate_cp(0, cp_size)
@@ -774,9 +786,13 @@ def reduce_train_step_metrics(
         reduced = total.to(device)
         dist.all_reduce(reduced, op=dist.ReduceOp.SUM, group=group)
         total = reduced.cpu()
+    sums = [float(total[i + 1].item()) for i in range(len(keys))]
     if divisor is None:
-        divisor = max(float(total[0].item()) / cp_size, 1.0)
-    return {k: float(total[i + 1].item()) / divisor for i, k in enumerate(keys)}
+        count = float(total[0].item())
+        if count >= cp_size:  # ``sum * cp / count``: slime's operations, so the same float
+            return {k: v * cp_size / count for k, v in zip(keys, sums)}
+        divisor = 1.0  # no token counted (slot0 < cp): clamp, report 0, never NaN
+    return {k: v / divisor for k, v in zip(keys, sums)}
 
 
 def rollout_log_metric_contribution(

@@ -2,13 +2,21 @@
 
 from types import SimpleNamespace
 
+import pytest
+
 from varbatch_kit import ModelShape
 from varbatch_kit.compat.slime import (
+    SlimeCompatError,
+    build_dp_schedule,
     calculate_fwd_flops,
     expand_bins_by_splitting,
     first_fit_pack,
     get_seqlen_balanced_partitions,
+    karmarkar_karp,
 )
+
+MODEL_ARGS = dict(num_layers=2, hidden_size=16, num_attention_heads=2, num_query_groups=2,
+                  kv_channels=8, ffn_hidden_size=64, vocab_size=32, num_experts=None)
 
 
 def test_first_fit_pack_arrival_order():
@@ -40,3 +48,28 @@ def test_calculate_fwd_flops_from_args():
     assert calculate_fwd_flops([10], args) == 180480.0
     shape = ModelShape.from_args(args)
     assert calculate_fwd_flops([7, 900], args) == sum(shape.forward_flops([7, 900]).tolist())
+
+
+def test_raw_karmarkar_karp_fewer_items_than_parts():
+    # slime's raw function (no balanced-partition check) leaves the surplus parts empty;
+    # the singletons come first, largest value first (values recorded from slime)
+    assert karmarkar_karp([3, 1, 2], 5, False) == [[0], [2], [1], [], []]
+    assert karmarkar_karp([0, 2], 3, False) == [[1], [0], []]
+    with pytest.raises(SlimeCompatError, match=r"3 % 5 != 0"):
+        karmarkar_karp([3, 1, 2], 5, True)
+    with pytest.raises(SlimeCompatError, match=r"number of items:\[3\] < k_partitions:\[5\]"):
+        get_seqlen_balanced_partitions([3, 1, 2], 5, False)
+
+
+def test_first_failing_step_decides_the_error():
+    # step 0 (3 samples, micro-batches of 1) cannot be aligned to dp=2; step 1 has a single
+    # sample, fewer than dp. slime checks step by step, so step 0's error is raised.
+    args = SimpleNamespace(**MODEL_ARGS, micro_batch_size=1, use_dynamic_batch_size=False,
+                           max_tokens_per_gpu=None, balance_data=False, balance_by_flops=False)
+    tpc = dict(dp_size=2, cp_size=1, vpp_size=1, microbatch_group_size_per_vp_stage=1)
+    with pytest.raises(SlimeCompatError,
+                       match=r"static path: num_mbs \(3\) is not a multiple of dp_size"):
+        build_dp_schedule(args, tpc, [5, 5, 5, 5], global_batch_size=1,
+                          rollout_indices=[0, 0, 0, 1])
+    with pytest.raises(SlimeCompatError, match=r"step 1: 1 samples < dp_size 2"):
+        build_dp_schedule(args, tpc, [5, 5, 5], global_batch_size=1, rollout_indices=[0, 0, 1])

@@ -55,7 +55,8 @@ def test_gbs_larger_than_rollouts():
 
 
 def test_step_with_fewer_samples_than_dp():
-    with pytest.raises(ValueError, match=r"step 0 holds 2 samples but dp=4.*dp <= 2"):
+    with pytest.raises(ValueError, match=r"^step 0: 2 samples < dp_size 4; "
+                                         r"step 0 holds 2 samples but dp=4.*dp <= 2"):
         build_schedule(r([5, 5]), ScheduleConfig(dp=4, global_batch_size=2, micro_batch_size=1))
 
 

@@ -1,5 +1,11 @@
 """Property tests: every schedule passes check(), matches the slow reference and compat;
-every rejected input raises ValueError (never AssertionError, IndexError or a hang)."""
+every rejected input raises ValueError (never AssertionError, IndexError or a hang).
+
+The slow reference (``benchmarks/baseline.py``) and the compat layer are checked,
+case by case, against schedules recorded from slime's own ``build_dp_schedule``
+(``tests/test_golden_slime.py``), so the agreement asserted here extends slime's
+behaviour to the random layouts hypothesis draws.
+"""
 
 from types import SimpleNamespace
 

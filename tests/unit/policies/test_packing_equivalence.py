@@ -3,7 +3,10 @@
 The references are the deliberately naive transcriptions of
 ``benchmarks/baseline.py`` (lists and loops, O(n * bins)), written from
 SLIME_SEMANTICS §2-3; the Karmarkar-Karp reference is the class-based
-transcription kept in ``partition.py``.
+transcription kept in ``partition.py``. Both references are themselves
+checked against vectors recorded from slime's own code
+(``tests/test_golden_slime.py``, ``tests/golden/``), so agreeing with them
+here means agreeing with slime on inputs the vectors do not hold.
 """
 
 import numpy as np
@@ -55,6 +58,11 @@ values_st = st.one_of(
     st.lists(st.integers(1, 10**6), min_size=1, max_size=48),
     st.lists(st.floats(0, 1e15, allow_nan=False), min_size=1, max_size=48),
     st.lists(st.sampled_from([1e13, 2e13, 3.5e13]), min_size=1, max_size=48),
+    # tenths: set sums round, so the order in which a merged sum is accumulated shows
+    st.lists(st.integers(1, 5).map(lambda i: i * 0.1), min_size=1, max_size=48),
+    # integral floats whose sums pass 2**53 and round
+    st.lists(st.sampled_from([2.0**52 - 1, 2.0**52 - 3, 2.0**51 + 1, 1.0, 3.0, 5.0]),
+             min_size=1, max_size=48),
     st.lists(st.integers(-5, 5), min_size=1, max_size=30),         # reference fallback
 )
 
@@ -89,3 +97,13 @@ def test_karmarkar_karp_mixed_int_float_uses_reference():
     values = [3, 2.5, 1, 4.0, 2, 2]
     assert karmarkar_karp(values, 2, False) == karmarkar_karp_reference(values, 2, False)
     assert karmarkar_karp(values, 3, True) == karmarkar_karp_reference(values, 3, True)
+
+
+def test_karmarkar_karp_float_sums_grow_item_by_item():
+    # slime adds a merged set's items to its sum one at a time, and with rounding floats
+    # (a + b1) + b2 need not be a + (b1 + b2). Output recorded from slime's code: adding
+    # whole set sums instead orders the two final sets the other way round.
+    values = [0.1, 0.1, 0.2, 0.4, 0.4]
+    assert karmarkar_karp(values, 2, False) == [[2, 4], [0, 1, 3]]
+    assert karmarkar_karp_reference(values, 2, False) == [[2, 4], [0, 1, 3]]
+    assert karmarkar_karp(np.asarray(values), 2, False) == [[2, 4], [0, 1, 3]]

@@ -21,6 +21,7 @@ from varbatch_kit.core.rollouts import Rollouts
 from varbatch_kit.core.schedule import build_schedule
 from varbatch_kit.policies.packers import PackInput, first_fit, split_to_target
 from varbatch_kit.policies.partition import karmarkar_karp as _kk
+from varbatch_kit.policies.partition import karmarkar_karp_reference as _kk_reference
 
 __all__ = [
     "build_dp_schedule",
@@ -50,9 +51,26 @@ def _check_partition_args(seqlen_list: Sequence[float], k_partitions: int,
 
 def karmarkar_karp(seqlen_list: Sequence[float], k_partitions: int,
                    equal_size: bool) -> list[list[int]]:
-    """Largest differencing into ``k_partitions`` parts; each part in merge order (unsorted)."""
-    _check_partition_args(seqlen_list, k_partitions, equal_size)
-    return _kk(list(seqlen_list), int(k_partitions), equal_size, sort_parts=False)
+    """Largest differencing into ``k_partitions`` parts; each part in merge order (unsorted).
+
+    Like slime's raw ``karmarkar_karp`` (before :func:`get_seqlen_balanced_partitions`
+    checks the result), fewer items than parts is allowed without ``equal_size``: the
+    ``k - n`` surplus parts come back empty, after the ``n`` singletons.
+    """
+    n = len(seqlen_list)
+    k = k_partitions
+    if isinstance(k, bool) or int(k) != k or k < 1:
+        raise SlimeCompatError(f"k_partitions must be a positive integer, got {k!r}")
+    k = int(k)
+    if n == 0:
+        raise SlimeCompatError("seqlen_list is empty: Karmarkar-Karp needs at least one item")
+    if equal_size and n % k:
+        raise SlimeCompatError(
+            f"{n} % {k} != 0: equal_size needs the item count divisible by k_partitions")
+    if n < k:
+        # k - n parts stay empty: the plain transcription returns the final state as it is
+        return _kk_reference(list(seqlen_list), k, False, sort_parts=False, allow_empty=True)
+    return _kk(list(seqlen_list), k, equal_size, sort_parts=False)
 
 
 def get_seqlen_balanced_partitions(seqlen_list: Sequence[float], k_partitions: int,
@@ -154,29 +172,18 @@ def _config_from(args: Any, tpc: Mapping[str, int], global_batch_size: int) -> S
     )
 
 
-def _precheck(config: ScheduleConfig, lengths: np.ndarray, rollout_indices: Sequence[int],
-              global_batch_size: int) -> None:
-    """slime's own checks, with slime's wording, before the core adds its explanations."""
-    order: dict[Any, list[int]] = {}
-    for pos, rid in enumerate(rollout_indices):
-        order.setdefault(rid, []).append(pos)
-    num_rollouts = len(order)
+def _precheck(rollout_indices: Sequence[int], global_batch_size: int) -> None:
+    """slime's first check, with slime's wording; the per-step checks follow in the core.
+
+    The core checks each step in order (too few samples for ``dp_size``, then the
+    alignment), as slime does, so the first failing step decides the error.
+    """
+    num_rollouts = len(dict.fromkeys(rollout_indices))
     if num_rollouts // global_batch_size < 1:
         raise SlimeCompatError(
             f"num_rollouts ({num_rollouts}) < global_batch_size ({global_batch_size}); need at "
             f"least one rollout per step: use global_batch_size <= {num_rollouts}"
         )
-    ids = list(order)
-    dp = config.dp
-    for s in range(num_rollouts // global_batch_size):
-        samples = [p for rid in ids[s * global_batch_size:(s + 1) * global_batch_size]
-                   for p in order[rid]]
-        n = len(samples)
-        if n < dp:
-            raise SlimeCompatError(
-                f"step {s}: {n} samples < dp_size {dp}; each step needs at least one sample per "
-                f"rank: use dp_size <= {n} or a larger global_batch_size"
-            )
 
 
 @raises_slime_errors
@@ -207,7 +214,7 @@ def build_dp_schedule(
             f"total_lengths has {lengths.size} entries but rollout_indices has "
             f"{len(rollout_indices)}: pass one rollout index per sample"
         )
-    _precheck(config, lengths, rollout_indices, int(global_batch_size))
+    _precheck(rollout_indices, int(global_batch_size))
     rollouts = Rollouts(
         prompt_len=np.zeros(lengths.size, dtype=np.int64),
         response_len=lengths,
