@@ -1,6 +1,6 @@
 """The in-project baseline: slime's scheduler as plain Python (lists and loops).
 
-A transcription of SLIME_SEMANTICS §2-3 with the straightforward algorithms
+A transcription of docs/reference_semantics.md §2-3 with the straightforward algorithms
 slime runs: first-fit scans every open bin for each sample, the alignment
 split scans every bin for the largest, Karmarkar-Karp keeps ``k`` Python set
 objects per state (:func:`varbatch_kit.policies.partition.karmarkar_karp_reference`),

@@ -2,14 +2,14 @@
 
 Four sections, printed in one run:
 
-1. **Baseline (issue 2)**: slime's packing x distribution options on synthetic
+1. **Baseline**: slime's packing x distribution options on synthetic
    math-style steps of 4k / 16k / 64k samples at dp 16 / 64 / 128
    (max_tokens_per_gpu 16384, Qwen3-8B, 4 steps): wall time of varbatch_kit's
    fast slime-faithful core and of a plain-Python transcription of slime
    (``benchmarks/baseline.py``; slow cells skipped, with a note), whether both
    give the identical schedule, micro-batches against ``ceil(tokens/cap)``,
    cap violations, per-step DP FLOPs imbalance (max rank / mean rank).
-2. **Scale (issue 6)**: slime's dynamic options and the new packings at 4k /
+2. **Scale**: slime's dynamic options and the new packings at 4k /
    16k / 64k / 256k samples (dp 16 / 64 / 128 / 512): time, peak traced
    memory, micro-batches vs bound, cap violations, imbalance, busiest rank vs
    the FLOPs bound, simulated step time vs its bound, and ratios against the
@@ -153,7 +153,7 @@ def show(df: pd.DataFrame, floats: dict[str, str]) -> None:
 # ------------------------------------------------------------------------------------ sections
 def section_baseline(runner: Runner, sizes, dps) -> None:
     print("=" * 100)
-    print("1. BASELINE (issue 2): slime's options, fast core vs plain-Python slime (same run)")
+    print("1. BASELINE: slime's options, fast core vs plain-Python slime (same run)")
     print(f"   synthetic math-style steps, 4 steps, max_tokens_per_gpu {CAP} (static: "
           f"micro_batch_size {STATIC_MBS}), Qwen3-8B; 'slime_s' = plain-Python transcription")
     print("=" * 100)
@@ -188,7 +188,7 @@ def section_baseline(runner: Runner, sizes, dps) -> None:
 
 def section_scale(runner: Runner, cells) -> None:
     print("=" * 100)
-    print("2. SCALE (issue 6): slime's dynamic options (baseline) and the new packings")
+    print("2. SCALE: slime's dynamic options (baseline) and the new packings")
     print("   busiest/LB = busiest rank FLOPs / max(step FLOPs/dp, largest sample), mean over "
           "steps; sim = simulated step time (H100, eff 0.45, 4 ms/micro-batch)")
     print("   x_ff_kk = time / time of first_fit+flops_kk (fast core, this run); "

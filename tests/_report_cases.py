@@ -2,7 +2,7 @@
 
 Kept free of pytest imports so spawned worker processes start fast.
 
-Megatron emulation (megatron-core's schedule + DDP, as SLIME_SEMANTICS §5 and
+Megatron emulation (megatron-core's schedule + DDP, as docs/reference_semantics.md §5 and
 megatron-core describe them):
 
 * ``calculate_per_token_loss=False``: each micro-batch's loss-function output

@@ -1,6 +1,6 @@
 """`ModelShape`: the fields a forward-FLOPs estimate needs, and the estimate.
 
-The estimate follows slime's ``calculate_fwd_flops`` (SLIME_SEMANTICS §4):
+The estimate follows slime's ``calculate_fwd_flops`` (docs/reference_semantics.md §4):
 per layer QKV, causal attention, output projection and a gated MLP, plus the
 LM head once per sample. Dense, GQA, MoE and multi-latent attention (MLA).
 All arithmetic is vectorised float64 (no int64 overflow at long lengths).

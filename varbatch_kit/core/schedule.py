@@ -1,6 +1,6 @@
 """`build_schedule`: rollouts → steps → DP ranks → micro-batches.
 
-"Pack first, distribute second" (SLIME_SEMANTICS §2): each step holds
+"Pack first, distribute second" (docs/reference_semantics.md §2): each step holds
 exactly ``global_batch_size`` rollouts (so a variable number of samples); the
 step's samples are packed into micro-batches by the configured packer, the
 bin count is aligned to a multiple of ``dp`` (times ``mb_group`` under

@@ -2,7 +2,7 @@
 
 A distributor takes per-bin weights and the DP size and returns, for each
 rank, the bin positions it trains (ascending). Named in
-:mod:`varbatch_kit.policies.registry`. slime's two behaviours (SLIME_SEMANTICS §2.6):
+:mod:`varbatch_kit.policies.registry`. slime's two behaviours (docs/reference_semantics.md §2.6):
 ``strided`` (rank r gets bins r, r+dp, ...) and ``flops_kk`` (equal-count
 Karmarkar-Karp on bin FLOPs).
 """

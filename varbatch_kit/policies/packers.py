@@ -5,7 +5,7 @@ step's samples in arrival order) and returns a list of bins, each a list of
 step-local sample positions. The names users choose them by are assembled
 in :mod:`varbatch_kit.policies.registry`.
 
-slime's three behaviours (SLIME_SEMANTICS §2.3-2.4) are here: ``static``
+slime's three behaviours (docs/reference_semantics.md §2.3-2.4) are here: ``static``
 chunks, ``first_fit`` in arrival order, ``flops_kk`` (Karmarkar-Karp on FLOPs
 into ``ceil(tokens/cap)`` bins, cap not enforced), and the bin splitting that
 aligns the bin count on the dynamic path. They give exactly slime's bins, in

@@ -1,7 +1,7 @@
 """Karmarkar-Karp largest differencing, with slime's exact tie-breaking.
 
 ``karmarkar_karp(values, k, equal_size)`` splits item indices into ``k``
-parts of near-equal value sums (SLIME_SEMANTICS §3). The result is
+parts of near-equal value sums (docs/reference_semantics.md §3). The result is
 deterministic and identical to slime's ``get_seqlen_balanced_partitions`` on
 the same inputs, including how ties are broken, because the heap orders and
 merges states exactly as described there.
@@ -115,7 +115,7 @@ def _validate(n: int, k, equal_size: bool, allow_empty: bool = False) -> int:
 def karmarkar_karp_reference(values: Sequence[float], k: int, equal_size: bool, *,
                              sort_parts: bool = True,
                              allow_empty: bool = False) -> list[list[int]]:
-    """The plain ``O(n * k)`` transcription of SLIME_SEMANTICS §3 (same result as the fast path).
+    """The plain ``O(n * k)`` transcription (docs/reference_semantics.md §3), as slime runs it.
 
     Kept as the executable specification: the fast path is tested against
     it, and it handles the inputs the fast path does not (negative values,

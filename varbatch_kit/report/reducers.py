@@ -56,7 +56,7 @@ issue 34191) and the per-rank mean of sample means averaged over DP ranks (slime
 before PR #1930). Both move with micro-batch packing and DP; the first also with
 CP.
 
-API for a training loop (issue 4 builds on this)
+API for a training loop (the training engine, :mod:`varbatch_kit.train`, uses it)
 ------------------------------------------------
 ::
 

@@ -103,7 +103,7 @@ class TrainConfig:
         from varbatch_kit.report import get_report_mode
 
         if not isinstance(self.schedule, ScheduleConfig):
-            raise ValueError(  # noqa: TRY004 - user errors are ValueError (DESIGN.md)
+            raise ValueError(  # noqa: TRY004 - user errors are ValueError (docs/architecture.md)
                 f"schedule must be a ScheduleConfig, got {type(self.schedule).__name__}")
         get_report_mode(self.mode)
         if self.schedule.vpp != 1:

@@ -76,7 +76,7 @@ def _validate(cfg: TrainConfig, rollouts: Rollouts) -> int:
     from varbatch_kit.core.schedule import build_schedule
 
     if not isinstance(cfg, TrainConfig):
-        raise ValueError(  # noqa: TRY004 - user errors are ValueError (DESIGN.md)
+        raise ValueError(  # noqa: TRY004 - user errors are ValueError (docs/architecture.md)
             f"configs must be TrainConfig objects, got {type(cfg).__name__}")
     if (rollouts.prompt_len < 1).any():
         i = int(np.flatnonzero(rollouts.prompt_len < 1)[0])
@@ -193,7 +193,7 @@ def run_many(configs: Sequence[TrainConfig], rollouts: Rollouts, *, out_dir=None
     if not configs:
         raise ValueError("configs is empty: pass at least one TrainConfig")
     if not isinstance(rollouts, Rollouts):
-        raise ValueError(  # noqa: TRY004 - user errors are ValueError (DESIGN.md)
+        raise ValueError(  # noqa: TRY004 - user errors are ValueError (docs/architecture.md)
             f"rollouts must be a varbatch_kit.Rollouts, got {type(rollouts).__name__}")
     planned = [_validate(c, rollouts) for c in configs]
     devices = [_resolve_device(c) for c in configs]

@@ -22,7 +22,7 @@ One training step, top to bottom (:func:`train_step`)
 ------------------------------------------------------
 1. The step's normalisers over *all* of its samples (per-rollout
    denominators, the report divisor) and the loss prescale factor
-   (:mod:`varbatch_kit.report`, SLIME_SEMANTICS §5).
+   (:mod:`varbatch_kit.report`, docs/reference_semantics.md §5).
 2. This DP rank's micro-batches (from the :class:`~varbatch_kit.Schedule`),
    each packed into one row (:mod:`.batch`).
 3. megatron-core's forward/backward schedule over them. The loss function

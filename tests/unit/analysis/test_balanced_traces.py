@@ -1,4 +1,4 @@
-"""Acceptance of issue 6 on the bundled traces (cap 16384, Qwen3-8B, 4 steps per trace).
+"""The balanced packing on the bundled traces (cap 16384, Qwen3-8B, 4 steps per trace).
 
 ``balanced`` has no cap violations and no more micro-batches than first-fit; its
 per-step busiest-rank FLOPs over ``max(step FLOPs / dp, largest sample)`` averages

@@ -1,4 +1,4 @@
-"""Forward-FLOPs model: hand-computed values (SLIME_SEMANTICS §4) and config parsing."""
+"""Forward-FLOPs model: hand-computed values (docs/reference_semantics.md §4) and config parsing."""
 
 import numpy as np
 import pytest

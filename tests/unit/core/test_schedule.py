@@ -1,4 +1,4 @@
-"""build_schedule on hand-derived cases (SLIME_SEMANTICS §2)."""
+"""build_schedule on hand-derived cases (docs/reference_semantics.md §2)."""
 
 import logging
 

@@ -2,7 +2,7 @@
 
 The references are the deliberately naive transcriptions of
 ``benchmarks/baseline.py`` (lists and loops, O(n * bins)), written from
-SLIME_SEMANTICS §2-3; the Karmarkar-Karp reference is the class-based
+docs/reference_semantics.md §2-3; the Karmarkar-Karp reference is the class-based
 transcription kept in ``partition.py``. Both references are themselves
 checked against vectors recorded from slime's own code
 (``tests/test_golden_slime.py``, ``tests/golden/``), so agreeing with them

@@ -116,7 +116,7 @@ def test_cp_pieces_of_the_reducer_add_up_to_the_full_value():
 
 
 # ---------------------------------------------------------------------------
-# Worked numbers of SLIME_SEMANTICS §5
+# Worked numbers of docs/reference_semantics.md §5
 # ---------------------------------------------------------------------------
 
 

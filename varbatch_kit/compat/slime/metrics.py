@@ -1,7 +1,7 @@
 """slime's metric-reporting functions, with slime's signatures plus explicit CP arguments.
 
 Thin adapters over :mod:`varbatch_kit.report.cp` and :mod:`varbatch_kit.report`; see
-``SLIME_SEMANTICS.md`` section 5. Where slime asks ``megatron.core.mpu`` for
+``docs/reference_semantics.md`` section 5. Where slime asks ``megatron.core.mpu`` for
 the CP rank and size or the process groups, these functions take them as
 arguments.
 """
