@@ -170,7 +170,7 @@ def section_baseline(runner: Runner, sizes, dps) -> None:
                 else:
                     out, secs = ref
                     row.update(slime_s=secs, speedup=secs / m["time_s"],
-                               same="yes" if out == m["_schedule"].to_slime() else "NO")
+                               same="yes" if out == m["_schedule"].rank_layout() else "NO")
                 rows.append(row)
     df = pd.DataFrame(rows)[["samples", "dp", "policy", "time_s", "slime_s", "speedup", "same",
                              "mbs", "mb_bound", "mb/bound", "viol", "imb_mean", "imb_max"]]

@@ -14,6 +14,7 @@ import logging
 import math
 from dataclasses import dataclass, field
 from functools import cached_property
+from typing import NamedTuple
 
 import numpy as np
 
@@ -24,9 +25,26 @@ from varbatch_kit.policies.distributions import BinWeights
 from varbatch_kit.policies.packers import PackInput, split_to_target
 from varbatch_kit.policies.registry import get_distribution, get_packer
 
-__all__ = ["Step", "Schedule", "build_schedule", "ScheduleInvariantError", "step_rollout_groups"]
+__all__ = ["RankLayout", "Schedule", "ScheduleInvariantError", "Step", "build_schedule",
+           "step_rollout_groups"]
 
 log = logging.getLogger("varbatch_kit")
+
+
+class RankLayout(NamedTuple):
+    """What each DP rank trains over all steps of a schedule.
+
+    ``partitions[r]``: rank r's global sample indices, micro-batch after
+    micro-batch, step after step; ``micro_batch_indices[r]``: each of its
+    micro-batches as the list of its positions in ``partitions[r]``;
+    ``num_microbatches[s]``: micro-batches per rank in step s (the same on
+    every rank); ``global_batch_sizes[s]``: rollouts in step s.
+    """
+
+    partitions: list[list[int]]
+    micro_batch_indices: list[list[list[int]]]
+    num_microbatches: list[int]
+    global_batch_sizes: list[int]
 
 
 class ScheduleInvariantError(AssertionError):
@@ -140,9 +158,13 @@ class Schedule:
             f"dropped {self.dropped_samples.size} samples)"
         )
 
-    # --------------------------------------------------------------- slime
-    def to_slime(self):
-        """slime's ``(partitions, micro_batch_indices, num_microbatches, global_batch_sizes)``."""
+    # ----------------------------------------------------------- per rank
+    def rank_layout(self) -> RankLayout:
+        """What each rank trains, over all steps: see :class:`RankLayout`.
+
+        The tuple is slime's ``build_dp_schedule`` result
+        (:func:`varbatch_kit.compat.slime.to_slime` gives it by slime's name).
+        """
         dp = self.config.dp
         partitions: list[list[int]] = [[] for _ in range(dp)]
         mb_indices: list[list[list[int]]] = [[] for _ in range(dp)]
@@ -153,10 +175,10 @@ class Schedule:
                     start = len(partitions[r])
                     partitions[r].extend(members)
                     mb_indices[r].append(list(range(start, start + len(members))))
-        return (
+        return RankLayout(
             partitions,
             mb_indices,
-            self.num_microbatches,
+            list(self.num_microbatches),
             [self.config.global_batch_size] * self.num_steps,
         )
 
@@ -266,7 +288,7 @@ class Schedule:
                     if mb.size > 1 and int(roll.total_len[mb].sum()) > cap:
                         fail(f"{where}: micro-batch {j} holds {mb.size} samples and "
                              f"{int(roll.total_len[mb].sum())} tokens > cap {cap}")
-        parts, mbi, nmb, gbs = self.to_slime()
+        parts, mbi, nmb, gbs = self.rank_layout()
         for r in range(cfg.dp):
             if len(mbi[r]) != sum(nmb):
                 fail(f"rank {r}: {len(mbi[r])} micro-batches, expected {sum(nmb)}")

@@ -73,3 +73,19 @@ def test_first_failing_step_decides_the_error():
                           rollout_indices=[0, 0, 0, 1])
     with pytest.raises(SlimeCompatError, match=r"step 1: 1 samples < dp_size 2"):
         build_dp_schedule(args, tpc, [5, 5, 5], global_batch_size=1, rollout_indices=[0, 0, 1])
+
+
+def test_to_slime_is_the_rank_layout_as_slime_returns_it():
+    from varbatch_kit import Rollouts, ScheduleConfig, build_schedule
+    from varbatch_kit.compat.slime import build_dp_schedule, to_slime
+
+    r = Rollouts(prompt_len=[0] * 8, response_len=[5, 9, 3, 7, 2, 8, 4, 6])
+    sched = build_schedule(r, ScheduleConfig(dp=2, global_batch_size=4, max_tokens_per_gpu=12))
+    got = to_slime(sched)
+    assert type(got) is tuple and len(got) == 4
+    assert got == tuple(sched.rank_layout())
+    args = SimpleNamespace(use_dynamic_batch_size=True, max_tokens_per_gpu=12, balance_data=False,
+                           balance_by_flops=False, micro_batch_size=None)
+    tpc = {"dp_size": 2, "cp_size": 1, "vpp_size": 1, "microbatch_group_size_per_vp_stage": 1}
+    assert got == build_dp_schedule(args, tpc, [5, 9, 3, 7, 2, 8, 4, 6], global_batch_size=4,
+                                    rollout_indices=list(range(8)))

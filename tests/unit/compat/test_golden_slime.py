@@ -6,7 +6,8 @@ runs them on seeded random inputs. Every vector is replayed here against
 
 - the slime-signature adapters of :mod:`varbatch_kit.compat.slime`;
 - the core they sit on (:mod:`varbatch_kit.policies.partition`,
-  :mod:`varbatch_kit.policies.packers`, :mod:`varbatch_kit.core.flops`, :func:`varbatch_kit.core.schedule.build_schedule`,
+  :mod:`varbatch_kit.policies.packers`, :mod:`varbatch_kit.core.flops`,
+  :func:`varbatch_kit.core.schedule.build_schedule`,
   :mod:`varbatch_kit.report.cp`, :mod:`varbatch_kit.report`);
 - the in-project plain-Python transcriptions
   (:func:`varbatch_kit.policies.partition.karmarkar_karp_reference` and
@@ -217,7 +218,7 @@ def check_dp_schedule(case: dict) -> None:
     assert as_lists(run_compat()) == want, "compat"
     sched = build_schedule(rollouts, config, shape)
     sched.check()
-    assert as_lists(sched.to_slime()) == want, "core"
+    assert as_lists(sched.rank_layout()) == want, "core"
     flops = shape.forward_flops(np.asarray(lengths)).tolist()
     ref = baseline.build_dp_schedule(
         lengths, rid, flops, dp=config.dp, gbs=gbs, cap=config.cap,

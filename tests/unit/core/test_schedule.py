@@ -19,7 +19,7 @@ def rollouts(lengths, rollout_id=None):
 
 def slime(r, **cfg):
     model = cfg.pop("model", None)
-    return build_schedule(r, ScheduleConfig(**cfg), model).check().to_slime()
+    return build_schedule(r, ScheduleConfig(**cfg), model).check().rank_layout()
 
 
 def test_static_strided_single_step():
@@ -63,7 +63,7 @@ def test_dynamic_cap_is_max_tokens_times_cp():
     # cap = 125 * 2 = 250: same bins as the cp=1, cap 250 case
     sched = build_schedule(rollouts([100] * 8), ScheduleConfig(
         dp=2, cp=2, global_batch_size=8, max_tokens_per_gpu=125)).check()
-    assert sched.to_slime()[0] == [[0, 1, 4, 5], [2, 3, 6, 7]]
+    assert sched.rank_layout()[0] == [[0, 1, 4, 5], [2, 3, 6, 7]]
 
 
 def test_oversize_sample_alone_and_split():
@@ -72,7 +72,7 @@ def test_oversize_sample_alone_and_split():
     sched = build_schedule(r, ScheduleConfig(dp=2, global_batch_size=4,
                                              max_tokens_per_gpu=250)).check()
     assert [mb.tolist() for mb in sched.steps[0].micro_batches] == [[0], [1], [3], [2]]
-    assert sched.to_slime()[0] == [[0, 3], [1, 2]]
+    assert sched.rank_layout()[0] == [[0, 3], [1, 2]]
     stats = sched.stats()
     assert stats["oversize_alone"].tolist() == [0, 1]  # the 500-token sample, alone on rank 1
     assert stats["cap_violations"].tolist() == [0, 0]  # no bin of 2+ samples exceeds the cap
@@ -115,7 +115,7 @@ def test_multi_sample_rollouts_stay_in_one_step():
                                              max_tokens_per_gpu=1000)).check()
     assert [s.sample_indices.tolist() for s in sched.steps] == [[0, 1, 2], [3, 4, 5, 6, 7]]
     assert [s.num_rollouts for s in sched.steps] == [2, 2]
-    assert sched.to_slime()[3] == [2, 2]  # rollouts per step, not samples
+    assert sched.rank_layout()[3] == [2, 2]  # rollouts per step, not samples
 
 
 def test_rollouts_ordered_by_first_appearance():
@@ -177,6 +177,6 @@ def test_deterministic():
     r = Rollouts.synthetic(300, samples_per_rollout=(1, 4), seed=7)
     cfg = ScheduleConfig(dp=4, global_batch_size=64, max_tokens_per_gpu=8192,
                          distribution="flops_kk")
-    a = build_schedule(r, cfg, TINY).to_slime()
-    b = build_schedule(r, cfg, TINY).to_slime()
+    a = build_schedule(r, cfg, TINY).rank_layout()
+    b = build_schedule(r, cfg, TINY).rank_layout()
     assert a == b

@@ -73,7 +73,7 @@ def test_schedule_valid_or_value_error(batch, lay):
     except ValueError:
         return
     sched.check()
-    got = sched.to_slime()
+    got = sched.rank_layout()
     ref = reference_schedule(  # plain-Python slime, independent of the fast core
         lengths.tolist(), rid.tolist(), MODEL.forward_flops(lengths).tolist(), dp=cfg.dp,
         gbs=cfg.global_batch_size, mbs=cfg.micro_batch_size, cap=cfg.cap, align=cfg.align,

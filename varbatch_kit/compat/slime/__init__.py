@@ -9,6 +9,11 @@ working.
 """
 
 from varbatch_kit.compat.slime.errors import SlimeCompatError
+from varbatch_kit.compat.slime.flags import (
+    SLIME_FLAGS,
+    parse_slime_flags,
+    schedule_config_from_slime_args,
+)
 from varbatch_kit.compat.slime.metrics import (
     gather_and_reduce_log_dict,
     get_logits_and_tokens_offset_with_cp,
@@ -23,10 +28,12 @@ from varbatch_kit.compat.slime.schedule import (
     first_fit_pack,
     get_seqlen_balanced_partitions,
     karmarkar_karp,
+    to_slime,
 )
 from varbatch_kit.compat.slime.train_data import convert_samples_to_train_data
 
 __all__ = [
+    "SLIME_FLAGS",
     "SlimeCompatError",
     "build_dp_schedule",
     "calculate_fwd_flops",
@@ -38,6 +45,9 @@ __all__ = [
     "get_seqlen_balanced_partitions",
     "get_sum_of_sample_mean",
     "karmarkar_karp",
+    "parse_slime_flags",
     "reduce_train_step_metrics",
     "rollout_log_metric_contribution",
+    "schedule_config_from_slime_args",
+    "to_slime",
 ]

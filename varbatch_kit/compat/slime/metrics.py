@@ -14,8 +14,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from varbatch_kit.report import reducers as report
+from varbatch_kit import report
 from varbatch_kit.report.cp import validate_cp, zigzag_slice
+from varbatch_kit.report.validation import positive
 
 __all__ = [
     "gather_and_reduce_log_dict",
@@ -109,7 +110,7 @@ def reduce_train_step_metrics(
     ``step_global_batch_size`` (rollouts), with no CP factor.
     """
     validate_cp(0, cp_size)
-    report._positive("step_global_batch_size", step_global_batch_size)
+    positive("step_global_batch_size", step_global_batch_size)
     keys, vectors = _as_value_vectors(losses_reduced)
     return report.reduce_train_step_metrics(
         vectors,

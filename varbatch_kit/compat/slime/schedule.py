@@ -18,13 +18,14 @@ from varbatch_kit.compat.slime.errors import SlimeCompatError, raises_slime_erro
 from varbatch_kit.core.config import ScheduleConfig
 from varbatch_kit.core.flops import ModelShape
 from varbatch_kit.core.rollouts import Rollouts
-from varbatch_kit.core.schedule import build_schedule
+from varbatch_kit.core.schedule import Schedule, build_schedule
 from varbatch_kit.policies.packers import PackInput, first_fit, split_to_target
 from varbatch_kit.policies.partition import karmarkar_karp as _kk
 from varbatch_kit.policies.partition import karmarkar_karp_reference as _kk_reference
 
 __all__ = [
     "build_dp_schedule",
+    "to_slime",
     "calculate_fwd_flops",
     "expand_bins_by_splitting",
     "first_fit_pack",
@@ -221,4 +222,13 @@ def build_dp_schedule(
         rollout_id=np.asarray(rollout_indices),
     )
     model = _shape_from_args(args) if config.distribution == "flops_kk" else None
-    return build_schedule(rollouts, config, model).to_slime()
+    return to_slime(build_schedule(rollouts, config, model))
+
+
+def to_slime(schedule: Schedule) -> tuple[list, list, list, list]:
+    """slime's ``(partitions, micro_batch_indices, num_microbatches, global_batch_sizes)``.
+
+    The 4-tuple ``build_dp_schedule`` returns, for any :class:`~varbatch_kit.Schedule`
+    (also one built with a packing slime does not have).
+    """
+    return tuple(schedule.rank_layout())
