@@ -25,7 +25,14 @@ def _as_int_array(name: str, values) -> np.ndarray:
         raise ValueError(f"{name} must hold integers, got booleans")
     if arr.size and not np.issubdtype(arr.dtype, np.integer):
         if not np.issubdtype(arr.dtype, np.number):
-            raise ValueError(f"{name} must hold integers, got dtype {arr.dtype}")
+            raw = list(values) if not isinstance(values, np.ndarray) else arr.tolist()
+            i, bad = next(((j, v) for j, v in enumerate(raw)
+                           if isinstance(v, (bool, np.bool_))
+                           or not isinstance(v, (int, float, np.integer, np.floating))),
+                          (0, raw[0] if raw else None))
+            raise ValueError(
+                f"{name}[{i}] = {bad!r} is a {type(bad).__name__}, not a token count; "
+                f"{name} must hold integers")
         bad = ~np.isfinite(arr) | (arr != np.round(arr))
         if bad.any():
             i = int(np.flatnonzero(bad)[0])

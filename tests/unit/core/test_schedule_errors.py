@@ -17,7 +17,8 @@ def r(lengths, rid=None):
     (dict(prompt_len=[1], response_len=[0]), r"response_len\[0\] = 0 is not positive"),
     (dict(prompt_len=[-1], response_len=[3]), r"prompt_len\[0\] = -1 is negative"),
     (dict(prompt_len=[1], response_len=[2.5]), r"response_len\[0\] = 2.5 is not an integer"),
-    (dict(prompt_len=[1], response_len=["a"]), "must hold integers"),
+    (dict(prompt_len=[1], response_len=["a"]), r"response_len\[0\] = 'a' is a str.*integers"),
+    (dict(prompt_len=[1, 1], response_len=[3, "12"]), r"response_len\[1\] = '12' is a str"),
     (dict(prompt_len=[1, 1], response_len=[3, 3], rollout_id=[0]), "rollout_id has 1 entries"),
     (dict(prompt_len=[1], response_len=[3], loss_masks=[[1, 1]]), r"loss_masks\[0\] has length 2"),
 ])
