@@ -32,7 +32,7 @@ SHELL_LIBRARIES = {"plotly", "ipywidgets", "anywidget", "megatron", "nbclient", 
                    "jupyterlab", "playwright"}
 PURE = {"data", "policies", "core", "report", "analysis"}
 #: the stable import paths at the top (``varbatch_kit.viz`` is ``varbatch_kit.ui.viz``, ...)
-ALIASES = {"__init__", "io", "viz", "widgets", "quality", "simulate", "optimal",
+ALIASES = {"__init__", "io", "viz", "widgets", "quality", "simulate", "sweeps", "optimal",
            "demo"}
 
 
@@ -143,7 +143,8 @@ def test_no_import_cycles():
 @pytest.mark.parametrize("alias,module", [
     ("io", "varbatch_kit.core.traces"), ("viz", "varbatch_kit.ui.viz"),
     ("widgets", "varbatch_kit.ui.widgets"), ("quality", "varbatch_kit.analysis.quality"),
-    ("simulate", "varbatch_kit.analysis.simulate"), ("demo", "varbatch_kit.cli.demo"),
+    ("simulate", "varbatch_kit.analysis.simulate"), ("sweeps", "varbatch_kit.analysis.sweeps"),
+    ("demo", "varbatch_kit.cli.demo"),
 ])
 def test_stable_import_paths_are_the_modules_themselves(alias, module):
     import importlib

@@ -182,13 +182,15 @@ def policy_table(rollouts: Rollouts, config: ScheduleConfig, model: ModelShape |
 
 def policy_table_by_trace(traces: Mapping[str, Rollouts], model: ModelShape | None, *,
                           dp: int = 16, max_tokens_per_gpu: int = 16384, steps: int = 4,
-                          policies: Sequence[tuple[str, str]] | None = None):
+                          policies: Sequence[tuple[str, str]] | None = None,
+                          flag_names: Mapping[tuple[str, str], str] | None = None):
     """:func:`policy_table` for several traces on one layout, stacked, with a ``trace`` column.
 
     Each trace is cut into ``steps`` steps: ``global_batch_size`` is its
     number of rollouts ``// steps`` (at least 1). Rows come trace after
     trace, in the order of ``traces``, the policies in the order of
-    ``policies`` (default :func:`policy_pairs` of the dynamic path).
+    ``policies`` (default :func:`policy_pairs` of the dynamic path);
+    ``flag_names`` as in :func:`policy_table`.
     """
     import pandas as pd
 
@@ -200,7 +202,8 @@ def policy_table_by_trace(traces: Mapping[str, Rollouts], model: ModelShape | No
     for name, r in traces.items():
         config = ScheduleConfig(dp=dp, global_batch_size=max(1, r.num_rollouts // int(steps)),
                                 max_tokens_per_gpu=max_tokens_per_gpu)
-        tables.append(policy_table(r, config, model, policies).assign(trace=str(name)))
+        tables.append(policy_table(r, config, model, policies, flag_names=flag_names)
+                      .assign(trace=str(name)))
     return pd.concat(tables, ignore_index=True)
 
 
