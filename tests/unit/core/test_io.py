@@ -49,7 +49,8 @@ def test_bundled_traces_match_their_recorded_generator():
         assert np.array_equal(on_disk.total_len, regenerated.total_len), name
         assert np.array_equal(on_disk.rollout_id, regenerated.rollout_id), name
     # the recorded parameters are the generator script's, so the script rewrites the same files
-    spec = importlib.util.spec_from_file_location("make_traces", REPO / "scripts" / "make_traces.py")
+    script_path = REPO / "scripts" / "make_traces.py"
+    spec = importlib.util.spec_from_file_location("make_traces", script_path)
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
     assert json.loads(json.dumps(script.TRACES)) == params
