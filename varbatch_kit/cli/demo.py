@@ -302,7 +302,8 @@ def main(argv: list[str] | None = None) -> int:
 
     print("\ncomputing the summary with the library (the calls notebooks 02 and 04 make) ...",
           flush=True)
-    sections = _summary(runs, progress=not args.no_progress)
+    # a live bar only on a terminal: piped output (CI, logs) gets the printed lines alone
+    sections = _summary(runs, progress=not args.no_progress and sys.stdout.isatty())
     for heading, text in sections:
         print(f"\n== {heading} ==")
         print(text)
