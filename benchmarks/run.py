@@ -1,6 +1,6 @@
 """Scheduler benchmark: slime's algorithms (the baseline) side by side with the new ones.
 
-Four sections, printed in one run:
+Five sections, printed in one run:
 
 1. **Baseline**: slime's packing x distribution options on synthetic
    math-style steps of 4k / 16k / 64k samples at dp 16 / 64 / 128
@@ -18,6 +18,9 @@ Four sections, printed in one run:
    16 and 64, with the simulated step-time gain.
 4. **Optimum gap**: ``balanced`` (and slime's first-fit + balance-data)
    against the CP-SAT optimum on random small steps.
+5. **Packed attention**: forward + backward of one packed micro-batch, dense
+   ``[T, T]`` mask vs per-sample attention, at fixed ``sum L`` and varying
+   ``sum L^2`` (``benchmarks/packed_attention.py``).
 
 Run ``python -m benchmarks.run`` (``--quick`` for a short run, ``--help``).
 The step-time model: H100, efficiency 0.45, 4 ms per micro-batch, pp 1.
@@ -293,7 +296,7 @@ def section_gap(count: int, time_limit_s: float) -> None:
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="small sizes, 30 gap instances")
-    ap.add_argument("--sections", default="1234", help="which sections to run, e.g. 12")
+    ap.add_argument("--sections", default="12345", help="which sections to run, e.g. 12")
     ap.add_argument("--gap-instances", type=int, default=None, help="instances in section 4")
     ap.add_argument("--gap-time-limit", type=float, default=1.0, help="CP-SAT seconds each")
     ap.add_argument("--no-memory", action="store_true", help="skip the tracemalloc runs")
@@ -317,6 +320,10 @@ def main(argv=None) -> None:
         section_traces((16, 64))
     if "4" in args.sections:
         section_gap(args.gap_instances or (30 if args.quick else 200), args.gap_time_limit)
+    if "5" in args.sections:  # torch + megatron-core: imported only when run
+        from benchmarks.packed_attention import section as section_packed_attention
+
+        section_packed_attention(quick=args.quick)
     print(f"total {time.perf_counter() - t0:.0f} s")
 
 

@@ -1,19 +1,38 @@
 """Packed micro-batches: several samples in one row, each attending only to itself.
 
 A micro-batch of samples with token sequences ``t_1, ..., t_k`` (prompt +
-response each) becomes one row of ``sum(len(t_i))`` tokens:
+response each) becomes one row of ``T = sum(len(t_i))`` tokens:
 
 - ``tokens``: the sequences concatenated, shape ``[1, T]``;
 - ``position_ids``: ``0..len(t_i)-1`` for each sample (learned absolute
   positions restart per sample, so a sample's positions do not depend on
   where it sits in the row);
-- ``attention_mask``: block-diagonal causal, shape ``[1, 1, T, T]``, ``True``
-  where attention is *blocked* (megatron-core's convention): token ``q`` of a
-  sample sees tokens ``k <= q`` of the same sample only.
+- ``cu_seqlens``: the segment boundaries ``[0, L_1, L_1 + L_2, ..., T]``
+  (int32), megatron's ``thd`` convention.
 
-Together these make every sample's logits equal (to float rounding) to
-running it alone, which the tests check. This is the CPU replacement for the
-``thd`` packed format (which needs TransformerEngine).
+Two attention paths (``pack(..., attention=...)``):
+
+- ``"per_sample"`` (default): no mask is built. The model gets
+  ``attention_mask=None`` and :attr:`PackedBatch.packed_seq_params`, a
+  megatron ``PackedSeqParams(qkv_format="thd", cu_seqlens_q=cu_seqlens, ...)``
+  that megatron passes down to core attention; with the local layer spec of
+  :func:`varbatch_kit.train.attention.local_layer_spec` every sample attends
+  causally to itself only, costing ``sum(L_i^2)``. Rotary embeddings restart
+  per sample on this path (megatron's ``thd`` rope).
+- ``"dense"``: the reference. ``attention_mask`` is block-diagonal causal,
+  shape ``[1, 1, T, T]``, ``True`` where attention is *blocked*
+  (megatron-core's convention): token ``q`` of a sample sees tokens ``k <= q``
+  of the same sample only. Costs ``T^2`` however the row is packed. Works with
+  megatron's own ``DotProductAttention`` too.
+
+:meth:`PackedBatch.model_inputs` gives the attention arguments of the batch's
+path for ``GPTModel.forward``. On the per-sample path ``attention_mask`` is
+still available, built on request (for the reference and for callers that
+pass a mask themselves).
+
+Both paths make every sample's logits equal (to float rounding) to running
+it alone, which the tests check. This is the CPU replacement for the ``thd``
+packed format of TransformerEngine.
 
 The logit at row position ``j`` predicts the token at ``j + 1``; for a sample
 of prompt length ``P`` and response length ``R`` at row offset ``o``, its
@@ -24,12 +43,15 @@ response tokens ``[o+P, o+P+R)`` are predicted by the logits at
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
 
-__all__ = ["PackedBatch", "block_causal_mask", "pack", "response_token_stats"]
+__all__ = ["ATTENTION_PATHS", "PackedBatch", "block_causal_mask", "pack", "response_token_stats"]
+
+#: the attention paths of :func:`pack`
+ATTENTION_PATHS = ("per_sample", "dense")
 
 
 def block_causal_mask(lengths: Sequence[int], device=None) -> torch.Tensor:
@@ -44,21 +66,30 @@ def block_causal_mask(lengths: Sequence[int], device=None) -> torch.Tensor:
     return (~allowed)[None, None]
 
 
+def _cu_seqlens(lengths: Sequence[int], device=None) -> torch.Tensor:
+    cu = np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)])
+    return torch.tensor(cu, dtype=torch.int32, device=device)
+
+
 @dataclass(frozen=True)
 class PackedBatch:
     """One packed micro-batch (see the module docstring).
 
     ``sample_indices`` are the samples' global indices (Rollouts order), in
     packing order; ``lengths``, ``prompt_lens`` and ``offsets`` follow it.
+    ``dense_mask`` is the ``[1, 1, T, T]`` mask on the ``"dense"`` path and
+    ``None`` on the ``"per_sample"`` path.
     """
 
     sample_indices: np.ndarray
     tokens: torch.Tensor
     position_ids: torch.Tensor
-    attention_mask: torch.Tensor
+    cu_seqlens: torch.Tensor
     lengths: tuple[int, ...]
     prompt_lens: tuple[int, ...]
     offsets: tuple[int, ...]
+    attention: str = "per_sample"
+    dense_mask: torch.Tensor | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -67,6 +98,31 @@ class PackedBatch:
     @property
     def response_lens(self) -> tuple[int, ...]:
         return tuple(t - p for t, p in zip(self.lengths, self.prompt_lens))
+
+    @property
+    def attention_mask(self) -> torch.Tensor:
+        """The block-diagonal causal ``[1, 1, T, T]`` mask (built now on the per-sample path)."""
+        if self.dense_mask is not None:
+            return self.dense_mask
+        return block_causal_mask(self.lengths, device=self.tokens.device)
+
+    @property
+    def packed_seq_params(self):
+        """megatron's ``PackedSeqParams`` (``thd``) on the per-sample path, else ``None``."""
+        if self.attention != "per_sample":
+            return None
+        from megatron.core.packed_seq_params import PackedSeqParams
+
+        longest = max(self.lengths)
+        return PackedSeqParams(qkv_format="thd", cu_seqlens_q=self.cu_seqlens,
+                               cu_seqlens_kv=self.cu_seqlens, max_seqlen_q=longest,
+                               max_seqlen_kv=longest)
+
+    def model_inputs(self) -> dict:
+        """``attention_mask`` and ``packed_seq_params`` for ``GPTModel.forward`` on this path."""
+        if self.attention == "per_sample":
+            return {"attention_mask": None, "packed_seq_params": self.packed_seq_params}
+        return {"attention_mask": self.dense_mask, "packed_seq_params": None}
 
     def response_positions(self) -> torch.Tensor:
         """Row positions of the logits that predict each response token (samples concatenated)."""
@@ -77,14 +133,12 @@ class PackedBatch:
         return torch.cat(pos).to(self.tokens.device)
 
     def to(self, device) -> PackedBatch:
-        return PackedBatch(
-            self.sample_indices,
-            self.tokens.to(device),
-            self.position_ids.to(device),
-            self.attention_mask.to(device),
-            self.lengths,
-            self.prompt_lens,
-            self.offsets,
+        return replace(
+            self,
+            tokens=self.tokens.to(device),
+            position_ids=self.position_ids.to(device),
+            cu_seqlens=self.cu_seqlens.to(device),
+            dense_mask=None if self.dense_mask is None else self.dense_mask.to(device),
         )
 
 
@@ -93,12 +147,17 @@ def pack(
     prompt_lens: Sequence[int],
     sample_indices: Sequence[int] | None = None,
     device=None,
+    attention: str = "per_sample",
 ) -> PackedBatch:
     """Pack token sequences (prompt + response each) into one row.
 
     Every sample needs a prompt of at least one token (the first response
-    token is predicted from the last prompt token).
+    token is predicted from the last prompt token). ``attention`` is
+    ``"per_sample"`` (segment boundaries only, no ``[T, T]`` mask) or
+    ``"dense"`` (the block-diagonal mask, the reference).
     """
+    if attention not in ATTENTION_PATHS:
+        raise ValueError(f"attention={attention!r}: use one of {', '.join(ATTENTION_PATHS)}")
     if len(sequences) == 0:
         raise ValueError("pack() needs at least one sequence")
     lengths = tuple(len(s) for s in sequences)
@@ -119,10 +178,12 @@ def pack(
         sample_indices=idx.astype(np.int64),
         tokens=tokens[None].to(device),
         position_ids=position_ids[None].to(device),
-        attention_mask=block_causal_mask(lengths, device=device),
+        cu_seqlens=_cu_seqlens(lengths, device=device),
         lengths=lengths,
         prompt_lens=prompts,
         offsets=offsets,
+        attention=attention,
+        dense_mask=block_causal_mask(lengths, device=device) if attention == "dense" else None,
     )
 
 

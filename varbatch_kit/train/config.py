@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
 from typing import Any
 
 from varbatch_kit.core.config import ScheduleConfig
@@ -17,6 +19,15 @@ SCHEDULE_FIELDS = tuple(f.name for f in fields(ScheduleConfig))
 LR_DECAY_STYLES = ("constant", "linear", "cosine")
 LR_INCREMENTS = ("auto", "rollouts", "samples")
 DEVICES = ("auto", "cpu", "cuda")
+# the toy GPT's shape when the fields are left unset (no ``model``)
+TOY_DEFAULTS = {"num_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "vocab_size": 64}
+MODEL_SHAPE_FIELDS = ("num_layers", "hidden_size", "num_attention_heads", "vocab_size")
+
+
+def _same_model(a, b) -> bool:
+    if a is None or b is None:
+        return a is b
+    return os.path.abspath(os.path.expanduser(a)) == os.path.abspath(os.path.expanduser(b))
 
 
 def _default_schedule() -> ScheduleConfig:
@@ -38,9 +49,18 @@ class TrainConfig:
         Loss / report normalisation, a name in
         :data:`varbatch_kit.report.REPORT_MODES` (``per_rollout_mean`` is
         slime's default; ``naive_*`` modes are for comparison only).
-    Model (megatron-core ``GPTModel``, local layer spec, learned absolute positions)
-        ``num_layers``, ``hidden_size``, ``num_attention_heads``,
-        ``ffn_hidden_size`` (default ``4 * hidden_size``), ``vocab_size``,
+    Model (megatron-core ``GPTModel``, local layer spec)
+        ``model``: ``None`` (default) for the tiny toy GPT (random init,
+        learned absolute positions): ``num_layers`` (default 2),
+        ``hidden_size`` (64), ``num_attention_heads`` (4), ``ffn_hidden_size``
+        (default ``4 * hidden_size``), ``vocab_size`` (64). Or a local
+        Hugging Face checkpoint directory (``config.json`` + ``*.safetensors``;
+        Llama, Qwen2, Qwen3, Mistral; see :mod:`varbatch_kit.train.hf`): the
+        shape comes from its ``config.json`` and the weights from the
+        checkpoint; ``num_layers`` keeps only the first N layers (default:
+        all); the other shape fields may be left unset (they are filled in
+        from the checkpoint) and must match it when given. The path is
+        stored absolute.
         ``max_seq_len`` (default: the longest sample of the rollouts).
     Optimiser (megatron-core Adam, ``OptimizerParamScheduler``)
         ``lr``, ``min_lr``, ``lr_decay_style`` (constant / linear / cosine),
@@ -63,16 +83,22 @@ class TrainConfig:
     Debug
         ``fail_at_step`` / ``fail_rank``: that rank raises at the start of
         that (1-based) step — used to test failure handling.
+    Loss (:mod:`varbatch_kit.train.loss`)
+        ``clip_eps``: PPO ratio clipping range, ``clip(r, 1 - eps, 1 + eps)``
+        (default 0.2); used when the rollouts carry old log-probs
+        (``old_logprobs`` / ``rollout_log_probs``), else the loss is the
+        on-policy ``-advantage * log p``.
     """
 
     schedule: ScheduleConfig = field(default_factory=_default_schedule)
     mode: str = "per_rollout_mean"
-    # model
-    num_layers: int = 2
-    hidden_size: int = 64
-    num_attention_heads: int = 4
+    # model (None: the toy default, or the checkpoint's value with ``model``)
+    model: str | None = None
+    num_layers: int | None = None
+    hidden_size: int | None = None
+    num_attention_heads: int | None = None
     ffn_hidden_size: int | None = None
-    vocab_size: int = 64
+    vocab_size: int | None = None
     max_seq_len: int | None = None
     # optimiser
     lr: float = 3e-3
@@ -98,6 +124,8 @@ class TrainConfig:
     # debug
     fail_at_step: int | None = None
     fail_rank: int = 0
+    # loss
+    clip_eps: float = 0.2
 
     def __post_init__(self) -> None:
         from varbatch_kit.report import get_report_mode
@@ -110,12 +138,13 @@ class TrainConfig:
             raise ValueError(
                 f"schedule.vpp={self.schedule.vpp}: the training engine has no pipeline "
                 "parallelism; use vpp=1")
+        self._resolve_model()
         for name in ("num_layers", "hidden_size", "num_attention_heads", "vocab_size",
                      "n_samples_per_prompt"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ValueError(f"{name} must be a positive integer, got {v!r}")
-        if self.hidden_size % self.num_attention_heads:
+        if self.model is None and self.hidden_size % self.num_attention_heads:
             raise ValueError(
                 f"hidden_size={self.hidden_size} is not divisible by "
                 f"num_attention_heads={self.num_attention_heads}")
@@ -153,6 +182,53 @@ class TrainConfig:
         if not 0 <= self.fail_rank < self.world_size:
             raise ValueError(
                 f"fail_rank={self.fail_rank} is not a rank of a world of {self.world_size}")
+        from varbatch_kit.train.loss import check_clip_eps
+
+        object.__setattr__(self, "clip_eps", check_clip_eps(self.clip_eps))
+
+    def _resolve_model(self) -> None:
+        """Fill the unset model-shape fields: toy defaults, or the checkpoint's values."""
+        for name in MODEL_SHAPE_FIELDS:
+            v = getattr(self, name)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+                raise ValueError(f"{name} must be a positive integer, got {v!r}")
+        if self.model is None:
+            for name, default in TOY_DEFAULTS.items():
+                if getattr(self, name) is None:
+                    object.__setattr__(self, name, default)
+            return
+        if not isinstance(self.model, (str, os.PathLike)):
+            raise ValueError(
+                f"model must be a checkpoint directory path or None, got {self.model!r}")
+        from varbatch_kit.train.hf import read_hf_model
+
+        spec = read_hf_model(self.model)  # ValueError naming what is wrong / supported
+        object.__setattr__(self, "model", str(spec.path))
+        if self.num_layers is None:
+            object.__setattr__(self, "num_layers", spec.num_layers)
+        elif self.num_layers > spec.num_layers:
+            raise ValueError(
+                f"num_layers={self.num_layers}, but {spec.name} has {spec.num_layers} layers; "
+                f"keep at most {spec.num_layers} (num_layers=N keeps the first N)")
+        for name, value in (("hidden_size", spec.hidden_size),
+                            ("num_attention_heads", spec.num_attention_heads),
+                            ("ffn_hidden_size", spec.ffn_hidden_size),
+                            ("vocab_size", spec.vocab_size)):
+            given = getattr(self, name)
+            if given is None:
+                object.__setattr__(self, name, value)
+            elif given != value:
+                raise ValueError(
+                    f"{name}={given} conflicts with the checkpoint {spec.name} ({name}={value}); "
+                    "leave it unset with model=...")
+
+    def hf_model(self):
+        """The checkpoint's :class:`~varbatch_kit.train.hf.HFModelSpec` (``None`` for the toy)."""
+        if self.model is None:
+            return None
+        from varbatch_kit.train.hf import read_hf_model
+
+        return read_hf_model(self.model)
 
     # ----------------------------------------------------------------- derived
     @property
@@ -173,7 +249,17 @@ class TrainConfig:
         return self.ffn_hidden_size or 4 * self.hidden_size
 
     def model_shape(self) -> ModelShape:
-        """The tiny GPT's shape, for FLOPs-balanced packings and distributions."""
+        """The model's shape, for FLOPs-balanced packings and distributions.
+
+        For a checkpoint: :meth:`ModelShape.from_hf_config` of its ``config.json``
+        with the kept ``num_layers``.
+        """
+        if self.model is not None:
+            shape = ModelShape.from_hf_config(Path(self.model) / "config.json")
+            name = Path(self.model).name
+            if self.num_layers != shape.num_layers:
+                name += f" (first {self.num_layers} of {shape.num_layers} layers)"
+            return replace(shape, num_layers=self.num_layers, name=name)
         return ModelShape(
             num_layers=self.num_layers,
             hidden_size=self.hidden_size,
@@ -200,10 +286,17 @@ class TrainConfig:
         return f"dp{s.dp} cp{s.cp} {s.packing}/{s.distribution} {self.mode}"
 
     def with_(self, **changes: Any) -> TrainConfig:
-        """A copy with fields changed; schedule fields (dp, cp, packing, ...) go to the schedule."""
+        """A copy with fields changed; schedule fields (dp, cp, packing, ...) go to the schedule.
+
+        Changing ``model`` re-derives the model-shape fields not given too
+        (``num_layers`` included: the new model's full depth).
+        """
         sched = {k: changes.pop(k) for k in list(changes) if k in SCHEDULE_FIELDS}
         if sched:
             changes["schedule"] = changes.get("schedule", self.schedule).with_(**sched)
+        if "model" in changes and not _same_model(changes["model"], self.model):
+            for name in MODEL_SHAPE_FIELDS + ("ffn_hidden_size",):
+                changes.setdefault(name, None)
         return replace(self, **changes)
 
     def summary(self) -> dict[str, Any]:

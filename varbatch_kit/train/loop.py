@@ -27,8 +27,9 @@ One training step, top to bottom (:func:`train_step`)
    each packed into one row (:mod:`.batch`).
 3. megatron-core's forward/backward schedule over them. The loss function
    returns ``(prescale * loss_sum, num_tokens, {"values": [...]})``: the
-   policy-gradient loss ``-advantage * log p`` summed with the mode's
-   denominators over the CP-local response tokens.
+   policy-gradient loss ``-advantage * log p`` (PPO-clipped when the rollouts
+   carry old log-probs; :mod:`.loss`) summed with the mode's denominators over
+   the CP-local response tokens.
 4. The megatron-core optimizer step (gradient norm before clipping), then
    ``OptimizerParamScheduler.step(increment=<rollouts or samples of the step>)``.
 5. The report: micro-batch value vectors summed, all-reduced over DP x CP,
@@ -130,7 +131,7 @@ def train(cfg: TrainConfig, rollouts: Rollouts, out_dir: Path, device: torch.dev
 
     from varbatch_kit.core.schedule import build_schedule
     from varbatch_kit.report import get_report_mode
-    from varbatch_kit.train.data import make_toy_data
+    from varbatch_kit.train.data import make_training_data
     from varbatch_kit.train.model import build_gpt
 
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -139,11 +140,12 @@ def train(cfg: TrainConfig, rollouts: Rollouts, out_dir: Path, device: torch.dev
     out_dir = Path(out_dir)
     mode = get_report_mode(cfg.mode)
 
-    # the plan: steps -> DP ranks -> micro-batches, and the toy task's tokens and advantages
+    # the plan: steps -> DP ranks -> micro-batches, and the tokens and advantages: the
+    # rollouts' own (Rollouts.extra tokens/reward/advantage), else the toy task's (train/data.py)
     schedule = build_schedule(rollouts, cfg.schedule, model=cfg.model_shape())
     steps = schedule.steps[: cfg.max_steps] if cfg.max_steps else schedule.steps
-    data = make_toy_data(rollouts, vocab_size=cfg.vocab_size, seed=cfg.seed,
-                         n_samples_per_prompt=cfg.n_samples_per_prompt)
+    data = make_training_data(rollouts, vocab_size=cfg.vocab_size, seed=cfg.seed,
+                              n_samples_per_prompt=cfg.n_samples_per_prompt)
     max_seq_len = cfg.max_seq_len or int(rollouts.total_len.max())
 
     # model, DDP over all dp*cp ranks, optimizer, LR schedule — identical init on every rank
@@ -179,6 +181,7 @@ def train(cfg: TrainConfig, rollouts: Rollouts, out_dir: Path, device: torch.dev
             "cp_emulated": cfg.cp > 1, "cp_note": CP_NOTE if cfg.cp > 1 else "",
             "parameters": sum(p.numel() for p in gpt.parameters()),
             "max_seq_len": max_seq_len, "num_steps": len(steps), "lr_increment": unit,
+            "data": data.source, "ppo_clipped": data.old_logprobs is not None,
             "torch": torch.__version__,
         }
         (out_dir / "meta.json").write_text(json.dumps(meta, indent=1))
@@ -218,6 +221,7 @@ def train_step(cfg, mode, model, optimizer, step, rollouts, data, device) -> dic
 
     from varbatch_kit.report.cp import slice_flat_responses_for_cp
     from varbatch_kit.train.batch import pack, response_token_stats
+    from varbatch_kit.train.loss import policy_gradient_loss
 
     t0 = time.perf_counter()
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -252,8 +256,10 @@ def train_step(cfg, mode, model, optimizer, step, rollouts, data, device) -> dic
         adv = torch.cat([torch.full((int(rollouts.response_len[g]),),
                                     float(data.sample_advantage[g]), dtype=torch.float64)
                          for g in idx]).to(device)
-        per_token = {
-            "loss": -adv * stats["logprob"],
+        old = None if data.old_logprobs is None else torch.from_numpy(
+            np.concatenate([data.old_logprobs[g] for g in idx]).astype(np.float64)).to(device)
+        per_token = {  # the loss: train/loss.py (-A log p, or PPO-clipped with old log-probs)
+            "loss": policy_gradient_loss(stats["logprob"], adv, old, clip_eps=cfg.clip_eps),
             "nll": -stats["logprob"].detach(),
             "entropy": stats["entropy"],
             "token_acc": stats["correct"],
@@ -282,7 +288,7 @@ def train_step(cfg, mode, model, optimizer, step, rollouts, data, device) -> dic
 
     def forward_step(data_iterator, model):
         batch = next(data_iterator)
-        logits = model(batch.tokens, batch.position_ids, batch.attention_mask)
+        logits = model(batch.tokens, batch.position_ids, **batch.model_inputs())
         return logits, partial(loss_func, batch)
 
     # 3. megatron-core's forward/backward schedule (no pipelining), DDP grad sync at the end
@@ -332,7 +338,8 @@ def train_step(cfg, mode, model, optimizer, step, rollouts, data, device) -> dic
 
 
 def _reward(data, step) -> float:
-    """Mean reward of the step's rollouts (layout-free, computed from the data)."""
+    """Mean reward of the step's rollouts (layout-free, computed from the data; NaN when the
+    rollouts carry advantages but no rewards)."""
     pos = {int(r): k for k, r in enumerate(data.rollout_ids)}
     return float(np.mean([data.rollout_reward[pos[int(r)]] for r in step.rollout_ids]))
 

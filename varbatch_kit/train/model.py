@@ -1,33 +1,50 @@
-"""The tiny GPT: megatron-core ``GPTModel`` with the local (non-TransformerEngine) layer spec.
+"""The GPT: megatron-core ``GPTModel`` with the local (non-TransformerEngine) layer spec.
 
-Requires megatron-core's parallel state to be initialised (the training loop
-does it). On CPU, activate :mod:`varbatch_kit.train.cpu_shim` first.
+Two kinds, chosen by :class:`TrainConfig`:
+
+- the tiny toy GPT (no ``model=``): LayerNorm, GeLU MLP, learned absolute
+  positions, random initial weights from the torch CPU RNG;
+- a Hugging Face checkpoint (``model=DIR``, Llama / Qwen2 / Qwen3 / Mistral):
+  RMSNorm, SwiGLU, rotary embeddings with the config's ``rope_theta``,
+  grouped-query attention, tied or untied embeddings, Qwen2's q/k/v biases,
+  Qwen3's QK-norm, and the checkpoint's weights (the first ``num_layers``
+  layers), see :mod:`varbatch_kit.train.hf`.
+
+Both take their layer spec from :func:`layer_spec`. Requires megatron-core's
+parallel state to be initialised (the training loop does it). On CPU,
+activate :mod:`varbatch_kit.train.cpu_shim` first.
 """
 
 from __future__ import annotations
+
+import importlib.util
 
 import torch
 
 from varbatch_kit.train.config import TrainConfig
 
-__all__ = ["build_gpt", "transformer_config"]
+__all__ = ["build_gpt", "layer_spec", "transformer_config"]
 
 
-def transformer_config(cfg: TrainConfig, *, per_token_loss: bool = False):
-    """The megatron-core ``TransformerConfig`` of ``cfg``'s model.
+def layer_spec(*, normalization: str = "LayerNorm", qk_layernorm: bool = False):
+    """The transformer layer spec of every model built here (the one place that picks it).
 
-    No dropout (training must be deterministic and layout-independent), float32,
-    CPU initialisation (so the initial weights are the same on CPU and GPU for a
-    given seed). ``per_token_loss`` sets ``calculate_per_token_loss`` (Megatron's
-    per-token path, used by the ``per_token`` report mode).
+    ``varbatch_kit.train.attention.local_layer_spec`` (per-sample core
+    attention) when that module exists, else megatron-core's
+    ``get_gpt_layer_local_spec``; both without TransformerEngine.
     """
-    from megatron.core.transformer.transformer_config import TransformerConfig
+    if importlib.util.find_spec("varbatch_kit.train.attention") is not None:
+        from varbatch_kit.train.attention import local_layer_spec
+    else:  # pragma: no cover - the plain megatron spec, dense-mask attention
+        from megatron.core.models.gpt.gpt_layer_specs import (
+            get_gpt_layer_local_spec as local_layer_spec,
+        )
+    return local_layer_spec(normalization=normalization, qk_layernorm=qk_layernorm)
 
-    return TransformerConfig(
-        num_layers=cfg.num_layers,
-        hidden_size=cfg.hidden_size,
-        num_attention_heads=cfg.num_attention_heads,
-        ffn_hidden_size=cfg.ffn,
+
+def _common(per_token_loss: bool) -> dict:
+    """TransformerConfig settings shared by both kinds: deterministic float32 on CPU too."""
+    return dict(
         hidden_dropout=0.0,
         attention_dropout=0.0,
         params_dtype=torch.float32,
@@ -41,20 +58,89 @@ def transformer_config(cfg: TrainConfig, *, per_token_loss: bool = False):
     )
 
 
-def build_gpt(cfg: TrainConfig, *, max_seq_len: int, per_token_loss: bool = False):
-    """A ``GPTModel`` for ``cfg``, initialised from the current torch CPU RNG state.
+def transformer_config(cfg: TrainConfig, *, per_token_loss: bool = False):
+    """The megatron-core ``TransformerConfig`` of ``cfg``'s model.
 
-    Call ``torch.manual_seed(seed)`` first for reproducible weights.
+    No dropout (training must be deterministic and layout-independent), float32,
+    CPU initialisation (so the initial weights are the same on CPU and GPU for a
+    given seed). ``per_token_loss`` sets ``calculate_per_token_loss`` (Megatron's
+    per-token path, used by the ``per_token`` report mode). For a checkpoint
+    (``cfg.model``) the shape, norms, MLP and attention options come from its
+    ``config.json``; no random initialisation (the weights are loaded).
     """
-    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    if cfg.model is None:
+        return TransformerConfig(
+            num_layers=cfg.num_layers,
+            hidden_size=cfg.hidden_size,
+            num_attention_heads=cfg.num_attention_heads,
+            ffn_hidden_size=cfg.ffn,
+            **_common(per_token_loss),
+        )
+    import torch.nn.functional as F
+
+    spec = cfg.hf_model()
+    return TransformerConfig(
+        num_layers=cfg.num_layers,
+        hidden_size=spec.hidden_size,
+        num_attention_heads=spec.num_attention_heads,
+        num_query_groups=spec.num_query_groups,
+        kv_channels=spec.kv_channels,
+        ffn_hidden_size=spec.ffn_hidden_size,
+        normalization="RMSNorm",
+        layernorm_epsilon=spec.rms_norm_eps,
+        gated_linear_unit=True,
+        activation_func=F.silu,
+        bias_activation_fusion=False,
+        add_bias_linear=False,
+        add_qkv_bias=spec.qkv_bias,
+        qk_layernorm=spec.qk_norm,
+        perform_initialization=False,  # every parameter is overwritten by the checkpoint
+        **_common(per_token_loss),
+    )
+
+
+def build_gpt(cfg: TrainConfig, *, max_seq_len: int, per_token_loss: bool = False):
+    """A ``GPTModel`` for ``cfg``, on the CPU.
+
+    The toy model is initialised from the current torch CPU RNG state (call
+    ``torch.manual_seed(seed)`` first for reproducible weights). A checkpoint
+    model (``cfg.model``) holds the checkpoint's weights of its first
+    ``cfg.num_layers`` layers; its rotary embeddings follow the forward's
+    ``position_ids`` (restarting per packed sample).
+    """
     from megatron.core.models.gpt.gpt_model import GPTModel
 
-    return GPTModel(
-        config=transformer_config(cfg, per_token_loss=per_token_loss),
-        transformer_layer_spec=get_gpt_layer_local_spec(),
-        vocab_size=cfg.vocab_size,
+    config = transformer_config(cfg, per_token_loss=per_token_loss)
+    if cfg.model is None:
+        return GPTModel(
+            config=config,
+            transformer_layer_spec=layer_spec(),  # per-sample attention (attention.py)
+            vocab_size=cfg.vocab_size,
+            max_sequence_length=max_seq_len,
+            position_embedding_type="learned_absolute",
+            share_embeddings_and_output_weights=False,
+            parallel_output=True,
+        )
+    from varbatch_kit.train import hf
+
+    spec = cfg.hf_model()
+    if spec.sliding_window is not None and max_seq_len > spec.sliding_window:
+        raise ValueError(
+            f"max_seq_len={max_seq_len} exceeds the sliding_window={spec.sliding_window} of "
+            f"{spec.name}; sliding-window attention is not supported, keep sequences within "
+            "the window (where it equals full causal attention)")
+    gpt = GPTModel(
+        config=config,
+        transformer_layer_spec=layer_spec(normalization="RMSNorm", qk_layernorm=spec.qk_norm),
+        vocab_size=spec.vocab_size,
         max_sequence_length=max_seq_len,
-        position_embedding_type="learned_absolute",
-        share_embeddings_and_output_weights=False,
+        position_embedding_type="rope",
+        rotary_base=spec.rope_theta,
+        share_embeddings_and_output_weights=spec.tie_word_embeddings,
         parallel_output=True,
     )
+    hf.attach_position_ids_rope(gpt, spec)
+    hf.load_hf_weights(gpt, spec, cfg.num_layers)
+    return gpt
