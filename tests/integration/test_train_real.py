@@ -25,13 +25,14 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+from _paths import REPO
 
 from varbatch_kit import Rollouts, ScheduleConfig
 from varbatch_kit.train import TrainConfig, compare, run_many
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(900)]
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = REPO
 CACHE = ROOT / "build" / "test_cache"
 # 3 questions x 4 rollouts x 2 turns = 24 samples; 6 rollouts a step -> 2 steps whose GRPO
 # groups straddle the step boundary

@@ -3,11 +3,10 @@ SmolLM2 generations (rollout ids shared by turns, group sizes, token lengths, GR
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import pytest
 import torch
+from _paths import REPO
 
 from varbatch_kit.train.generate import (
     FOLLOW_UP,
@@ -19,7 +18,7 @@ from varbatch_kit.train.generate import (
     generate_rollouts,
 )
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = REPO
 
 
 # --------------------------------------------------------------------------- task and reward

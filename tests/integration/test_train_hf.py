@@ -30,6 +30,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from _paths import REPO
 
 from varbatch_kit import Rollouts, ScheduleConfig
 from varbatch_kit.train import TrainConfig
@@ -38,7 +39,7 @@ warnings.filterwarnings("ignore", message=".*Transformer Engine and Apex are not
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning", "ignore::DeprecationWarning",
                                         "ignore::FutureWarning")
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = REPO
 HAVE_TRANSFORMERS = all(importlib.util.find_spec(m) is not None
                         for m in ("transformers", "safetensors", "tokenizers"))
 HAVE_SMOLLM2 = HAVE_TRANSFORMERS and all(
