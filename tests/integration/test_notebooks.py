@@ -23,7 +23,10 @@ from pathlib import Path
 
 import nbformat
 import pytest
-from _paths import NOTEBOOKS_DIR, REPO
+
+if __name__ == "__main__":  # run as a script (--update): tests/ on sys.path, as pytest puts it
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from _paths import NOTEBOOKS_DIR, REPO  # noqa: E402
 
 ROOT = REPO
 NOTEBOOKS = sorted(NOTEBOOKS_DIR.glob("[0-9][0-9]_*.ipynb"))
