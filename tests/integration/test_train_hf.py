@@ -519,3 +519,21 @@ def test_hf_module_imports_without_torch_at_module_level():
             if isinstance(node, ast.ImportFrom) and node.module}
     assert not top & {"torch", "megatron", "safetensors", "transformers"}, top
 
+
+
+@needs_transformers
+def test_cli_trains_a_checkpoint_given_by_path(tmp_path):
+    """``varbatch-kit train --model DIR --layers N`` builds the checkpoint's config."""
+    import argparse
+
+    from varbatch_kit.cli import train as cli
+
+    path = _tiny_checkpoint("qwen2_bias_tied", tmp_path / "qwen2")
+    p = argparse.ArgumentParser()
+    cli.add_parser(p.add_subparsers())
+    (cfg,) = cli.configs_from_args(p.parse_args(["train", "--model", str(path), "--layers", "1"]))
+    assert cfg.model is not None and Path(cfg.model) == path.resolve()
+    assert cfg.num_layers == 1 and cfg.hf_model().qkv_bias
+    assert cfg.vocab_size == TINY["vocab_size"]
+    with pytest.raises(ValueError, match="does not exist|no such|not a directory"):
+        cli.configs_from_args(p.parse_args(["train", "--model", str(tmp_path / "nope")]))

@@ -1,4 +1,4 @@
-"""``varbatch-kit train`` and ``varbatch-kit compare``: train the tiny megatron-core GPT.
+"""``varbatch-kit train`` and ``varbatch-kit compare``: train a megatron-core GPT on rollouts.
 
 Examples::
 
@@ -71,14 +71,19 @@ def _common(p: argparse.ArgumentParser, many: bool) -> None:
                    help="distribution policy (default: ScheduleConfig's, strided)" + several)
 
     m = p.add_argument_group("model and optimisation (defaults: TrainConfig's)")
+    m.add_argument("--model", default=None, metavar="DIR",
+                   help="a Hugging Face checkpoint directory (Llama/Qwen2/Qwen3/Mistral; "
+                        "--layers N keeps its first N layers); default: the tiny toy GPT")
     m.add_argument("--mode", nargs=nargs, default=[D.mode] if many else D.mode,
                    help=f"loss/report mode (default {D.mode})" + several)
-    m.add_argument("--layers", type=int, default=D.num_layers)
-    m.add_argument("--hidden", type=int, default=D.hidden_size)
-    m.add_argument("--heads", type=int, default=D.num_attention_heads)
-    m.add_argument("--ffn", type=int, default=D.ffn_hidden_size,
-                   help="FFN width (default 4*hidden)")
-    m.add_argument("--vocab", type=int, default=D.vocab_size)
+    m.add_argument("--layers", type=int, default=None,
+                   help=f"layers (toy GPT: {D.num_layers}; --model: all of the checkpoint's)")
+    m.add_argument("--hidden", type=int, default=None, help=f"toy GPT only ({D.hidden_size})")
+    m.add_argument("--heads", type=int, default=None,
+                   help=f"toy GPT only ({D.num_attention_heads})")
+    m.add_argument("--ffn", type=int, default=None,
+                   help="toy GPT only: FFN width (default 4*hidden)")
+    m.add_argument("--vocab", type=int, default=None, help=f"toy GPT only ({D.vocab_size})")
     m.add_argument("--lr", type=float, default=D.lr)
     m.add_argument("--min-lr", type=float, default=D.min_lr)
     m.add_argument("--lr-decay-style", default=D.lr_decay_style,
@@ -107,7 +112,7 @@ def _common(p: argparse.ArgumentParser, many: bool) -> None:
 def add_parser(subparsers: Any) -> None:
     """Add ``train`` and ``compare`` to the dispatcher's subparsers."""
     fmt = argparse.RawDescriptionHelpFormatter
-    t = subparsers.add_parser("train", help="train the tiny megatron-core GPT on rollouts",
+    t = subparsers.add_parser("train", help="train a megatron-core GPT on rollouts",
                               description=__doc__.split("\n\n")[0], formatter_class=fmt)
     _common(t, many=False)
     t.set_defaults(func=_train)
@@ -169,7 +174,8 @@ def configs_from_args(args: argparse.Namespace):
         schedule = ScheduleConfig(dp=dp, cp=cp, global_batch_size=args.global_batch_size,
                                   packing=packing, **sizes)
         configs.append(TrainConfig(
-            schedule=schedule, mode=mode, num_layers=args.layers, hidden_size=args.hidden,
+            schedule=schedule, mode=mode, model=args.model, num_layers=args.layers,
+            hidden_size=args.hidden,
             num_attention_heads=args.heads, ffn_hidden_size=args.ffn, vocab_size=args.vocab,
             lr=args.lr, min_lr=args.min_lr, lr_decay_style=args.lr_decay_style,
             lr_warmup_fraction=args.lr_warmup_fraction, lr_increment=args.lr_increment,
