@@ -21,8 +21,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
-import os
-import socket
 import time
 import warnings
 from pathlib import Path
@@ -30,6 +28,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from _megatron import single_process_megatron
 from _paths import REPO
 
 from varbatch_kit import Rollouts, ScheduleConfig
@@ -88,32 +87,8 @@ def tokens(smollm2):
 @pytest.fixture(scope="module")
 def megatron_single_process():
     """torch.distributed (gloo, world 1) + megatron parallel state here, torn down after."""
-    from varbatch_kit.train import cpu_shim
-    from varbatch_kit.train.loop import setup_process
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": "0", "WORLD_SIZE": "1",
-           "LOCAL_RANK": "0"}
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    threads = torch.get_num_threads()
-    try:
-        yield setup_process("cuda" if torch.cuda.is_available() else "cpu", threads=threads)
-    finally:
-        from megatron.core import parallel_state
-
-        parallel_state.destroy_model_parallel()
-        if torch.distributed.is_initialized():
-            torch.distributed.destroy_process_group()
-        cpu_shim.deactivate()
-        torch.set_num_threads(threads)
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+    with single_process_megatron() as device:
+        yield device
 
 
 def _megatron(path, num_layers=None, max_seq_len=256, device=None):

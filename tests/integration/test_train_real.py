@@ -16,7 +16,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import socket
 import time
 import warnings
 from pathlib import Path
@@ -25,6 +24,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+from _megatron import single_process_megatron
 from _paths import REPO
 
 from varbatch_kit import Rollouts, ScheduleConfig
@@ -143,34 +143,10 @@ def test_smollm2_layout_matrix(real_rollouts, smollm2_path, tmp_path):
 # --------------------------------------------------------------------------- loss == formula
 @pytest.fixture
 def megatron_here():
-    """torch.distributed (gloo, world 1) + megatron parallel state in this process."""
-    from varbatch_kit.train import cpu_shim
-    from varbatch_kit.train.loop import setup_process
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": "0",
-           "WORLD_SIZE": "1", "LOCAL_RANK": "0"}
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    threads = torch.get_num_threads()
+    """torch.distributed (gloo, world 1) + megatron parallel state in this process (CPU)."""
     warnings.filterwarnings("ignore", message=".*Transformer Engine and Apex are not installed.*")
-    try:
-        yield setup_process("cpu", threads=threads)
-    finally:
-        from megatron.core import parallel_state
-
-        parallel_state.destroy_model_parallel()
-        if torch.distributed.is_initialized():
-            torch.distributed.destroy_process_group()
-        cpu_shim.deactivate()
-        torch.set_num_threads(threads)
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+    with single_process_megatron("cpu") as device:
+        yield device
 
 
 def _token_rollouts(old: bool) -> Rollouts:

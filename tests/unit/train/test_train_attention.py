@@ -12,13 +12,12 @@ weights: with megatron's own ``DotProductAttention`` and the dense
 
 from __future__ import annotations
 
-import os
-import socket
 import warnings
 
 import numpy as np
 import pytest
 import torch
+from _megatron import single_process_megatron
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -121,40 +120,16 @@ def megatron_process():
     ``torch.cuda.current_device()``; unless the CPU shim already covers that
     module, it gets the shim's CPU view of torch for the module's duration.
     """
-    from varbatch_kit.train.loop import setup_process
+    import megatron.core.models.common.embeddings.rotary_pos_embedding as rope_mod
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": "0", "WORLD_SIZE": "1",
-           "LOCAL_RANK": "0"}
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    threads = torch.get_num_threads()
-    rope_mod, rope_torch = None, None
-    try:
-        device = setup_process("cuda" if torch.cuda.is_available() else "cpu", threads=threads)
-        import megatron.core.models.common.embeddings.rotary_pos_embedding as rope_mod
-
-        rope_torch = rope_mod.torch
+    rope_torch = rope_mod.torch
+    with single_process_megatron() as device:
         if cpu_shim.active() and rope_torch is torch:
             rope_mod.torch = cpu_shim._TorchOnCpu()
-        yield device
-    finally:
-        if rope_mod is not None:
+        try:
+            yield device
+        finally:
             rope_mod.torch = rope_torch
-        from megatron.core import parallel_state
-
-        parallel_state.destroy_model_parallel()
-        if torch.distributed.is_initialized():
-            torch.distributed.destroy_process_group()
-        cpu_shim.deactivate()
-        torch.set_num_threads(threads)
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 def _seed(seed: int) -> None:

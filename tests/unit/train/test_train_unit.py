@@ -4,13 +4,12 @@ config, CLI."""
 from __future__ import annotations
 
 import argparse
-import os
-import socket
 import warnings
 
 import numpy as np
 import pytest
 import torch
+from _megatron import single_process_megatron
 
 from varbatch_kit import Rollouts, ScheduleConfig
 from varbatch_kit.train import TrainConfig, cpu_shim
@@ -105,32 +104,8 @@ def test_pack_positions_and_response_positions():
 @pytest.fixture(scope="module")
 def megatron_single_process():
     """torch.distributed (gloo, world 1) + megatron parallel state here, torn down after."""
-    from varbatch_kit.train.loop import setup_process
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": "0", "WORLD_SIZE": "1",
-               "LOCAL_RANK": "0"}
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    threads = torch.get_num_threads()
-    try:
-        device = setup_process("cuda" if torch.cuda.is_available() else "cpu", threads=threads)
+    with single_process_megatron() as device:
         yield device
-    finally:
-        from megatron.core import parallel_state
-
-        parallel_state.destroy_model_parallel()
-        if torch.distributed.is_initialized():
-            torch.distributed.destroy_process_group()
-        cpu_shim.deactivate()
-        torch.set_num_threads(threads)
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 def test_packed_losses_equal_each_sample_alone(megatron_single_process):
