@@ -14,7 +14,7 @@ from varbatch_kit.core.flops import ModelShape
 __all__ = ["SCHEDULE_FIELDS", "TrainConfig"]
 
 # ScheduleConfig fields that TrainConfig.with_() routes to the schedule
-SCHEDULE_FIELDS = tuple(f.name for f in fields(ScheduleConfig))
+SCHEDULE_FIELDS = tuple(f.name for f in fields(ScheduleConfig) if f.init)
 
 LR_DECAY_STYLES = ("constant", "linear", "cosine")
 LR_INCREMENTS = ("auto", "rollouts", "samples")

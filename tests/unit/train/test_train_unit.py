@@ -230,3 +230,12 @@ def test_cli_builds_every_combination():
     (c,) = cli.configs_from_args(a)
     assert c.dp == 2 and c.schedule.max_tokens_per_gpu == 256
     assert len(cli.rollouts_from_args(a).rollout_order()[0]) == 16
+
+
+def test_schedule_fields_routed_by_with_are_the_init_fields():
+    from varbatch_kit.train.config import SCHEDULE_FIELDS
+
+    assert "defaulted" not in SCHEDULE_FIELDS  # derived by ScheduleConfig, not settable
+    assert {"dp", "cp", "packing", "distribution", "max_tokens_per_gpu"} <= set(SCHEDULE_FIELDS)
+    c = TrainConfig().with_(dp=2, packing="balanced")
+    assert (c.schedule.dp, c.schedule.distribution) == (2, "balanced")
