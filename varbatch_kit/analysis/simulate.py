@@ -22,6 +22,13 @@ rank gets ``max(step FLOPs / dp, largest sample's FLOPs)`` in the fewest
 micro-batches the token cap allows (``ceil(tokens / cap)`` rounded up to
 the alignment; the schedule's own count on the static path), all of equal
 size. With ``pp = 1`` no schedule can beat it.
+
+A measured :class:`~varbatch_kit.analysis.cost_model.MicroBatchCostModel`
+can stand in for the hardware profile (``simulate(schedule, hardware=model)``,
+:func:`simulate_with_cost_model`): a micro-batch of samples of lengths ``L_i``
+then costs ``c0 + (c1 * sum L_i + c2 * sum L_i^2) / cp`` seconds on each of
+its CP ranks (forward + backward, split by the model's ``forward_share``),
+divided by ``pp`` on each pipeline stage; no FLOPs estimate is needed.
 """
 
 from __future__ import annotations
@@ -31,6 +38,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from varbatch_kit.analysis.cost_model import MicroBatchCostModel
 from varbatch_kit.analysis.quality import micro_batch_arrays
 from varbatch_kit.core.schedule import Schedule
 from varbatch_kit.policies.packers import aligned_count
@@ -41,6 +49,7 @@ __all__ = [
     "SimulationResult",
     "one_f_one_b",
     "simulate",
+    "simulate_with_cost_model",
     "simulated_step_time_bound",
 ]
 
@@ -297,8 +306,11 @@ def simulate(
     schedule:
         Built with a model shape (its FLOPs drive the model).
     hardware:
-        A key of :data:`HARDWARE` (``"H100"``, ``"H200"``, ``"A100"``) or a
-        :class:`HardwareProfile`.
+        A key of :data:`HARDWARE` (``"H100"``, ``"H200"``, ``"A100"``), a
+        :class:`HardwareProfile`, or a measured
+        :class:`~varbatch_kit.analysis.cost_model.MicroBatchCostModel`
+        (then ``efficiency``, ``microbatch_overhead_s``, ``tp`` and
+        ``backward_factor`` do not apply: :func:`simulate_with_cost_model`).
     efficiency:
         Share of the peak reached by the training kernels (model FLOPs
         utilisation), in ``(0, 1]``.
@@ -317,6 +329,9 @@ def simulate(
     """
     import pandas as pd
 
+    if isinstance(hardware, MicroBatchCostModel):  # measured seconds instead of FLOPs
+        return simulate_with_cost_model(schedule, hardware, pp=pp,
+                                        step_overhead_s=step_overhead_s, timelines=timelines)
     _check_schedule(schedule)
     p = _params(hardware, efficiency, microbatch_overhead_s, pp, tp, step_overhead_s,
                 backward_factor)
@@ -365,4 +380,121 @@ def simulate(
                     "efficiency": p.efficiency, "microbatch_overhead_s": p.microbatch_overhead_s,
                     "pp": p.pp, "tp": p.tp, "cp": cfg.cp, "step_overhead_s": p.step_overhead_s,
                     "backward_factor": p.backward_factor},
+    )
+
+
+# ----------------------------------------------------------------------------- measured model
+def _cost_stage_times(seconds: np.ndarray, model: MicroBatchCostModel, pp: int):
+    per_stage = seconds / pp
+    return model.forward_share * per_stage, (1.0 - model.forward_share) * per_stage
+
+
+def _cost_micro_batch_seconds(schedule: Schedule, step, model: MicroBatchCostModel,
+                              cp: int) -> np.ndarray:
+    """Seconds (forward + backward, one CP rank, all stages) of each micro-batch of ``step``."""
+    lengths = schedule.rollouts.total_len.astype(np.float64)
+    s1 = np.array([lengths[mb].sum() for mb in step.micro_batches])
+    s2 = np.array([(lengths[mb] ** 2).sum() for mb in step.micro_batches])
+    return model.c0 + (model.c1 * s1 + model.c2 * s2) / cp
+
+
+def _cost_bound(schedule: Schedule, step, model: MicroBatchCostModel, pp: int) -> float:
+    """A perfect schedule under the cost model: the fewest micro-batches per rank the cap
+    allows, the step's token and squared-token work spread evenly (at least the longest
+    sample in one micro-batch), every micro-batch of equal cost."""
+    cfg = schedule.config
+    dp, cp = cfg.dp, cfg.cp
+    L = schedule.rollouts.total_len[step.sample_indices].astype(np.float64)
+    if cfg.cap is not None:
+        m = aligned_count(max(1, math.ceil(int(L.sum()) / cfg.cap)), cfg.align) // dp
+    else:
+        m = len(step.micro_batches) // dp
+    m = max(m, 1)
+    spread = (model.c1 * L.sum() + model.c2 * (L * L).sum()) / (dp * cp)
+    longest = (model.c1 * L.max() + model.c2 * L.max() ** 2) / cp
+    work = m * model.c0 + max(spread, longest)
+    tf, tb = _cost_stage_times(np.full((1, m), work / m), model, pp)
+    return float(one_f_one_b(tf, tb, pp)[2][0])
+
+
+def simulate_with_cost_model(
+    schedule: Schedule,
+    model: MicroBatchCostModel,
+    pp: int = 1,
+    *,
+    step_overhead_s: float = 0.0,
+    timelines: bool = True,
+) -> SimulationResult:
+    """:func:`simulate` with a measured micro-batch cost model in place of FLOPs and a profile.
+
+    Every micro-batch of samples of total lengths ``L_i`` costs
+    ``model.c0 + (model.c1 * sum L_i + model.c2 * sum L_i^2) / cp`` seconds
+    (forward + backward; ``cp`` from the schedule's config, 1 for a model
+    measured on the emulated-CP engine with ``cp = 1``), split into forward and
+    backward by ``model.forward_share`` and divided by ``pp`` on every
+    pipeline stage (1F1B as in :func:`simulate`). The ranks meet at the end
+    of the step; ``step_overhead_s`` adds a fixed cost per step (optimizer,
+    gradient all-reduce). Same result tables as :func:`simulate` (the
+    timelines' ``flops`` column is NaN when the schedule has no FLOPs).
+    """
+    import pandas as pd
+
+    if not isinstance(schedule, Schedule):
+        raise ValueError(  # noqa: TRY004 - the project reports bad input as ValueError
+            f"schedule must be a varbatch_kit Schedule, got {type(schedule).__name__}")
+    if not isinstance(model, MicroBatchCostModel):
+        raise ValueError(  # noqa: TRY004
+            f"model must be a MicroBatchCostModel, got {type(model).__name__}")
+    if isinstance(pp, bool) or not isinstance(pp, (int, np.integer)) or pp < 1:
+        raise ValueError(f"pp must be a positive integer, got {pp!r}")
+    if not (isinstance(step_overhead_s, (int, float)) and step_overhead_s >= 0
+            and math.isfinite(step_overhead_s)):
+        raise ValueError(f"step_overhead_s must be a finite number of seconds >= 0, "
+                         f"got {step_overhead_s!r}")
+    pp, cfg = int(pp), schedule.config
+    dp = cfg.dp
+    step_rows, rank_frames, tl_frames = [], [], []
+    clock = 0.0
+    for step in schedule.steps:
+        a = micro_batch_arrays(schedule, step)
+        m = len(step.micro_batches) // dp
+        grid = np.empty((dp, m), dtype=np.int64)  # bin at (rank, position)
+        grid[a["rank"], a["pos"]] = np.arange(len(step.micro_batches))
+        secs = _cost_micro_batch_seconds(schedule, step, model, cfg.cp)
+        tf, tb = _cost_stage_times(secs[grid], model, pp)
+        start, end, finish = one_f_one_b(tf, tb, pp)
+        busy = (tf + tb).sum(axis=1)
+        slow = int(np.argmax(finish))
+        span = float(finish[slow])
+        time_s = span + step_overhead_s
+        wait = span - finish
+        bound = _cost_bound(schedule, step, model, pp) + step_overhead_s
+        step_rows.append({
+            "step": step.index, "start_s": clock, "time_s": time_s, "bound_s": bound,
+            "ratio": time_s / bound, "busiest_rank_s": span, "compute_s": float(busy[slow]),
+            "bubble_s": span - float(busy[slow]),
+            "straggler_wait_s": float(wait.mean()), "max_straggler_wait_s": float(wait.max()),
+            "micro_batches_per_rank": m})
+        rank_frames.append(pd.DataFrame({"step": step.index, "rank": np.arange(dp),
+                                         "busy_s": busy, "end_s": finish, "wait_s": wait}))
+        if timelines:
+            tl_frames.append(pd.DataFrame({
+                "step": step.index,
+                "rank": np.repeat(np.arange(dp), m),
+                "micro_batch": np.tile(np.arange(m), dp),
+                "start_s": start.ravel(), "end_s": end.ravel(), "compute_s": (tf + tb).ravel(),
+                "flops": a["flops"][grid].ravel(), "tokens": a["tokens"][grid].ravel(),
+                "samples": a["samples"][grid].ravel()}))
+        clock += time_s
+    tl_cols = ["step", "rank", "micro_batch", "start_s", "end_s", "compute_s", "flops", "tokens",
+               "samples"]
+    return SimulationResult(
+        step_times=pd.DataFrame(step_rows),
+        rank_times=pd.concat(rank_frames, ignore_index=True),
+        timelines=(pd.concat(tl_frames, ignore_index=True) if tl_frames
+                   else pd.DataFrame(columns=tl_cols)),
+        params={"hardware": "cost_model", "c0": model.c0, "c1": model.c1, "c2": model.c2,
+                "forward_share": model.forward_share, "device": model.device,
+                "source": model.source, "pp": pp, "cp": cfg.cp,
+                "step_overhead_s": float(step_overhead_s)},
     )

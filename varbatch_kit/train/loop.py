@@ -218,10 +218,12 @@ def _ordered(record: dict, cfg: TrainConfig, device: torch.device) -> dict:
 def train_step(cfg, mode, model, optimizer, step, rollouts, data, device) -> dict:
     """Forward/backward over this rank's micro-batches, optimizer step, reduced report."""
     from megatron.core.pipeline_parallel import get_forward_backward_func
+    from megatron.core.utils import get_model_config
 
     from varbatch_kit.report.cp import slice_flat_responses_for_cp
     from varbatch_kit.train.batch import pack, response_token_stats
     from varbatch_kit.train.loss import policy_gradient_loss
+    from varbatch_kit.train.timing import MicroBatchTimer, busy_and_straggler, gather_timings
 
     t0 = time.perf_counter()
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -286,14 +288,18 @@ def train_step(cfg, mode, model, optimizer, step, rollouts, data, device) -> dic
                 torch.tensor(num_tokens, dtype=torch.int, device=device),
                 {"values": values})
 
+    timer = MicroBatchTimer(cuda=device.type == "cuda")  # fwd/bwd wall time per micro-batch
+
     def forward_step(data_iterator, model):
         batch = next(data_iterator)
+        timer.forward_start(batch.lengths)
         logits = model(batch.tokens, batch.position_ids, **batch.model_inputs())
-        return logits, partial(loss_func, batch)
+        return logits, timer.wrap_loss(partial(loss_func, batch))
 
     # 3. megatron-core's forward/backward schedule (no pipelining), DDP grad sync at the end
     model.zero_grad_buffer()
     optimizer.zero_grad()
+    timer.attach(get_model_config(model))  # the last backward ends where the grad sync starts
     outputs = get_forward_backward_func()(
         forward_step_func=forward_step,
         data_iterator=iter(batches),
@@ -303,6 +309,7 @@ def train_step(cfg, mode, model, optimizer, step, rollouts, data, device) -> dic
         micro_batch_size=1,
         forward_only=False,
     )
+    timer.detach()
 
     # 4. optimizer step; grad_norm is the norm before clipping
     ok, grad_norm, _ = optimizer.step()
@@ -314,6 +321,8 @@ def train_step(cfg, mode, model, optimizer, step, rollouts, data, device) -> dic
     walls = torch.tensor([wall], dtype=torch.float64, device=device)
     gathered = [torch.zeros_like(walls) for _ in range(world)]
     dist.all_gather(gathered, walls)
+    timings = gather_timings(timer.records)  # per world rank
+    busy, straggler = busy_and_straggler(timings)
 
     tokens = rollouts.total_len
     per_rank = step.ranks
@@ -334,6 +343,9 @@ def train_step(cfg, mode, model, optimizer, step, rollouts, data, device) -> dic
         "loss_prescale": float(prescale),
         "wall_s": [float(w.item()) for w in gathered],
         "step_time_s": max(float(w.item()) for w in gathered),
+        "micro_batch_timing": timings,
+        "busy_s": busy,
+        "straggler_s": straggler,
     }
 
 

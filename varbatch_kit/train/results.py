@@ -25,7 +25,7 @@ class Run:
         pandas table, one row per step (the JSON lines of ``steps.jsonl``):
         step, rollouts, samples, tokens, num_microbatches (per DP rank),
         loss and the other reported metrics, grad_norm (before clipping), lr,
-        wall_s (per rank), ...
+        wall_s (per rank), micro_batch_timing, busy_s and straggler_s (per rank), ...
     out_dir:
         Folder with ``steps.jsonl``, ``meta.json`` and any saved parameters.
     meta:
@@ -43,6 +43,20 @@ class Run:
     @property
     def jsonl_path(self) -> Path:
         return self.out_dir / "steps.jsonl"
+
+    @property
+    def micro_batches(self):
+        """pandas table, one row per (step, rank, micro-batch) in training order: ``step, rank``
+        (world rank), ``position``, ``num_samples``, ``sum_len``, ``sum_len_sq`` (of the
+        samples' total lengths), ``fwd_s``, ``bwd_s``, ``time_s`` (their sum), from the
+        steps' ``micro_batch_timing`` (see :mod:`varbatch_kit.train.timing`); empty when
+        the run recorded none."""
+        import pandas as pd
+
+        from varbatch_kit.analysis.cost_model import ROW_KEYS, micro_batch_rows
+
+        records = self.steps.to_dict("records") if "micro_batch_timing" in self.steps else []
+        return pd.DataFrame(micro_batch_rows(records), columns=list(ROW_KEYS))
 
     @property
     def losses(self) -> np.ndarray:
