@@ -1,4 +1,4 @@
-"""``varbatch-kit`` command line: ``schedule``, ``train``, ``compare``, ``demo``, ``notebooks``.
+"""``varbatch-kit`` command line: ``schedule``, ``train``, ``compare``, ``demo``, ``notebooks``, ``calibrate``.
 
 Each subcommand lives with the code it drives; this module only dispatches.
 A user error (bad layout, missing trace) prints the message to stderr and
@@ -21,6 +21,7 @@ SUBCOMMANDS = {
     "compare": "varbatch_kit.cli.train",
     "demo": "varbatch_kit.cli.demo",
     "notebooks": "varbatch_kit.cli.notebooks",
+    "calibrate": "varbatch_kit.cli.calibrate",
 }
 
 

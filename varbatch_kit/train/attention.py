@@ -73,10 +73,12 @@ def segment_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tenso
                          "tokens; cu_seqlens must cover the packed row exactly")
     gqa = query.size(1) != key.size(1)
     if len(lengths) == 1:  # one segment: no splitting, no copies
+        # 4-d [1, heads, T, d]: torch's CPU SDPA takes its fused kernel only for batched input
+        # (3-d [heads, T, d] falls back to the math path, several times slower at T ~ 4096)
         out = F.scaled_dot_product_attention(
-            query.transpose(0, 1), key.transpose(0, 1), value.transpose(0, 1),
+            query.transpose(0, 1)[None], key.transpose(0, 1)[None], value.transpose(0, 1)[None],
             is_causal=True, scale=scale, enable_gqa=gqa)
-        return out.transpose(0, 1)
+        return out[0].transpose(0, 1)
     qs, ks, vs = (t.split(lengths, dim=0) for t in (query, key, value))
     groups: dict[int, list[int]] = {}
     for i, n in enumerate(lengths):
