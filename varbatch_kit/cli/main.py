@@ -1,4 +1,6 @@
-"""``varbatch-kit`` command line: ``schedule``, ``train``, ``compare``, ``demo``, ``notebooks``, ``calibrate``.
+"""``varbatch-kit`` command line: ``schedule``, ``train``, ``compare``, ``demo``, ``notebooks``.
+
+(and ``calibrate``: the micro-batch cost model of this device, :mod:`varbatch_kit.cli.calibrate`.)
 
 Each subcommand lives with the code it drives; this module only dispatches.
 A user error (bad layout, missing trace) prints the message to stderr and
