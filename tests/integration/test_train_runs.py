@@ -90,6 +90,35 @@ def test_reports_gradients_and_parameters_do_not_move_with_the_layout(tmp_path):
     moved = naive[naive.config != naive.reference]
     assert (np.maximum(moved["loss_rel_diff"], moved["grad_norm_rel_diff"]) > 0.01).all(), naive
 
+    # micro-batch timing (train/timing.py) of the same launches: per world rank, one record per
+    # micro-batch in training order, with its lengths; busy and straggler follow from them
+    lengths = rollouts.total_len
+    for r in runs:
+        for rec in (json.loads(x) for x in r.jsonl_path.read_text().splitlines()):
+            timing = rec["micro_batch_timing"]
+            assert len(timing) == r.config.world_size
+            for w, mbs in enumerate(timing):
+                dp_rank = w // r.config.cp
+                assert [sum(m["lengths"]) for m in mbs] == rec["micro_batch_tokens"][dp_rank]
+                assert sum(len(m["lengths"]) for m in mbs) == rec["samples_per_rank"][dp_rank]
+                assert all(m["fwd_s"] > 0 and m["bwd_s"] > 0 for m in mbs)
+            busy = [sum(m["fwd_s"] + m["bwd_s"] for m in mbs) for mbs in timing]
+            assert rec["busy_s"] == pytest.approx(busy)
+            assert rec["straggler_s"] == pytest.approx([max(busy) - b for b in busy])
+            assert max(busy) <= rec["step_time_s"]
+    dp2 = next(r for r in runs if r.config.dp == 2 and r.config.cp == 1
+               and r.config.schedule.packing == "first_fit")
+    mb = dp2.micro_batches
+    assert list(mb.columns) == ["step", "rank", "position", "num_samples", "sum_len",
+                                "sum_len_sq", "fwd_s", "bwd_s", "time_s"]
+    assert len(mb) == sum(sum(n) for n in dp2.steps["num_microbatches"])
+    step1 = build_schedule(rollouts, dp2.config.schedule, model=dp2.config.model_shape()).steps[0]
+    first = step1.ranks[1][0]  # rank 1's first micro-batch of step 1
+    row = mb[(mb.step == 1) & (mb["rank"] == 1) & (mb.position == 0)].iloc[0]
+    assert row.num_samples == len(first) and row.sum_len == lengths[first].sum()
+    assert row.sum_len_sq == (lengths[first] ** 2).sum()
+    assert row.time_s == pytest.approx(row.fwd_s + row.bwd_s)
+
 
 def test_variable_batch_lr_schedule_and_loss_curve(tmp_path):
     """One launch: 30 steps on the toy task (loss falls), and a per-token run whose LR

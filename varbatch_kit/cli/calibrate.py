@@ -52,6 +52,9 @@ def add_parser(subparsers: Any) -> None:
     o.add_argument("--out", default="cost_model.json",
                    help="model JSON to write (default cost_model.json)")
     o.add_argument("--csv", default=None, help="also write the measurements to this CSV")
+    o.add_argument("--record", default=None,
+                   help="also write the whole calibration (settings, model, measurements) as "
+                        "JSON to this file")
     o.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=_calibrate)
 
@@ -74,6 +77,8 @@ def _calibrate(args: argparse.Namespace) -> int:
     path = cal.model.save(args.out)
     if args.csv:
         cal.table().to_csv(args.csv, index=False)
+    if args.record:
+        cal.save(args.record)
     s = cal.fit.summary()
     print(cal.model.describe())
     print(f"held-out R2 {s['r2_heldout']:.4f} on {s['n_heldout']} micro-batches "

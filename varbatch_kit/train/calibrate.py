@@ -25,11 +25,14 @@ like a training worker with ``threads_per_worker=1``) and restores it.
 from __future__ import annotations
 
 import contextlib
+import json
+import math
 import os
 import socket
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 
@@ -100,6 +103,18 @@ class Calibration:
     @property
     def model(self) -> MicroBatchCostModel:
         return self.fit.model
+
+    def save(self, path) -> Path:
+        """Write the measurements, the sweep's settings and the fitted model as JSON
+        (``{"info", "model", "measurements"}``; the notebooks read such a file)."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        model = {k: (None if isinstance(v, float) and math.isnan(v) else v)
+                 for k, v in self.model.to_dict().items()}
+        path.write_text(json.dumps({"info": self.info, "model": model,
+                                    "heldout_r2": self.fit.heldout_r2,
+                                    "measurements": self.measurements}, indent=1) + "\n")
+        return path
 
     def table(self):
         """The measurements as a pandas table, with the prediction of each."""
