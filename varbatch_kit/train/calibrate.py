@@ -6,7 +6,10 @@ packs micro-batches of chosen compositions with :func:`~varbatch_kit.train.batch
 and times each one's forward (model + the policy-gradient loss over its
 response tokens) and backward with the engine's :class:`~varbatch_kit.train.timing.MicroBatchTimer`
 (``torch.cuda.synchronize()`` at the boundaries on CUDA). Warm-up passes run
-first; every composition is timed ``repeats`` times and its median kept.
+first; every composition is timed ``repeats`` times (the repeats interleaved
+over the compositions) and its fastest pass kept: other processes on the
+same cores only ever add time, so the minimum is the best estimate of the
+micro-batch's own cost.
 
 The compositions vary ``sum L`` and ``sum L^2`` independently
 (:func:`grid_compositions`: a token budget ``T`` split into ``k`` equal
@@ -92,7 +95,7 @@ class Calibration:
     """A calibration sweep's measurements and the cost model fitted to them.
 
     ``measurements``: one dict per composition: ``lengths, num_samples,
-    sum_len, sum_len_sq, fwd_s, bwd_s, time_s`` (medians over the repeats),
+    sum_len, sum_len_sq, fwd_s, bwd_s, time_s`` (of its fastest repeat),
     ``heldout`` (judged, not fitted). ``fit``: the :class:`CostFit`.
     """
 
@@ -204,7 +207,7 @@ def calibrate(
         Compositions timed and judged but not fitted; default
         ``n_heldout`` :func:`random_compositions` up to ``max_tokens``.
     repeats, warmup:
-        Timed passes per composition (median kept) and untimed passes first.
+        Timed passes per composition (the fastest kept) and untimed passes first.
     threads:
         torch CPU threads during the sweep (1, as a training worker).
     device:
@@ -301,7 +304,7 @@ def _sweep(cfg, dev, fit_set, out_set, longest, repeats, warmup, seed, progress)
     for j, (c, held) in enumerate(jobs):
         fb = np.array(times[j])
         tot = fb.sum(axis=1)
-        k = int(np.argsort(tot)[len(tot) // 2])  # the median pass (fwd and bwd of one pass)
+        k = int(np.argmin(tot))  # the fastest pass: other load on the machine only adds time
         L = np.asarray(c, dtype=np.int64)
         rows.append({"lengths": [int(x) for x in L], "num_samples": int(L.size),
                      "sum_len": int(L.sum()), "sum_len_sq": int((L * L).sum()),
