@@ -16,8 +16,9 @@ The engine records every micro-batch's forward and backward time
 (the first step of each run left out as warm-up; the full bench trains every
 policy twice, in turn, so that a burst of load elsewhere does not fall on one
 policy only), 25 % of them held out for
-R² (``--sweep`` also fits one on a calibration sweep,
-:mod:`varbatch_kit.train.calibrate`). One fixed per-step overhead
+R². A second model is fitted on a calibration sweep
+(:mod:`varbatch_kit.train.calibrate`, not with ``--quick``) and judged on the
+runs' micro-batches: a model that never saw the training runs. One fixed per-step overhead
 (optimizer, packing, gradient all-reduce: the median over all steps of the
 measured step time minus the busiest rank's busy time) is added to every
 predicted step. Then, per policy, ``simulate(schedule, hardware=model)``
@@ -118,8 +119,9 @@ def ranking(rows, key) -> list[str]:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.measured", description=__doc__)
     ap.add_argument("--quick", action="store_true", help="fewer, smaller steps (< 2 min)")
-    ap.add_argument("--sweep", action="store_true",
-                    help="also fit a cost model on a calibration sweep and predict with it")
+    ap.add_argument("--sweep", action=argparse.BooleanOptionalAction, default=None,
+                    help="also fit a cost model on a calibration sweep, judge it on the runs' "
+                         "micro-batches and predict with it (default: on, off with --quick)")
     ap.add_argument("--out", default=str(OUT), help="output folder (default build/bench)")
     ap.add_argument("--runs-dir", default=None, help="keep the training runs here")
     args = ap.parse_args(argv)
@@ -128,6 +130,8 @@ def main(argv=None) -> int:
     from varbatch_kit.train import run_many
 
     p = QUICK if args.quick else FULL
+    if args.sweep is None:
+        args.sweep = not args.quick
     rollouts = make_rollouts(p)
     cfgs = configs(p)
     t0 = time.perf_counter()
@@ -140,11 +144,18 @@ def main(argv=None) -> int:
     models = {"runs": model}
     sweep_summary = None
     if args.sweep:
+        import pandas as pd
+
+        from varbatch_kit.analysis.cost_model import r_squared
         from varbatch_kit.train.calibrate import calibrate
 
-        cal = calibrate(cfgs[0], max_tokens=p["cap"], repeats=3, progress=False)
+        cal = calibrate(cfgs[0], max_tokens=p["cap"], repeats=5, progress=False)
         models["sweep"] = cal.model
         sweep_summary = cal.fit.summary()
+        mbs = pd.concat([r.micro_batches for r in runs], ignore_index=True)
+        mbs = mbs[mbs["step"] > 1]  # the sweep's model judged on the runs' own micro-batches
+        sweep_summary["r2_on_runs"] = r_squared(
+            mbs["time_s"], cal.model.seconds(mbs["sum_len"], mbs["sum_len_sq"]))
 
     rows = []
     for k, cfg in enumerate(cfgs[:len(POLICIES)]):
@@ -169,14 +180,18 @@ def main(argv=None) -> int:
           f"step overhead {overhead * 1e3:.1f} ms; training wall {train_wall:.0f} s")
     if sweep_summary:
         print(f"sweep model: {models['sweep'].describe()}; held-out R2 "
-              f"{sweep_summary['r2_heldout']:.4f}")
+              f"{sweep_summary['r2_heldout']:.4f}; R2 on the runs' micro-batches "
+              f"{sweep_summary['r2_on_runs']:.4f}")
+    sweep_col = "sweep" in models
     head = (f"{'policy':<22}{'measured s':>11}{'predicted s':>12}{'error':>8}"
-            f"{'straggler meas':>15}{'straggler pred':>15}{'bound s':>9}")
+            f"{'straggler meas':>15}{'straggler pred':>15}{'bound s':>9}"
+            + (f"{'pred (sweep) s':>15}" if sweep_col else ""))
     print(head)
     for r in rows:
         print(f"{r['policy']:<22}{r['measured_step_s']:>11.3f}{r['predicted_step_s']:>12.3f}"
               f"{r['error'] * 100:>7.1f}%{r['measured_straggler_s']:>15.3f}"
-              f"{r['predicted_straggler_s']:>15.3f}{r['bound_s']:>9.3f}")
+              f"{r['predicted_straggler_s']:>15.3f}{r['bound_s']:>9.3f}"
+              + (f"{r['predicted_sweep_step_s']:>15.3f}" if sweep_col else ""))
     within = all(abs(r["error"]) <= 0.15 for r in rows)
     print(f"ranking measured:  {' < '.join(measured_rank)}")
     print(f"ranking predicted: {' < '.join(predicted_rank)}")
