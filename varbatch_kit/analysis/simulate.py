@@ -33,6 +33,7 @@ import numpy as np
 
 from varbatch_kit.analysis.quality import micro_batch_arrays
 from varbatch_kit.core.schedule import Schedule
+from varbatch_kit.policies.order import apply_order
 from varbatch_kit.policies.packers import aligned_count
 
 __all__ = [
@@ -216,7 +217,7 @@ def simulated_step_time_bound(
     hardware: str | HardwareProfile = "H100",
     efficiency: float = 0.45,
     microbatch_overhead_s: float = 0.004,
-    pp: int = 1,
+    pp: int | None = None,
     *,
     tp: int = 1,
     step_overhead_s: float = 0.0,
@@ -224,6 +225,7 @@ def simulated_step_time_bound(
 ) -> np.ndarray:
     """Per step, the simulated time of a perfect schedule of the same step (see module doc)."""
     _check_schedule(schedule)
+    pp = schedule.config.pp if pp is None else pp
     p = _params(hardware, efficiency, microbatch_overhead_s, pp, tp, step_overhead_s,
                 backward_factor)
     return np.array([_bound_for_step(schedule, st, micro_batch_arrays(schedule, st), p)
@@ -283,12 +285,13 @@ def simulate(
     hardware: str | HardwareProfile = "H100",
     efficiency: float = 0.45,
     microbatch_overhead_s: float = 0.004,
-    pp: int = 1,
+    pp: int | None = None,
     *,
     tp: int = 1,
     step_overhead_s: float = 0.0,
     backward_factor: float = 2.0,
     timelines: bool = True,
+    order: str | None = None,
 ) -> SimulationResult:
     """Predict the time of every step of ``schedule``.
 
@@ -306,7 +309,7 @@ def simulate(
         Fixed seconds per micro-batch and pipeline stage.
     pp, tp:
         Pipeline and tensor parallel sizes of one DP replica (``cp`` comes
-        from the schedule's config).
+        from the schedule's config; ``pp`` defaults to ``config.pp``).
     step_overhead_s:
         Fixed seconds per step (optimizer, gradient all-reduce).
     backward_factor:
@@ -314,12 +317,24 @@ def simulate(
     timelines:
         Build the per-micro-batch table (skip it for very large schedules
         when only step times are needed).
+    order:
+        None (default): each rank trains its micro-batches in the schedule's
+        order. A name of :data:`varbatch_kit.policies.order.ORDERS`
+        (``"arrival"``, ``"small_ends"``, ``"min_bubble"``): simulate each
+        rank's micro-batches of a step in that order instead, chosen on this
+        model's own stage times (overhead and ``backward_factor`` included)
+        and ``pp``; the timelines then list them in that order. What-if
+        only: the schedule is not changed (``ScheduleConfig.microbatch_order``
+        changes it).
     """
     import pandas as pd
 
     _check_schedule(schedule)
+    pp = schedule.config.pp if pp is None else pp
     p = _params(hardware, efficiency, microbatch_overhead_s, pp, tp, step_overhead_s,
                 backward_factor)
+    if order is not None:
+        apply_order(order, np.zeros(0), np.zeros(0), p.pp)  # validates the name
     cfg = schedule.config
     dp = cfg.dp
     step_rows, rank_frames, tl_frames = [], [], []
@@ -330,6 +345,10 @@ def simulate(
         grid = np.empty((dp, m), dtype=np.int64)  # bin at (rank, position)
         grid[a["rank"], a["pos"]] = np.arange(len(step.micro_batches))
         tf, tb = _stage_times(a["flops"][grid], p, cfg.cp)
+        if order is not None:
+            for r in range(dp):
+                grid[r] = grid[r][apply_order(order, tf[r], tb[r], p.pp)]
+            tf, tb = _stage_times(a["flops"][grid], p, cfg.cp)
         start, end, finish = one_f_one_b(tf, tb, p.pp)
         busy = (tf + tb).sum(axis=1)
         slow = int(np.argmax(finish))

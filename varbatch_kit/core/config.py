@@ -11,7 +11,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-__all__ = ["ScheduleConfig"]
+__all__ = ["ALIGNMENT_FALLBACKS", "ScheduleConfig"]
+
+#: the values of ``ScheduleConfig.alignment_fallback``
+ALIGNMENT_FALLBACKS = ("error", "drop_rollouts")
 
 
 def _positive_int(name: str, value: Any) -> int:
@@ -48,6 +51,31 @@ class ScheduleConfig:
         packing requires: ``packing="balanced"`` places samples on ranks
         itself and needs ``distribution="balanced"`` (the default for it);
         any other distribution with it is a ``ValueError``.
+    pp:
+        Pipeline stages of one DP replica (non-interleaved 1F1B). It does not
+        change which samples a rank trains; it is what ``microbatch_order``
+        optimises for and the default ``pp`` of
+        :func:`varbatch_kit.analysis.simulate.simulate`.
+    microbatch_order:
+        The order in which each rank trains its micro-batches of a step, a
+        name of :data:`varbatch_kit.policies.order.ORDERS`: ``"arrival"``
+        (default: the order the distribution gives), ``"small_ends"`` (small
+        micro-batches first and last) or ``"min_bubble"`` (shortest 1F1B
+        pipeline on ``pp`` stages, exact up to 8 micro-batches per rank). The
+        cost of a micro-batch is its forward FLOPs when the schedule is
+        built with a model shape, else its tokens; backward = 2 x forward.
+    log_probs_max_tokens_per_gpu:
+        Dynamic path only: the token cap per GPU of the forward-only
+        log-prob pass (slime's ``--log-probs-max-tokens-per-gpu``); None =
+        the training cap. See :func:`varbatch_kit.core.schedule.build_log_prob_schedule`.
+    alignment_fallback:
+        What :func:`~varbatch_kit.build_schedule` does with a step whose
+        micro-batch count cannot be brought to a multiple of ``dp`` (times
+        ``mb_group``): ``"error"`` (default) raises; ``"drop_rollouts"``
+        moves the fewest trailing rollouts of that step to the next step
+        (the step trains fewer rollouts; at the end of the batch they are
+        dropped with the other trailing rollouts), reported in
+        ``Schedule.deferred_rollouts`` and with a warning.
     """
 
     dp: int = 1
@@ -59,6 +87,10 @@ class ScheduleConfig:
     mb_group: int = 1
     packing: str | None = None
     distribution: str | None = None
+    pp: int = 1
+    microbatch_order: str = "arrival"
+    log_probs_max_tokens_per_gpu: int | None = None
+    alignment_fallback: str = "error"
     #: the fields left unset (None) and filled with their default; ``with_`` re-derives them
     defaulted: frozenset[str] = field(default=frozenset(), init=False, repr=False,
                                       compare=False)
@@ -66,7 +98,7 @@ class ScheduleConfig:
     def __post_init__(self) -> None:
         from varbatch_kit.policies.registry import get_distribution, get_packer
 
-        for name in ("dp", "cp", "vpp", "mb_group", "global_batch_size"):
+        for name in ("dp", "cp", "vpp", "mb_group", "global_batch_size", "pp"):
             _positive_int(name, getattr(self, name))
         if (self.micro_batch_size is None) == (self.max_tokens_per_gpu is None):
             raise ValueError(
@@ -96,6 +128,7 @@ class ScheduleConfig:
         if self.distribution is None:
             object.__setattr__(self, "distribution", spec.requires_distribution or "strided")
         get_distribution(self.distribution)
+        self._check_order_and_fallback()
         if spec.requires_distribution and self.distribution != spec.requires_distribution:
             raise ValueError(
                 f"packing={self.packing!r} decides which rank trains each sample, so it needs "
@@ -103,6 +136,31 @@ class ScheduleConfig:
                 f"distribution={self.distribution!r}. To keep distribution="
                 f"{self.distribution!r}, pick another packing such as 'ffd' or 'first_fit'"
             )
+
+    def _check_order_and_fallback(self) -> None:
+        from varbatch_kit.policies.order import get_order
+
+        if not isinstance(self.microbatch_order, str):
+            raise ValueError(f"microbatch_order must be a name, got {self.microbatch_order!r}")
+        get_order(self.microbatch_order)
+        if self.alignment_fallback not in ALIGNMENT_FALLBACKS:
+            raise ValueError(f"alignment_fallback must be one of {list(ALIGNMENT_FALLBACKS)}, "
+                             f"got {self.alignment_fallback!r}")
+        if self.log_probs_max_tokens_per_gpu is not None:
+            _positive_int("log_probs_max_tokens_per_gpu", self.log_probs_max_tokens_per_gpu)
+            if not self.dynamic:
+                raise ValueError(
+                    f"log_probs_max_tokens_per_gpu={self.log_probs_max_tokens_per_gpu} is a "
+                    "token cap of dynamic batching: set max_tokens_per_gpu (and a dynamic "
+                    "packing) instead of micro_batch_size, or leave log_probs_max_tokens_per_gpu "
+                    "unset (the log-prob pass then reuses the training micro-batches)")
+
+    @property
+    def log_probs_cap(self) -> int | None:
+        """Token cap per micro-batch of the log-prob pass (``* cp``); the training cap if unset."""
+        if self.log_probs_max_tokens_per_gpu is None:
+            return self.cap
+        return self.log_probs_max_tokens_per_gpu * self.cp
 
     # ------------------------------------------------------------- derived
     @property

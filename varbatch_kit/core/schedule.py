@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import NamedTuple
 
@@ -22,11 +22,12 @@ from varbatch_kit.core.config import ScheduleConfig
 from varbatch_kit.core.flops import ModelShape
 from varbatch_kit.core.rollouts import Rollouts
 from varbatch_kit.policies.distributions import BinWeights
-from varbatch_kit.policies.packers import PackInput, split_to_target
+from varbatch_kit.policies.order import apply_order
+from varbatch_kit.policies.packers import AlignmentError, PackInput, aligned_count, split_to_target
 from varbatch_kit.policies.registry import get_distribution, get_packer
 
-__all__ = ["RankLayout", "Schedule", "ScheduleInvariantError", "Step", "build_schedule",
-           "step_rollout_groups"]
+__all__ = ["RankLayout", "Schedule", "ScheduleInvariantError", "Step", "build_log_prob_schedule",
+           "build_schedule", "step_rollout_groups"]
 
 log = logging.getLogger("varbatch_kit")
 
@@ -38,7 +39,8 @@ class RankLayout(NamedTuple):
     micro-batch, step after step; ``micro_batch_indices[r]``: each of its
     micro-batches as the list of its positions in ``partitions[r]``;
     ``num_microbatches[s]``: micro-batches per rank in step s (the same on
-    every rank); ``global_batch_sizes[s]``: rollouts in step s.
+    every rank); ``global_batch_sizes[s]``: rollouts in step s (``global_batch_size``,
+    fewer in a step that moved rollouts on under ``alignment_fallback="drop_rollouts"``).
     """
 
     partitions: list[list[int]]
@@ -130,7 +132,11 @@ class Schedule:
     """Steps → DP ranks → micro-batches of global sample indices.
 
     Built by :func:`build_schedule`. ``dropped_samples`` are the samples of
-    trailing rollouts that did not fill a step.
+    trailing rollouts that did not fill a step. ``deferred_rollouts[s]``:
+    the rollout ids step s moved to the next step because its micro-batch
+    count could not be aligned (``alignment_fallback="drop_rollouts"``;
+    empty otherwise); the ones the last step moves on are also in
+    ``dropped_rollout_ids``.
     """
 
     config: ScheduleConfig
@@ -140,6 +146,7 @@ class Schedule:
     dropped_samples: np.ndarray
     model: ModelShape | None = None
     sample_flops: np.ndarray | None = field(default=None, repr=False)
+    deferred_rollouts: dict[int, np.ndarray] = field(default_factory=dict, repr=False)
 
     @property
     def num_steps(self) -> int:
@@ -179,7 +186,7 @@ class Schedule:
             partitions,
             mb_indices,
             list(self.num_microbatches),
-            [self.config.global_batch_size] * self.num_steps,
+            [s.num_rollouts for s in self.steps],
         )
 
     # --------------------------------------------------------------- tables
@@ -240,6 +247,27 @@ class Schedule:
         return out
 
     # --------------------------------------------------------------- check
+    def _expected_steps(self, fail):
+        """The steps' rollout groups, as :func:`step_rollout_groups`, replaying the deferrals."""
+        gbs = self.config.global_batch_size
+        if not self.deferred_rollouts:
+            return step_rollout_groups(self.rollouts, gbs)
+        ids, groups = self.rollouts.rollout_order()
+        steps, p, s = [], 0, 0
+        while ids.size - p >= gbs:
+            moved = np.asarray(self.deferred_rollouts.get(s, ()), dtype=ids.dtype)
+            size = gbs - moved.size
+            if size < 1 or not np.array_equal(moved, ids[p + size:p + gbs]):
+                fail(f"step {s}: deferred rollouts {moved[:5]}... are not the trailing "
+                     f"rollouts of its {gbs}")
+            steps.append((ids[p:p + size], np.concatenate(groups[p:p + size]).astype(np.int64)))
+            p, s = p + size, s + 1
+        if any(k >= s for k in self.deferred_rollouts):
+            fail(f"deferred_rollouts names steps {sorted(self.deferred_rollouts)} of {s}")
+        dropped = (np.sort(np.concatenate(groups[p:])).astype(np.int64) if p < ids.size
+                   else np.zeros(0, dtype=np.int64))
+        return steps, ids[p:], dropped
+
     def check(self) -> Schedule:
         """Verify every invariant; raise :class:`ScheduleInvariantError` naming the broken one.
 
@@ -250,7 +278,7 @@ class Schedule:
         def fail(msg: str) -> None:
             raise ScheduleInvariantError(msg)
 
-        expected, dropped_ids, dropped = step_rollout_groups(roll, cfg.global_batch_size)
+        expected, dropped_ids, dropped = self._expected_steps(fail)
         if len(expected) != self.num_steps:
             fail(f"{self.num_steps} steps, expected {len(expected)}")
         if not np.array_equal(dropped, self.dropped_samples):
@@ -298,12 +326,12 @@ class Schedule:
         return self
 
 
-def _static_alignment_error(step: int, n: int, k: int, cfg: ScheduleConfig) -> ValueError:
+def _static_alignment_error(step: int, n: int, k: int, cfg: ScheduleConfig) -> AlignmentError:
     align, m = cfg.align, cfg.micro_batch_size
     good_m = [c for c in range(1, n + 1) if math.ceil(n / c) % align == 0]
     hint = (f"micro_batch_size in {good_m[:8]}" if good_m else
             f"a step with at least {align} samples")
-    return ValueError(
+    return AlignmentError(
         f"static path: num_mbs ({k}) is not a multiple of dp_size * mb_group ({align}); "
         f"step {step}: {n} samples in micro-batches of micro_batch_size={m} give {k} "
         f"micro-batches, not a multiple of dp*mb_group={align} (static batching cannot split "
@@ -355,6 +383,8 @@ def build_schedule(
         )
     if model is not None and not isinstance(model, ModelShape):
         raise ValueError(f"model must be a ModelShape or None, got {type(model).__name__}")
+    if config.alignment_fallback == "drop_rollouts":
+        return _build_deferring(rollouts, config, model, progress=progress)
     groups, dropped_ids, dropped = step_rollout_groups(rollouts, config.global_batch_size)
     if dropped.size:
         log.warning(
@@ -373,7 +403,7 @@ def build_schedule(
     for s, (ids, samples) in enumerate(iterator):
         n = samples.size
         if n < dp:
-            raise ValueError(
+            raise AlignmentError(
                 f"step {s}: {n} samples < dp_size {dp}; step {s} holds {n} samples but dp={dp}: "
                 f"every rank needs at least one sample. Use dp <= {n} or a larger "
                 "global_batch_size"
@@ -391,7 +421,7 @@ def build_schedule(
         target = max(math.ceil(k / align) * align, align)
         if config.dynamic:
             if target > n:
-                raise ValueError(
+                raise AlignmentError(
                     f"dynamic path: could only produce {n} mbs after maximal splitting; need "
                     f"{target}. step {s} holds {n} samples but the layout needs {target} "
                     "micro-batches "
@@ -413,5 +443,179 @@ def build_schedule(
         if packer.refine is not None:  # e.g. 'balanced': moves samples between ranks
             bins, rank_bins = packer.refine(inp, bins, [list(b) for b in rank_bins])
         micro_batches = [samples[np.asarray(b, dtype=np.int64)] for b in bins]
+        rank_bins = _order_rank_bins(config, rank_bins, micro_batches, lengths, flops)
         steps.append(Step(s, ids, samples, micro_batches, [list(b) for b in rank_bins]))
     return Schedule(config, rollouts, steps, dropped_ids, dropped, model, flops)
+
+
+# ------------------------------------------------------------------ micro-batch order
+def _order_rank_bins(config: ScheduleConfig, rank_bins, micro_batches, lengths, flops):
+    """Each rank's bins in ``config.microbatch_order`` (cost: FLOPs, else tokens; bwd = 2 fwd)."""
+    if config.microbatch_order == "arrival":
+        return rank_bins
+    weights = lengths if flops is None else flops
+    cost = np.array([float(weights[mb].sum()) for mb in micro_batches], dtype=np.float64)
+    out = []
+    for bins in rank_bins:
+        bins = list(bins)
+        c = cost[bins]
+        perm = apply_order(config.microbatch_order, c, 2.0 * c, config.pp)
+        out.append([bins[i] for i in perm])
+    return out
+
+
+# ------------------------------------------------------------------ alignment fallback
+def _build_deferring(rollouts: Rollouts, config: ScheduleConfig, model: ModelShape | None, *,
+                     progress: bool = False) -> Schedule:
+    """``alignment_fallback="drop_rollouts"``: steps that cannot be aligned move rollouts on.
+
+    The rollouts (first-appearance order) are consumed as a stream: each
+    step takes the next ``global_batch_size`` of them; when they cannot be
+    split into a multiple of ``dp`` (times ``mb_group``) micro-batches, the
+    step keeps the longest prefix that can (it drops the fewest trailing
+    rollouts) and the dropped ones head the next step. When fewer than
+    ``global_batch_size`` rollouts remain, they are dropped, as always. A
+    step no prefix of which aligns raises the error of its full set.
+    """
+    ids, groups = rollouts.rollout_order()
+    gbs = config.global_batch_size
+    if ids.size < gbs:
+        step_rollout_groups(rollouts, gbs)  # raises the usual message
+    strict = replace(config, alignment_fallback="error")
+    flops = model.forward_flops(rollouts.total_len) if model is not None else None
+    steps: list[Step] = []
+    deferred: dict[int, np.ndarray] = {}
+    p = 0
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(desc="scheduling steps", unit="step")
+    while ids.size - p >= gbs:
+        s = len(steps)
+        first_error = None
+        for size in range(gbs, 0, -1):
+            samples = np.concatenate(groups[p:p + size]).astype(np.int64)
+            try:
+                one = build_schedule(rollouts.subset(samples), replace(strict, global_batch_size=size),
+                                     model)
+            except AlignmentError as err:
+                first_error = first_error or err
+                continue
+            st = one.steps[0]
+            steps.append(replace(st, index=s, rollout_ids=ids[p:p + size], sample_indices=samples,
+                                 micro_batches=[samples[mb] for mb in st.micro_batches]))
+            if size < gbs:
+                deferred[s] = ids[p + size:p + gbs]
+                log.warning(
+                    "alignment_fallback='drop_rollouts': step %d trains %d of %d rollouts; "
+                    "rollouts %s move to the next step (%s)", s, size, gbs,
+                    ids[p + size:p + gbs].tolist(), str(first_error).split(";")[0])
+            p += size
+            break
+        else:
+            raise AlignmentError(
+                f"{first_error} (alignment_fallback='drop_rollouts' cannot help: no prefix of "
+                f"step {s}'s {gbs} rollouts can be aligned either)") from first_error
+        if bar is not None:
+            bar.update()
+    if bar is not None:
+        bar.close()
+    dropped_ids = ids[p:]
+    dropped = (np.sort(np.concatenate(groups[p:])).astype(np.int64) if p < ids.size
+               else np.zeros(0, dtype=np.int64))
+    if dropped.size:
+        log.warning(
+            "dropping %d trailing rollouts (%d samples) that do not fill a step of "
+            "global_batch_size=%d", dropped_ids.size, dropped.size, gbs)
+    return Schedule(config, rollouts, steps, dropped_ids, dropped, model, flops,
+                    deferred_rollouts=deferred)
+
+
+# ------------------------------------------------------------------ log-prob pass
+def build_log_prob_schedule(
+    rollouts: Rollouts,
+    config: ScheduleConfig,
+    model: ModelShape | None = None,
+    *,
+    schedule: Schedule | None = None,
+) -> Schedule:
+    """The micro-batches of the forward-only log-prob pass, under its own token cap.
+
+    slime's ``--log-probs-max-tokens-per-gpu`` (its issue #1964): the pass
+    that recomputes log-probs before training keeps no activations for a
+    backward, so it can pack more tokens per micro-batch than training.
+
+    Every sample's log-prob is computed on the DP rank that trains it (the
+    rank holds the data; nothing moves between ranks): per step and rank,
+    the rank's samples of the training schedule are packed again with the
+    configured packer under ``log_probs_max_tokens_per_gpu * cp`` tokens,
+    and every rank gets the same number of micro-batches (the largest
+    count, rounded up to ``mb_group`` under virtual pipelining; the others
+    split their largest micro-batches, as the training path does), then
+    put in ``microbatch_order``. The steps (and any rollouts dropped or
+    deferred) are the training schedule's.
+
+    With ``log_probs_max_tokens_per_gpu`` unset or equal to the training
+    cap this returns the training schedule itself (slime reuses the
+    training micro-batches). Otherwise the result is a :class:`Schedule`
+    whose ``config`` has ``max_tokens_per_gpu`` = the log-prob cap, so
+    ``check()`` verifies that cap.
+
+    Parameters
+    ----------
+    rollouts, config, model:
+        As for :func:`build_schedule`.
+    schedule:
+        The training schedule, if already built from the same arguments.
+
+    Raises
+    ------
+    ValueError
+        When a rank holds fewer samples than the micro-batch count another
+        rank needs under the log-prob cap (raise the cap), and as
+        :func:`build_schedule`.
+    """
+    if schedule is None:
+        schedule = build_schedule(rollouts, config, model)
+    elif not isinstance(schedule, Schedule) or schedule.config != config or (
+            schedule.rollouts is not rollouts):
+        raise ValueError("schedule must be the training schedule of these rollouts and config "
+                         "(build_schedule(rollouts, config, model))")
+    if not config.dynamic or config.log_probs_cap == config.cap:
+        return schedule
+    lp_config = replace(config, max_tokens_per_gpu=config.log_probs_max_tokens_per_gpu,
+                        log_probs_max_tokens_per_gpu=None)
+    packer = get_packer(config.packing)
+    cap = lp_config.cap
+    lengths = rollouts.total_len
+    flops = schedule.sample_flops
+    per_rank_align = config.mb_group if config.vpp > 1 else 1
+    steps: list[Step] = []
+    for step in schedule.steps:
+        rank_samples = [np.concatenate(mbs) for mbs in step.ranks]
+        packed = []
+        for samples in rank_samples:
+            inp = PackInput(lengths=lengths[samples],
+                            flops=None if flops is None else flops[samples],
+                            cap=cap, align=per_rank_align)
+            packed.append(packer.fn(inp))
+        target = aligned_count(max(len(b) for b in packed), per_rank_align)
+        micro_batches: list[np.ndarray] = []
+        rank_bins: list[list[int]] = []
+        for r, (samples, bins) in enumerate(zip(rank_samples, packed)):
+            if samples.size < target:
+                raise ValueError(
+                    f"log-prob pass: step {step.index}: rank {r} holds {samples.size} samples "
+                    f"but every rank needs {target} micro-batches (the most any rank packs under "
+                    f"log_probs_max_tokens_per_gpu={config.log_probs_max_tokens_per_gpu}); use "
+                    f"a larger log_probs_max_tokens_per_gpu (e.g. >= max_tokens_per_gpu="
+                    f"{config.max_tokens_per_gpu})")
+            bins = split_to_target(bins, lengths[samples], target, step=step.index)
+            rank_bins.append(list(range(len(micro_batches), len(micro_batches) + target)))
+            micro_batches += [samples[np.asarray(b, dtype=np.int64)] for b in bins]
+        rank_bins = _order_rank_bins(lp_config, rank_bins, micro_batches, lengths, flops)
+        steps.append(replace(step, micro_batches=micro_batches, rank_bins=rank_bins))
+    return Schedule(lp_config, rollouts, steps, schedule.dropped_rollout_ids,
+                    schedule.dropped_samples, schedule.model, flops,
+                    deferred_rollouts=schedule.deferred_rollouts)
