@@ -497,10 +497,10 @@ def _build_deferring(rollouts: Rollouts, config: ScheduleConfig, model: ModelSha
         for size in range(gbs, 0, -1):
             samples = np.concatenate(groups[p:p + size]).astype(np.int64)
             try:
-                one = build_schedule(rollouts.subset(samples), replace(strict, global_batch_size=size),
-                                     model)
-            except AlignmentError as err:
-                first_error = first_error or err
+                one = build_schedule(rollouts.subset(samples),
+                                     replace(strict, global_batch_size=size), model)
+            except AlignmentError as err:  # the one-step build calls its step "step 0"
+                first_error = first_error or AlignmentError(str(err).replace("step 0", f"step {s}"))
                 continue
             st = one.steps[0]
             steps.append(replace(st, index=s, rollout_ids=ids[p:p + size], sample_indices=samples,
