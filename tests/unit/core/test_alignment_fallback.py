@@ -4,6 +4,8 @@ import logging
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from varbatch_kit import ModelShape, Rollouts, ScheduleConfig, build_schedule
 from varbatch_kit.core.schedule import Schedule, ScheduleInvariantError
@@ -106,3 +108,39 @@ def test_check_catches_a_deferral_that_is_not_the_trailing_rollouts():
 def test_bad_fallback_name():
     with pytest.raises(ValueError, match="alignment_fallback must be one of"):
         ScheduleConfig(global_batch_size=2, micro_batch_size=1, alignment_fallback="skip")
+
+
+@settings(max_examples=40, deadline=None)
+@given(data=st.data())
+def test_fallback_keeps_every_rollout_once_or_raises_saying_why(data):
+    n_roll = data.draw(st.integers(2, 14))
+    counts = data.draw(st.lists(st.integers(1, 3), min_size=n_roll, max_size=n_roll))
+    lengths = data.draw(st.lists(st.integers(1, 120), min_size=sum(counts),
+                                 max_size=sum(counts)))
+    roll = Rollouts(np.zeros(len(lengths), dtype=np.int64), np.array(lengths),
+                    np.repeat(np.arange(n_roll), counts))
+    dp = data.draw(st.integers(1, 4))
+    size = (dict(micro_batch_size=data.draw(st.integers(1, 3))) if data.draw(st.booleans())
+            else dict(max_tokens_per_gpu=data.draw(st.integers(50, 200))))
+    cfg = ScheduleConfig(dp=dp, global_batch_size=data.draw(st.integers(1, n_roll)),
+                         alignment_fallback="drop_rollouts", **size)
+    try:
+        s = build_schedule(roll, cfg).check()
+    except AlignmentError as err:
+        assert "cannot help" in str(err)
+        return
+    kept = np.concatenate([st_.rollout_ids for st_ in s.steps])
+    order = roll.rollout_order()[0]
+    # the steps train a prefix of the rollouts, in order, each once; the rest is dropped
+    assert kept.tolist() == order[:kept.size].tolist()
+    assert s.dropped_rollout_ids.tolist() == order[kept.size:].tolist()
+    assert all(st_.num_rollouts <= cfg.global_batch_size for st_ in s.steps)
+    for k, moved in s.deferred_rollouts.items():
+        assert s.steps[k].num_rollouts + moved.size == cfg.global_batch_size
+    try:
+        strict = build_schedule(roll, cfg.with_(alignment_fallback="error"))
+    except AlignmentError:
+        assert s.deferred_rollouts
+    else:
+        assert s.deferred_rollouts == {}
+        assert [a.rank_bins for a in strict.steps] == [b.rank_bins for b in s.steps]

@@ -2,6 +2,8 @@
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from varbatch_kit import ModelShape, Rollouts, ScheduleConfig, build_schedule
 from varbatch_kit.compat.slime.flags import schedule_config_from_slime_args
@@ -98,3 +100,28 @@ def test_slime_flag_maps_on_the_dynamic_path_only():
     s = schedule_config_from_slime_args(
         "--global-batch-size 8 --micro-batch-size 1 --log-probs-max-tokens-per-gpu 32768")
     assert s.log_probs_max_tokens_per_gpu is None
+
+
+@settings(max_examples=30, deadline=None)
+@given(lengths=st.lists(st.integers(1, 300), min_size=4, max_size=40), dp=st.integers(1, 4),
+       cap=st.integers(100, 300), lp_cap=st.integers(50, 1200),
+       packing=st.sampled_from(["first_fit", "ffd", "bfd"]), vpp=st.sampled_from([1, 2]))
+def test_log_prob_schedule_invariants(lengths, dp, cap, lp_cap, packing, vpp):
+    roll = one_sample_rollouts(lengths)
+    cfg = ScheduleConfig(dp=dp, global_batch_size=max(1, len(lengths) // 2),
+                         max_tokens_per_gpu=cap, log_probs_max_tokens_per_gpu=lp_cap,
+                         packing=packing, vpp=vpp, mb_group=2)
+    try:
+        train = build_schedule(roll, cfg)
+    except ValueError:
+        return  # the training layout itself does not align
+    try:
+        lp = build_log_prob_schedule(roll, cfg, schedule=train).check()
+    except ValueError as err:
+        assert "every rank needs" in str(err) or "cannot split" in str(err)
+        return
+    for a, b in zip(train.steps, lp.steps, strict=True):
+        for ra, rb in zip(a.ranks, b.ranks, strict=True):
+            assert sorted(np.concatenate(ra).tolist()) == sorted(np.concatenate(rb).tolist())
+            # under the log-prob cap: a micro-batch over it holds one sample
+            assert all(mb.size == 1 or roll.total_len[mb].sum() <= lp_cap for mb in rb)
