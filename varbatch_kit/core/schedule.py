@@ -5,7 +5,11 @@ exactly ``global_batch_size`` rollouts (so a variable number of samples); the
 step's samples are packed into micro-batches by the configured packer, the
 bin count is aligned to a multiple of ``dp`` (times ``mb_group`` under
 virtual pipelining), and the micro-batches are distributed over DP ranks.
-Every rank gets the same number of micro-batches per step.
+Every rank gets the same number of micro-batches per step, trained in the
+configured ``microbatch_order``. With ``alignment_fallback="drop_rollouts"``
+a step that cannot be aligned trains fewer rollouts and moves its trailing
+ones to the next step; :func:`build_log_prob_schedule` gives the
+micro-batches of the forward-only log-prob pass under its own token cap.
 """
 
 from __future__ import annotations
@@ -367,7 +371,10 @@ def build_schedule(
     ValueError
         For impossible layouts (too few rollouts, a step with fewer samples
         than dp, a bin count that cannot be aligned), naming the step and
-        what would work.
+        what would work. The alignment ones are
+        :class:`~varbatch_kit.policies.packers.AlignmentError` (a
+        ``ValueError``); ``config.alignment_fallback="drop_rollouts"`` turns
+        them into deferred rollouts where a shorter step aligns.
     """
     if not isinstance(rollouts, Rollouts):
         raise ValueError(f"rollouts must be a varbatch_kit.Rollouts, got {type(rollouts).__name__}")
