@@ -185,13 +185,24 @@ def _best(perms: np.ndarray, fwd: np.ndarray, bwd: np.ndarray, pp: int) -> tuple
     return i, float(spans[i])
 
 
+#: above this many micro-batches the local search only moves a micro-batch up to
+#: ``WINDOW`` positions (the neighbourhood stays ~ ``4 * WINDOW * m`` orders)
+FULL_NEIGHBOURHOOD_MAX = 32
+WINDOW = 8
+
+
 @lru_cache(maxsize=64)
 def _moves(m: int) -> np.ndarray:
-    """Every swap of two positions and every move of one position to another, as index rows."""
+    """Swaps of two positions and moves of one position to another, as index rows.
+
+    All of them up to :data:`FULL_NEIGHBOURHOOD_MAX` micro-batches, else those
+    spanning at most :data:`WINDOW` positions.
+    """
     rows = []
     ident = list(range(m))
+    reach = m if m <= FULL_NEIGHBOURHOOD_MAX else WINDOW
     for a in range(m):
-        for b in range(m):
+        for b in range(max(0, a - reach), min(m, a + reach + 1)):
             if a < b:
                 r = ident.copy()
                 r[a], r[b] = r[b], r[a]
@@ -213,8 +224,10 @@ def min_bubble(fwd, bwd, pp: int, *, exact_max: int = EXACT_MAX,
     ascending and descending cost orders, and repeatedly apply the best
     improving move (every swap of two positions and every move of one
     micro-batch to another position, about ``1.5 m^2`` candidates evaluated
-    at once) until none improves or ``max_rounds`` (default ``2 m``) moves
-    were made. The result is never worse than ``arrival`` or ``small_ends``
+    at once; above 32 micro-batches only those within 8 positions) until
+    none improves or ``max_rounds`` moves were made (default ``min(2 m,
+    64)``, fewer for very long pipelines so that a search stays within about
+    a second). The result is never worse than ``arrival`` or ``small_ends``
     under :func:`pipeline_makespan`.
     """
     fwd, bwd = _check_costs(fwd, bwd)
@@ -231,7 +244,9 @@ def min_bubble(fwd, bwd, pp: int, *, exact_max: int = EXACT_MAX,
     i, span = _best(starts, fwd, bwd, pp)
     perm = starts[i].copy()
     moves = _moves(m)
-    for _ in range(2 * m if max_rounds is None else max_rounds):
+    if max_rounds is None:  # and a work budget: ~1e8 operation-candidates in all
+        max_rounds = max(1, min(2 * m, 64, int(1e8 // (2 * pp * m * len(moves)))))
+    for _ in range(max_rounds):
         cand = perm[moves]
         j, cand_span = _best(cand, fwd, bwd, pp)
         if not cand_span < span * (1 - 1e-12):
