@@ -218,3 +218,46 @@ def test_fixed_cp_simulation_pays_the_exposed_ring():
     ring = 3 * TINY.num_layers * kv_bytes_per_token(TINY) * 1 * 80 / 2  # (c-1) S / c per byte/s
     assert base.total_time_s == pytest.approx(compute + ring)
     assert not math.isnan(base.total_bound_s)
+
+
+@st.composite
+def plans(draw):
+    cap = draw(st.sampled_from([50, 100]))
+    lengths = draw(st.lists(st.integers(1, 5 * cap), min_size=1, max_size=30))
+    dp = draw(st.integers(1, 3))
+    cp = draw(st.sampled_from([2, 3, 4]))
+    degrees = draw(st.sampled_from([tuple(c for c in range(1, cp + 1) if cp % c == 0),
+                                    tuple(sorted({1, 2, cp} & set(range(1, cp + 1))))]))
+    cost = CPCostModel(linear_s=draw(st.floats(0.0, 2.0)), attention_s=draw(st.floats(0, 0.05)),
+                       comm_s=draw(st.floats(0.0, 3.0)), latency_s=draw(st.floats(0.0, 50.0)),
+                       microbatch_overhead_s=draw(st.floats(0.0, 20.0)),
+                       overlap=draw(st.floats(0.0, 1.0)))
+    return np.array(lengths), cap, dp, cp, degrees, cost
+
+
+@settings(max_examples=60, deadline=None)
+@given(plans())
+def test_planner_properties(case):
+    lengths, cap, dp, cp, degrees, cost = case
+    # a fixed plan: one sample per micro-batch, dealt round-robin over the dp replicas
+    fixed_bins = [[i] for i in range(lengths.size)]
+    fixed_ranks = [list(range(d, lengths.size, dp)) for d in range(dp)]
+    plan = plan_dynamic_cp(lengths, dp=dp, cp=cp, cap=cap, degrees=degrees, cost=cost,
+                           fixed=(fixed_bins, fixed_ranks))
+    flat = sorted(i for b in plan.bins for i in b)
+    assert flat == list(range(lengths.size))  # every sample exactly once
+    seen = set()
+    for b, g, r in zip(plan.bins, plan.groups, plan.rounds):
+        c = len(g)
+        assert b and c in degrees and len(set(g)) == c
+        assert len({x // cp for x in g}) == 1  # a group lies inside one CP replica
+        assert len(b) == 1 or lengths[b].sum() <= c * cap  # ranks hold <= cap tokens
+        for x in g:
+            assert (r, x) not in seen  # the groups of a round are disjoint
+            seen.add((r, x))
+    tok = [float(lengths[b].sum()) for b in plan.bins]
+    sq = [float((lengths[b].astype(float) ** 2).sum()) for b in plan.bins]
+    dur = cost.time(np.array(tok), np.array(sq), np.array(plan.degrees))
+    finish = group_timeline(dur, plan.rounds, plan.groups, dp * cp)[2]
+    assert finish.max() == pytest.approx(plan.makespan_s, rel=1e-9, abs=1e-9)
+    assert plan.makespan_s <= plan.fixed_makespan_s * (1 + 1e-12) + 1e-12
