@@ -290,6 +290,9 @@ def simulated_step_time_bound(
     _check_schedule(schedule)
     p = _params(hardware, efficiency, microbatch_overhead_s, pp, tp, step_overhead_s,
                 backward_factor)
+    if schedule.config.cp_mode == "dynamic":
+        return np.array([_dynamic_bound(schedule, st, _cost(schedule.model, p), p)
+                         for st in schedule.steps])
     return np.array([_bound_for_step(schedule, st, micro_batch_arrays(schedule, st), p)
                      for st in schedule.steps])
 
@@ -438,6 +441,14 @@ def simulate(
     )
 
 
+def _dynamic_bound(schedule: Schedule, step, cost: CPCostModel, p: _Params) -> float:
+    """``max(step compute / (dp*cp), largest sample's compute / cp)`` plus the step overhead."""
+    L = schedule.rollouts.total_len[step.sample_indices].astype(np.float64)
+    c1 = cost.compute(L, L * L, 1)
+    cfg = schedule.config
+    return max(float(c1.sum()) / cfg.world_size, float(c1.max()) / cfg.cp) + p.step_overhead_s
+
+
 def _simulate_dynamic(schedule: Schedule, p: _Params, timelines: bool) -> SimulationResult:
     """:func:`simulate` for a dynamic-CP schedule (see the module doc)."""
     import pandas as pd
@@ -465,9 +476,7 @@ def _simulate_dynamic(schedule: Schedule, p: _Params, timelines: bool) -> Simula
         span = float(finish[slow])
         time_s = span + p.step_overhead_s
         wait = span - finish
-        Ls = L[step.sample_indices]
-        c1 = cost.compute(Ls, Ls * Ls, 1)
-        bound = max(float(c1.sum()) / pool, float(c1.max()) / cfg.cp) + p.step_overhead_s
+        bound = _dynamic_bound(schedule, step, cost, p)
         step_rows.append({
             "step": step.index, "start_s": clock, "time_s": time_s, "bound_s": bound,
             "ratio": time_s / bound, "busiest_rank_s": span, "compute_s": float(busy[slow]),

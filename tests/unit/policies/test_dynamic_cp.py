@@ -9,7 +9,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from varbatch_kit import ModelShape, Rollouts, ScheduleConfig, build_schedule
-from varbatch_kit.analysis.simulate import HARDWARE, cp_cost_model_for, simulate
+from varbatch_kit.analysis.simulate import (
+    HARDWARE,
+    cp_cost_model_for,
+    simulate,
+    simulated_step_time_bound,
+)
 from varbatch_kit.core.placement import CP_DEFAULTS, cp_cost_model, kv_bytes_per_token
 from varbatch_kit.policies.dynamic_cp import CPCostModel, group_timeline, plan_dynamic_cp
 
@@ -196,6 +201,8 @@ def test_simulated_dynamic_time_is_the_planned_makespan():
     assert sim.step_times.time_s.iloc[0] == pytest.approx(plan.makespan_s, rel=1e-12)
     assert plan.source == "dynamic" and plan.makespan_s < plan.fixed_makespan_s
     assert (sim.step_times.ratio >= 1 - 1e-12).all()
+    assert simulated_step_time_bound(sched).tolist() == pytest.approx(
+        sim.step_times.bound_s.tolist())
     tl = sim.timelines
     assert set(tl.cp_size) <= {1, 2, 4} and len(tl) == sum(len(b) for b in st0.rank_bins)
     with pytest.raises(ValueError, match="pp=1 only"):
