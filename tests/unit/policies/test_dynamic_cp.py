@@ -142,7 +142,7 @@ def test_plan_errors(kw, match):
 # ------------------------------------------------------------ properties
 @st.composite
 def cases(draw):
-    n = draw(st.integers(2, 40))
+    n = draw(st.integers(3, 40))
     cap = draw(st.sampled_from([64, 128, 256]))
     lengths = draw(st.lists(st.integers(1, 6 * cap), min_size=n, max_size=n))
     dp = draw(st.integers(1, 3))
