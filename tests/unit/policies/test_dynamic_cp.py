@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from varbatch_kit import ModelShape, Rollouts, ScheduleConfig, build_schedule
 from varbatch_kit.analysis.simulate import (
     HARDWARE,
+    compare_cp_modes,
     cp_cost_model_for,
     simulate,
     simulated_step_time_bound,
@@ -268,3 +269,14 @@ def test_planner_properties(case):
     finish = group_timeline(dur, plan.rounds, plan.groups, dp * cp)[2]
     assert finish.max() == pytest.approx(plan.makespan_s, rel=1e-9, abs=1e-9)
     assert plan.makespan_s <= plan.fixed_makespan_s * (1 + 1e-12) + 1e-12
+
+
+def test_compare_cp_modes_table():
+    rng = np.random.default_rng(5)
+    r = rollouts(np.concatenate([rng.integers(10, 120, 40), [700, 500]]))
+    cfg = ScheduleConfig(dp=2, cp=4, max_tokens_per_gpu=200, global_batch_size=21)
+    t = compare_cp_modes(r, cfg, ModelShape.preset("deepseek-v3"))
+    assert list(t.index) == ["fixed", "dynamic"]
+    assert t.loc["fixed", "share_c1"] == 0 and t.loc["dynamic", "share_c1"] > 0.5
+    assert t.loc["dynamic", "speedup"] >= 1 and t.loc["fixed", "speedup"] == 1
+    assert (t["ratio"] >= 1 - 1e-12).all()
