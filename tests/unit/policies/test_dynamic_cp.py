@@ -280,3 +280,19 @@ def test_compare_cp_modes_table():
     assert t.loc["fixed", "share_c1"] == 0 and t.loc["dynamic", "share_c1"] > 0.5
     assert t.loc["dynamic", "speedup"] >= 1 and t.loc["fixed", "speedup"] == 1
     assert (t["ratio"] >= 1 - 1e-12).all()
+
+
+def test_fixed_cp_without_ring_cost_is_the_compute_only_model():
+    # a free ring (infinite bandwidth, no latency) gives the simulator's compute-only times
+    from dataclasses import replace
+
+    r = Rollouts.synthetic(64, seed=2)
+    cfg = ScheduleConfig(dp=2, cp=4, max_tokens_per_gpu=4096, global_batch_size=32)
+    s = build_schedule(r, cfg, TINY)
+    free = replace(HARDWARE["H100"], cp_bandwidth_Bps=math.inf, cp_latency_s=0.0)
+    one = build_schedule(r, cfg.with_(cp=1, max_tokens_per_gpu=4 * 4096), TINY)
+    # same micro-batches and ranks as cp=1 with the whole cap: times are a quarter of those
+    t_cp = simulate(s, hardware=free, microbatch_overhead_s=0.0).step_times.time_s
+    t_one = simulate(one, hardware=free, microbatch_overhead_s=0.0).step_times.time_s
+    assert t_cp.tolist() == pytest.approx((t_one / 4).tolist(), rel=1e-12)
+    assert (simulate(s).step_times.time_s >= t_cp - 1e-15).all()
