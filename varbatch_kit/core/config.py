@@ -11,7 +11,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-__all__ = ["ScheduleConfig"]
+__all__ = ["ALIGNMENT_FALLBACKS", "CP_MODES", "CP_SIZES", "ScheduleConfig"]
+
+#: the values of ``ScheduleConfig.alignment_fallback``
+ALIGNMENT_FALLBACKS = ("error", "drop_rollouts")
+
+#: accepted values of ``ScheduleConfig.cp_mode`` and ``ScheduleConfig.cp_sizes``
+CP_MODES = ("fixed", "dynamic")
+CP_SIZES = ("pow2", "divisors")
 
 
 def _positive_int(name: str, value: Any) -> int:
@@ -48,6 +55,47 @@ class ScheduleConfig:
         packing requires: ``packing="balanced"`` places samples on ranks
         itself and needs ``distribution="balanced"`` (the default for it);
         any other distribution with it is a ``ValueError``.
+    pp:
+        Pipeline stages of one DP replica (non-interleaved 1F1B). It does not
+        change which samples a rank trains; it is what ``microbatch_order``
+        optimises for and the default ``pp`` of
+        :func:`varbatch_kit.analysis.simulate.simulate`.
+    microbatch_order:
+        The order in which each rank trains its micro-batches of a step, a
+        name of :data:`varbatch_kit.policies.order.ORDERS`: ``"arrival"``
+        (default: the order the distribution gives), ``"small_ends"`` (small
+        micro-batches first and last) or ``"min_bubble"`` (shortest 1F1B
+        pipeline on ``pp`` stages, exact up to 8 micro-batches per rank). The
+        cost of a micro-batch is its forward FLOPs when the schedule is
+        built with a model shape, else its tokens; backward = 2 x forward.
+    log_probs_max_tokens_per_gpu:
+        Dynamic path only: the token cap per GPU of the forward-only
+        log-prob pass (slime's ``--log-probs-max-tokens-per-gpu``); None =
+        the training cap. See :func:`varbatch_kit.core.schedule.build_log_prob_schedule`.
+    alignment_fallback:
+        What :func:`~varbatch_kit.build_schedule` does with a step whose
+        micro-batch count cannot be brought to a multiple of ``dp`` (times
+        ``mb_group``): ``"error"`` (default) raises; ``"drop_rollouts"``
+        moves the fewest trailing rollouts of that step to the next step
+        (the step trains fewer rollouts; at the end of the batch they are
+        dropped with the other trailing rollouts), reported in
+        ``Schedule.deferred_rollouts`` and with a warning.
+    cp_mode:
+        ``"fixed"`` (default, today's behaviour): every micro-batch is cut
+        over the same ``cp`` ranks of its DP replica. ``"dynamic"``: each
+        step's ``dp * cp`` ranks form one pool and every micro-batch gets its
+        own CP degree ``c`` and a group of ``c`` ranks
+        (:mod:`varbatch_kit.policies.dynamic_cp`; see ``Step.placements``).
+        Dynamic CP needs the token cap (``max_tokens_per_gpu``: a rank holds
+        at most that many tokens of a micro-batch, ``sum(L) / c``), ``cp > 1``
+        (with ``cp=1`` there is no degree to choose) and ``vpp == 1``.
+        ``packing`` and ``distribution`` then give the fixed-CP plan the
+        planner compares against (it keeps that plan where it is faster).
+    cp_sizes:
+        The CP degrees a dynamic plan may use: ``"pow2"`` (default: 1, 2, 4,
+        ... up to ``cp``; ``cp`` itself is allowed even when it is not a
+        power of two) or ``"divisors"`` (every divisor of ``cp``). Only read
+        with ``cp_mode="dynamic"``.
     """
 
     dp: int = 1
@@ -59,6 +107,12 @@ class ScheduleConfig:
     mb_group: int = 1
     packing: str | None = None
     distribution: str | None = None
+    pp: int = 1
+    microbatch_order: str = "arrival"
+    log_probs_max_tokens_per_gpu: int | None = None
+    alignment_fallback: str = "error"
+    cp_mode: str = "fixed"
+    cp_sizes: str = "pow2"
     #: the fields left unset (None) and filled with their default; ``with_`` re-derives them
     defaulted: frozenset[str] = field(default=frozenset(), init=False, repr=False,
                                       compare=False)
@@ -66,7 +120,7 @@ class ScheduleConfig:
     def __post_init__(self) -> None:
         from varbatch_kit.policies.registry import get_distribution, get_packer
 
-        for name in ("dp", "cp", "vpp", "mb_group", "global_batch_size"):
+        for name in ("dp", "cp", "vpp", "mb_group", "global_batch_size", "pp"):
             _positive_int(name, getattr(self, name))
         if (self.micro_batch_size is None) == (self.max_tokens_per_gpu is None):
             raise ValueError(
@@ -93,9 +147,11 @@ class ScheduleConfig:
                 f"packing={self.packing!r} needs micro_batch_size (static batching); with "
                 "max_tokens_per_gpu use a dynamic packing such as 'first_fit'"
             )
+        self._check_cp_mode()
         if self.distribution is None:
             object.__setattr__(self, "distribution", spec.requires_distribution or "strided")
         get_distribution(self.distribution)
+        self._check_order_and_fallback()
         if spec.requires_distribution and self.distribution != spec.requires_distribution:
             raise ValueError(
                 f"packing={self.packing!r} decides which rank trains each sample, so it needs "
@@ -103,6 +159,62 @@ class ScheduleConfig:
                 f"distribution={self.distribution!r}. To keep distribution="
                 f"{self.distribution!r}, pick another packing such as 'ffd' or 'first_fit'"
             )
+
+    def _check_order_and_fallback(self) -> None:
+        from varbatch_kit.policies.order import get_order
+
+        if not isinstance(self.microbatch_order, str):
+            raise ValueError(f"microbatch_order must be a name, got {self.microbatch_order!r}")
+        get_order(self.microbatch_order)
+        if self.alignment_fallback not in ALIGNMENT_FALLBACKS:
+            raise ValueError(f"alignment_fallback must be one of {list(ALIGNMENT_FALLBACKS)}, "
+                             f"got {self.alignment_fallback!r}")
+        if self.log_probs_max_tokens_per_gpu is not None:
+            _positive_int("log_probs_max_tokens_per_gpu", self.log_probs_max_tokens_per_gpu)
+            if not self.dynamic:
+                raise ValueError(
+                    f"log_probs_max_tokens_per_gpu={self.log_probs_max_tokens_per_gpu} is a "
+                    "token cap of dynamic batching: set max_tokens_per_gpu (and a dynamic "
+                    "packing) instead of micro_batch_size, or leave log_probs_max_tokens_per_gpu "
+                    "unset (the log-prob pass then reuses the training micro-batches)")
+
+    @property
+    def log_probs_cap(self) -> int | None:
+        """Token cap per micro-batch of the log-prob pass (``* cp``); the training cap if unset."""
+        if self.log_probs_max_tokens_per_gpu is None:
+            return self.cap
+        return self.log_probs_max_tokens_per_gpu * self.cp
+    def _check_cp_mode(self) -> None:
+        if self.cp_mode not in CP_MODES:
+            raise ValueError(f"cp_mode must be one of {CP_MODES}, got {self.cp_mode!r}")
+        if self.cp_sizes not in CP_SIZES:
+            raise ValueError(f"cp_sizes must be one of {CP_SIZES}, got {self.cp_sizes!r}")
+        if self.cp_mode == "dynamic":
+            if not self.dynamic:
+                raise ValueError(
+                    "cp_mode='dynamic' sizes each micro-batch's CP group by the token cap: set "
+                    "max_tokens_per_gpu (dynamic batching) instead of micro_batch_size")
+            if self.cp < 2:
+                raise ValueError(
+                    f"cp_mode='dynamic' chooses a CP degree per micro-batch up to cp, but "
+                    f"cp={self.cp}: use cp >= 2, or cp_mode='fixed'")
+            if self.vpp > 1:
+                raise ValueError(
+                    f"cp_mode='dynamic' does not support virtual pipelining yet (vpp={self.vpp}):"
+                    " use vpp=1, or cp_mode='fixed'")
+
+    @property
+    def cp_degrees(self) -> tuple[int, ...]:
+        """The CP degrees a micro-batch may get, ascending (``(cp,)`` in fixed mode)."""
+        if self.cp_mode == "fixed":
+            return (self.cp,)
+        if self.cp_sizes == "divisors":
+            return tuple(c for c in range(1, self.cp + 1) if self.cp % c == 0)
+        out, c = [], 1
+        while c < self.cp:
+            out.append(c)
+            c *= 2
+        return (*out, self.cp)
 
     # ------------------------------------------------------------- derived
     @property

@@ -203,3 +203,18 @@ def test_simulate_with_a_cost_model_hand_computed():
         simulate_with_cost_model(s, "H100")
     with pytest.raises(ValueError, match="pp"):
         simulate_with_cost_model(s, m, pp=0)
+
+
+def test_cost_model_with_a_pipeline_order():
+    # pp = 2, one rank: reordering the rank's micro-batches keeps its busy time, never adds
+    # to the span the order is chosen on, and a bad name is refused
+    r = Rollouts(prompt_len=np.zeros(6, dtype=int),
+                 response_len=np.array([3000, 200, 2500, 300, 100, 1800]))
+    s = build_schedule(r, ScheduleConfig(global_batch_size=6, max_tokens_per_gpu=3000))
+    m = MicroBatchCostModel(*C)
+    base = simulate_with_cost_model(s, m, pp=2)
+    best = simulate(s, hardware=m, pp=2, order="min_bubble")
+    assert best.rank_times["busy_s"].sum() == pytest.approx(base.rank_times["busy_s"].sum())
+    assert best.step_times["time_s"].iloc[0] <= base.step_times["time_s"].iloc[0] + 1e-12
+    with pytest.raises(ValueError):
+        simulate_with_cost_model(s, m, pp=2, order="no_such_order")

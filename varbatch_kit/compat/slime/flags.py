@@ -20,6 +20,12 @@ list of arguments (``sys.argv``-style) or a namespace with slime's attribute
 names. Strings and lists are parsed strictly: a bad value or an abbreviated
 flag is a ``ValueError`` naming the flag; flags that do not affect the
 schedule are ignored with one warning listing them.
+
+Also mapped: ``--pipeline-model-parallel-size`` → ``pp`` (what
+``microbatch_order`` optimises for and the simulator's default) and, with
+``--use-dynamic-batch-size``, ``--log-probs-max-tokens-per-gpu`` →
+``log_probs_max_tokens_per_gpu`` (slime sets it to ``--max-tokens-per-gpu``
+when unset, and reads it only on the dynamic path).
 """
 
 from __future__ import annotations
@@ -50,7 +56,7 @@ _INT_FLAGS = (
     "--context-parallel-size", "--tensor-model-parallel-size",
     "--pipeline-model-parallel-size", "--virtual-pipeline-model-parallel-size",
     "--microbatch-group-size-per-vp-stage", "--actor-num-nodes", "--actor-num-gpus-per-node",
-    "--dp-size",
+    "--dp-size", "--log-probs-max-tokens-per-gpu",
 )
 _BOOL_FLAGS = ("--use-dynamic-batch-size", "--balance-data", "--balance-by-flops")
 _ALIASES = {"--microbatch-group-size-per-virtual-pipeline-stage":
@@ -165,6 +171,8 @@ def schedule_config_from_slime_args(args: Any, *, dp: int | None = None) -> Sche
             raise ValueError(
                 "--use-dynamic-batch-size needs --max-tokens-per-gpu (the token cap)")
         sizes = dict(max_tokens_per_gpu=int(mtpg))
+        if get("log_probs_max_tokens_per_gpu") is not None:  # slime reads it on this path only
+            sizes["log_probs_max_tokens_per_gpu"] = int(get("log_probs_max_tokens_per_gpu"))
     else:
         sizes = dict(micro_batch_size=int(get("micro_batch_size", 1)))
     return ScheduleConfig(
@@ -174,6 +182,7 @@ def schedule_config_from_slime_args(args: Any, *, dp: int | None = None) -> Sche
         mb_group=int(get("microbatch_group_size_per_vp_stage")
                      or get("pipeline_model_parallel_size", 1)),
         global_batch_size=int(gbs),
+        pp=int(get("pipeline_model_parallel_size", 1)),
         packing="flops_kk" if by_flops else ("first_fit" if dynamic else "static"),
         distribution="flops_kk" if balance else "strided",
         **sizes,
