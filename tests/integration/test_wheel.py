@@ -47,6 +47,7 @@ def test_wheel_carries_data_and_notebooks(wheel):
     for needed in ("varbatch_kit/data/models/qwen3-8b.json",
                    "varbatch_kit/data/traces/agentic.jsonl",
                    "varbatch_kit/data/traces/traces.json",
+                   "varbatch_kit/data/timing/cpu_toy_calibration.json",
                    "varbatch_kit/notebooks/01_packing_explorer.ipynb",
                    "varbatch_kit/notebooks/04_metric_report_invariance.ipynb",
                    "varbatch_kit/py.typed"):
