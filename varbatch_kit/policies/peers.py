@@ -536,7 +536,7 @@ def areal(lengths, *, dp: int, cap: int, workload=None) -> PeerPlan:
 
 
 def areal_kk(lengths, *, dp: int, cap: int, workload=None) -> PeerPlan:
-    """AReaL 1.0.4 with ``packing_algorithm="kk"``: as :func:`areal` with :func:`areal_kk_allocate`."""
+    """AReaL 1.0.4, ``packing_algorithm="kk"``: :func:`areal` with :func:`areal_kk_allocate`."""
     return _areal(lengths, dp, cap, workload, "kk")
 
 
