@@ -491,13 +491,15 @@ def _areal_kk(values, cap, min_groups, divisor):
     return parts, False
 
 
-def _areal(lengths, dp, cap, workload, algorithm):
+def _areal(lengths, dp, cap, workload, algorithm, kernels):
     lens, dp, cap, _ = _validate(lengths, dp, cap, workload)
     _refuse_oversize("AReaL", lens, cap)
+    kernels = kernels or {}
+    dispatch = kernels.get("dispatch", areal_balanced_greedy)
     n = lens.size
     pad = (-n) % dp
     padded = np.concatenate((lens, np.zeros(pad, dtype=np.int64)))
-    ranks = [[i for i in g if i < n] for g in areal_balanced_greedy(padded, dp)]
+    ranks = [[i for i in g if i < n] for g in dispatch(padded.tolist(), dp)]
     if min(len(r) for r in ranks) == 0:
         raise PeerRefusal(f"AReaL needs at least one sample per rank: {n} samples, dp={dp}")
     n_mbs = 1
@@ -506,7 +508,9 @@ def _areal(lengths, dp, cap, workload, algorithm):
         out, fallbacks = [], 0
         for r in ranks:
             v = lens[r]
-            if algorithm == "kk":
+            if "allocate" in kernels:  # the package's own allocator (fallback not counted)
+                parts = kernels["allocate"](v.tolist(), cap, n_mbs, 1)
+            elif algorithm == "kk":
                 parts, fell = _areal_kk(v, cap, n_mbs, 1)
                 fallbacks += fell
             else:
@@ -521,7 +525,7 @@ def _areal(lengths, dp, cap, workload, algorithm):
                  notes=notes)
 
 
-def areal(lengths, *, dp: int, cap: int, workload=None) -> PeerPlan:
+def areal(lengths, *, dp: int, cap: int, workload=None, kernels=None) -> PeerPlan:
     """AReaL 1.0.4, default packing (``ffd``).
 
     Read from AReaL 1.0.4: the train controller deals samples to DP ranks by
@@ -531,13 +535,15 @@ def areal(lengths, *, dp: int, cap: int, workload=None) -> PeerPlan:
     all repack with the largest as ``min_groups``
     (``allocate_balanced_mbs_synced``). Micro-batches sorted by first index.
     A sample over the cap is refused, as AReaL raises. Balances tokens.
+    ``kernels`` (``dispatch``, ``allocate``) replace the two kernels by the
+    package's own (the bench passes them).
     """
-    return _areal(lengths, dp, cap, workload, "ffd")
+    return _areal(lengths, dp, cap, workload, "ffd", kernels)
 
 
-def areal_kk(lengths, *, dp: int, cap: int, workload=None) -> PeerPlan:
+def areal_kk(lengths, *, dp: int, cap: int, workload=None, kernels=None) -> PeerPlan:
     """AReaL 1.0.4, ``packing_algorithm="kk"``: :func:`areal` with :func:`areal_kk_allocate`."""
-    return _areal(lengths, dp, cap, workload, "kk")
+    return _areal(lengths, dp, cap, workload, "kk", kernels)
 
 
 # ================================================================================= OpenRLHF
@@ -564,7 +570,7 @@ def openrlhf_interleave(lengths, dp: int) -> list[list[int]]:
     return [[c[r] for c in seq if r < len(c)] for r in range(dp)]
 
 
-def openrlhf(lengths, *, dp: int, cap: int, workload=None) -> PeerPlan:
+def openrlhf(lengths, *, dp: int, cap: int, workload=None, kernels=None) -> PeerPlan:
     """OpenRLHF 0.11.2 with ``--use_dynamic_batch``.
 
     Read from OpenRLHF 0.11.2: samples to ranks by :func:`openrlhf_interleave`;
@@ -572,19 +578,24 @@ def openrlhf(lengths, *, dp: int, cap: int, workload=None) -> PeerPlan:
     (``get_minimum_num_micro_batch_size``), the maximum over ranks is the
     micro-batch count, and Karmarkar-Karp on token sums fills that many
     micro-batches (``equal_size=False``). The cap is not enforced after
-    Karmarkar-Karp: micro-batches may exceed it. Balances tokens.
+    Karmarkar-Karp: micro-batches may exceed it. Balances tokens. ``kernels``
+    (``count(lengths, cap)``, ``kk(values, k, equal_size)``) replace ours by
+    the package's own.
     """
     lens, dp, cap, _ = _validate(lengths, dp, cap, workload)
+    kernels = kernels or {}
+    count = kernels.get("count", lambda v, c: len(first_fit(PackInput(lengths=np.asarray(v),
+                                                                      cap=c))))
+    kk = kernels.get("kk", karmarkar_karp)
     ranks = openrlhf_interleave(lens, dp)
     if min(len(r) for r in ranks) == 0:
         raise PeerRefusal(f"OpenRLHF needs at least one sample per rank: {lens.size} samples, "
                           f"dp={dp}")
-    k = max(len(first_fit(PackInput(lengths=lens[r], cap=cap))) for r in ranks)
+    k = max(count(lens[r].tolist(), cap) for r in ranks)
     fewest = min(len(r) for r in ranks)
     if k > fewest:
         raise PeerRefusal(f"OpenRLHF asks for {k} micro-batches but a rank has {fewest} samples")
-    out = [[[r[i] for i in p] for p in karmarkar_karp(lens[r].tolist(), k, False)]
-           for r in ranks]
+    out = [[[r[i] for i in p] for p in kk(lens[r].tolist(), k, False)] for r in ranks]
     return _plan(out)
 
 
