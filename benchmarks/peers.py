@@ -20,8 +20,9 @@ uncalibrated one derived from the FLOPs estimate (see :func:`cost_model`),
 and the table says so. ``impl`` says whose code scheduled: ``ours``,
 ``package <name>==<version>`` (the peer's own balancing kernels, imported
 from ``--peer-packages DIR``, inside our transcription of its trainer's glue)
-or ``transcription``. A peer that refuses a step (a sample over its cap)
-shows ``refused``.
+or ``transcription``; with the packages, ``ours=pkg`` says whether our code
+alone gives the very same plan (every rank, every micro-batch). A peer that
+refuses a step (a sample over its cap) shows ``refused``.
 
 Run ``python -m benchmarks.peers`` (``--quick``: 4k and 16k, dp 16 and 64,
 the math trace only).
@@ -34,6 +35,7 @@ import importlib
 import importlib.metadata
 import importlib.util
 import json
+import logging
 import os
 import sys
 import time
@@ -148,6 +150,7 @@ def package_kernels(dirs: list[str]) -> tuple[dict, dict, list[str]]:
         notes.append(f"verl package not importable ({type(e).__name__}: {e}); transcription")
     try:
         sp = _load_bare("areal.utils.seqpack")
+        sp.logger.setLevel(logging.ERROR)  # one warning line per KK fallback otherwise
         v = f"package areal=={version('areal')}"
         kernels["areal"] = {"dispatch": sp.balanced_greedy_partition,
                             "allocate": sp.ffd_allocate}
@@ -223,7 +226,7 @@ def run_batch(name, rollouts, dps, cm, kernels, labels, package_limit, notes) ->
                           "(pure Python, minutes); transcription used")
             kw = {"kk": kernels[peer]["kk"]} if use_pkg and peer == "verl" else (
                 {"kernels": kernels[peer]} if use_pkg else {})
-            per, refused = [], None
+            per, refused, same = [], None, True
             for _, idx in steps:
                 lens_s = lengths[idx]
                 t0 = time.perf_counter()
@@ -233,6 +236,9 @@ def run_batch(name, rollouts, dps, cm, kernels, labels, package_limit, notes) ->
                     refused = str(e)
                     break
                 secs = time.perf_counter() - t0
+                if use_pkg:  # our code alone must give the very same plan
+                    mine = fn(lens_s, dp=dp, cap=CAP, workload=flops[idx])
+                    same &= _as_lists(mine) == _as_lists(plan)
                 per.append(_step_row(plan.rank_micro_batches, lens_s, flops[idx], CAP, dp, cm,
                                      secs))
             if use_pkg:
@@ -241,12 +247,18 @@ def run_batch(name, rollouts, dps, cm, kernels, labels, package_limit, notes) ->
                 impl = f"ours, read from {PEER_SOURCES[peer].split()[1]}"
             else:
                 impl = "transcription"
-            base = {"batch": name, "samples": n, "dp": dp, "scheduler": peer, "impl": impl}
+            base = {"batch": name, "samples": n, "dp": dp, "scheduler": peer, "impl": impl,
+                    "ours=pkg": ("yes" if same else "NO") if use_pkg and refused is None
+                    else ""}
             if refused is not None:
                 rows.append({**base, "refused": refused})
             else:
                 rows.append({**base, **_aggregate(per)})
     return rows
+
+
+def _as_lists(plan):
+    return [[[int(i) for i in m] for m in r] for r in plan.rank_micro_batches]
 
 
 def _fmt(spec):
@@ -281,8 +293,9 @@ def main(argv=None) -> None:
     # step time relative to the best scheduler of the same batch and dp
     best = df.groupby(["batch", "dp"])["sim_s"].transform("min")
     df["sim/best"] = df["sim_s"] / best
-    cols = ["batch", "dp", "scheduler", "impl", "time_s", "mbs", "mb_bound", "bin_eff", "viol",
-            "busiest/LB", "max/mean", "cv", "spread/mean", "slot_imb", "sim_s", "sim/best"]
+    cols = ["batch", "dp", "scheduler", "impl", "ours=pkg", "time_s", "mbs", "mb_bound",
+            "bin_eff", "viol", "busiest/LB", "max/mean", "cv", "spread/mean", "slot_imb",
+            "sim_s", "sim/best"]
     if "refused" in df.columns:
         cols.append("refused")
         df["refused"] = df["refused"].map(lambda v: "" if pd.isna(v) else "refused")
