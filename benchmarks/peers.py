@@ -217,8 +217,8 @@ def run_batch(name, rollouts, dps, cm, kernels, labels, package_limit, notes) ->
             row = _aggregate(per)
             row["time_s"] = secs
             rows.append({"batch": name, "samples": n, "dp": dp,
-                         "scheduler": f"{packing}+{dist}",
-                         "impl": "ours (slime)" if packing != "balanced" else "ours", **row})
+                         "scheduler": f"{packing}+{dist}", "ours=pkg": "",
+                         "impl": "ours (slime's)" if packing != "balanced" else "ours", **row})
         for peer, fn in PEER_SCHEDULERS.items():
             use_pkg = peer in kernels and n <= package_limit
             if peer in kernels and not use_pkg:
