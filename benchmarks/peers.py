@@ -118,8 +118,11 @@ def step_seconds(cm, rank_micro_batches, lengths) -> float:
 def _load_bare(module: str):
     """Import ``module`` without running the ``__init__`` of the packages above it."""
     parts = module.split(".")
-    top = importlib.util.find_spec(parts[0])
-    root = Path(list(top.submodule_search_locations)[0]).parent
+    if parts[0] in sys.modules:
+        root = Path(list(sys.modules[parts[0]].__path__)[0]).parent
+    else:
+        top = importlib.util.find_spec(parts[0])
+        root = Path(list(top.submodule_search_locations)[0]).parent
     for i in range(1, len(parts)):
         name = ".".join(parts[:i])
         if name not in sys.modules:

@@ -34,10 +34,13 @@ OUT = Path(__file__).resolve().parents[1] / "tests" / "golden" / "peers"
 def load(module: str):
     """Import ``module`` without running the ``__init__`` of the packages above it."""
     parts = module.split(".")
-    top = importlib.util.find_spec(parts[0])
-    if top is None or not top.submodule_search_locations:
-        raise SystemExit(f"package {parts[0]} not found on PYTHONPATH")
-    root = Path(list(top.submodule_search_locations)[0]).parent
+    if parts[0] in sys.modules:
+        root = Path(list(sys.modules[parts[0]].__path__)[0]).parent
+    else:
+        top = importlib.util.find_spec(parts[0])
+        if top is None or not top.submodule_search_locations:
+            raise SystemExit(f"package {parts[0]} not found on PYTHONPATH")
+        root = Path(list(top.submodule_search_locations)[0]).parent
     for i in range(1, len(parts)):
         name = ".".join(parts[:i])
         if name not in sys.modules:
@@ -124,9 +127,29 @@ def record_openrlhf(rng, cases):
         if k <= n:
             kk.append({"values": vals, "k": k, "equal_size": False,
                        "parts": sb.get_seqlen_balanced_partitions(vals, k, False)})
+    import torch
+
+    ex = load("openrlhf.trainer.ppo_utils.experience")
+    inter = []
+    for _ in range(cases):
+        dp = int(rng.integers(1, 9))
+        n = int(rng.integers(dp, 8 * dp + 1))
+        vals = lengths(rng, n, hi=60)
+        # each sample's id rides in its token ids, to be read back after the shuffle
+        exps = [ex.Experience(sequences=torch.full((1, v), i + 1, dtype=torch.long),
+                              attention_mask=torch.ones(1, v, dtype=torch.long),
+                              total_length=torch.tensor([v]), index=[i])
+                for i, v in enumerate(vals)]
+        args = types.SimpleNamespace(actor=types.SimpleNamespace(num_nodes=1,
+                                                                 num_gpus_per_node=dp),
+                                     ds=types.SimpleNamespace(ring_attn_size=1,
+                                                              tensor_parallel_size=1))
+        ranks = [(b.sequences[:, 0] - 1).tolist() for b in ex.balance_experiences(exps, args)]
+        inter.append({"lengths": vals, "dp": dp, "ranks": ranks})
     return {"package": "openrlhf", "version": importlib.metadata.version("openrlhf"),
             "functions": {"get_minimum_num_micro_batch_size": ff,
-                          "get_seqlen_balanced_partitions": kk}}
+                          "get_seqlen_balanced_partitions": kk,
+                          "balance_experiences": inter}}
 
 
 RECORDERS = {"verl": record_verl, "areal": record_areal, "openrlhf": record_openrlhf}

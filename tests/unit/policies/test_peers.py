@@ -90,6 +90,13 @@ def test_openrlhf_first_fit_count_matches_the_package():
         assert len(first_fit(PackInput(lengths=lens, cap=c["cap"]))) == c["count"], c
 
 
+def test_openrlhf_rank_interleave_matches_balance_experiences():
+    cases = golden("openrlhf")["functions"]["balance_experiences"]
+    assert any(len(set(c["lengths"])) < len(c["lengths"]) for c in cases)  # ties exercised
+    for c in cases:
+        assert peers.openrlhf_interleave(c["lengths"], c["dp"]) == c["ranks"], c
+
+
 # ------------------------------------------------------------------------------ hand-made cases
 def test_verl_workload_formula():
     assert peers.verl_workload([1, 100]).tolist() == [24577, 24576 * 100 + 10000]
