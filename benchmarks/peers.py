@@ -25,7 +25,14 @@ alone gives the very same plan (every rank, every micro-batch). A peer that
 refuses a step (a sample over its cap) shows ``refused``.
 
 Run ``python -m benchmarks.peers`` (``--quick``: 4k and 16k, dp 16 and 64,
-the math trace only).
+the math trace only). The peers' packages, for ``--peer-packages`` (their
+balancing modules are imported with the top-level ``__init__`` skipped; verl's
+needs ray and tensordict, AReaL's numba; OpenRLHF's needs only torch)::
+
+    pip install --no-deps --target build/peer-packages verl==0.9.1 areal==1.0.4 \
+        openrlhf==0.11.2 ray==2.60.0 tensordict==0.15.3 numba==0.68.1 llvmlite==0.50.0 \
+        msgpack==1.2.4 colorlog==6.12.0 pyvers==0.2.3 cloudpickle==3.1.3
+    python -m benchmarks.peers --peer-packages build/peer-packages
 """
 
 from __future__ import annotations
