@@ -295,7 +295,7 @@ def main(argv=None) -> None:
     traces = {k: v for k, v in bundled_traces().items() if not args.quick or k == "math"}
     batches = [(f"trace:{k}", read_trace(p)) for k, p in traces.items()]
     batches += [(f"synthetic:{n // 1024}k", synthetic(n, seed=n)) for n in sizes]
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     rows, skip_notes = [], set()
     for name, r in batches:
         rows += run_batch(name, r, dps, cm, kernels, labels, args.package_limit, skip_notes)
@@ -321,7 +321,8 @@ def main(argv=None) -> None:
                                              formatters={c: _fmt(f) for c, f in fmt.items()}))
     for note in list(notes) + sorted(skip_notes):
         print(f"   note: {note}")
-    print(f"total {time.perf_counter() - t0:.0f} s")
+    print(f"total {time.perf_counter() - t0:.0f} s wall, {time.process_time() - c0:.0f} s CPU "
+          "(the CPU figure is what a quiet machine would take)")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     payload = {"cap": CAP, "model": "qwen3-8b", "steps": STEPS, "cost_model": cm_label,
                "notes": list(notes) + sorted(skip_notes),
