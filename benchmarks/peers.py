@@ -242,8 +242,8 @@ def run_batch(name, rollouts, dps, cm, kernels, labels, package_limit, notes) ->
                 t0 = time.perf_counter()
                 try:
                     plan = fn(lens_s, dp=dp, cap=CAP, workload=flops[idx], **kw)
-                except PeerRefusal as e:
-                    refused = str(e)
+                except (PeerRefusal, RuntimeError, AssertionError) as e:  # the package's own
+                    refused = str(e)[:200]
                     break
                 secs = time.perf_counter() - t0
                 if use_pkg:  # our code alone must give the very same plan
