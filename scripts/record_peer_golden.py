@@ -5,10 +5,10 @@ seeded random inputs and writes inputs, outputs and the package version to
 ``tests/golden/peers/<peer>.json``. None of the peers' code enters the
 project: the packages live in a scratch folder, e.g.::
 
-    pip install --no-deps --target /tmp/peers-pkgs verl==0.9.1 areal==1.0.4 openrlhf==0.11.2
-    pip install --no-deps --target /tmp/peers-deps numba llvmlite ray tensordict \\
-        msgpack colorlog pyvers cloudpickle
-    PYTHONPATH=.:/tmp/peers-pkgs:/tmp/peers-deps python scripts/record_peer_golden.py
+    pip install --no-deps --target /tmp/peers verl==0.9.1 areal==1.0.4 openrlhf==0.11.2 \\
+        ray==2.60.0 tensordict==0.15.3 numba==0.68.1 llvmlite==0.50.0 msgpack==1.2.4 \\
+        colorlog==6.12.0 pyvers==0.2.3 cloudpickle==3.1.3
+    PYTHONPATH=.:/tmp/peers python scripts/record_peer_golden.py
 
 The modules are imported with their top-level packages' ``__init__`` skipped
 (those pull in GPU and cluster machinery); the balancing modules themselves
