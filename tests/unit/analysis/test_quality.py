@@ -89,3 +89,63 @@ def test_without_model_flops_columns_are_nan():
     q = step_quality(s).iloc[0]
     assert np.isnan(q.flops_imbalance) and np.isnan(q.makespan_ratio)
     assert q.token_imbalance == pytest.approx(1.2)
+
+
+# ------------------------------------------------------------------ the figures peers log
+from varbatch_kit.analysis.quality import (  # noqa: E402
+    bin_efficiency,
+    load_cv,
+    load_imbalance,
+    load_spread,
+    peer_quality,
+    peer_step_quality,
+    plan_quality,
+    slot_imbalance,
+)
+
+
+def test_peer_load_figures_hand_derived():
+    loads = [10, 20, 30, 40]  # mean 25, population std sqrt(125)
+    assert load_spread(loads) == 30
+    assert load_imbalance(loads) == pytest.approx(40 / 25)
+    assert load_cv(loads) == pytest.approx(np.sqrt(125) / 25)
+    assert bin_efficiency(100, 50, 4) == 0.5 and bin_efficiency(101, 50, 3) == 1.0
+    assert np.isnan(bin_efficiency(100, None, 4))
+    # slots: rank 0 runs 4, 2; rank 1 runs 2 only -> slot 0: max 4 / mean 3; slot 1: 2 / 1
+    assert slot_imbalance([[4, 2], [2]]).tolist() == pytest.approx([4 / 3, 2.0])
+    with pytest.raises(ValueError, match="loads"):
+        load_spread([])
+
+
+def test_plan_quality_hand_derived():
+    lengths = [10, 20, 30, 40]
+    # rank 0: [0, 3] (50 tokens), rank 1: [1], [2] (20, 30) against cap 40
+    plan = [[np.array([0, 3])], [np.array([1]), np.array([2])]]
+    q = plan_quality(plan, lengths, cap=40)
+    assert (q["micro_batches"], q["mb_lower_bound"], q["cap_violations"]) == (3, 3, 1)
+    assert q["bin_efficiency"] == 1.0
+    assert (q["token_spread"], q["token_imbalance"]) == (0.0, 1.0)
+    assert q["token_cv"] == 0.0 and np.isnan(q["cost_imbalance"])
+    # slots by tokens: slot 0 = (50, 20): 50/35; slot 1 = (0, 30): 30/15
+    assert q["slot_imbalance_mean"] == pytest.approx((50 / 35 + 2.0) / 2)
+    assert q["slot_imbalance_max"] == pytest.approx(2.0)
+    costs = [1.0, 1.0, 1.0, 5.0]  # rank costs 6 and 2: spread 4, max/mean 1.5, cv 0.5
+    q = plan_quality(plan, lengths, cap=40, costs=costs)
+    assert (q["cost_spread"], q["cost_imbalance"], q["cost_cv"]) == (4.0, 1.5, 0.5)
+    assert q["slot_imbalance_max"] == pytest.approx(2.0)  # slot 1: (0, 1)
+
+
+def test_peer_quality_of_a_schedule_matches_plan_quality():
+    # first-fit [1] [2] [3] [0] over dp 2 strided (see test_dynamic_first_fit_hand_derived)
+    s = one_step([10, 20, 30, 40], dp=2, max_tokens_per_gpu=50)
+    step = s.steps[0]
+    f = s.sample_flops
+    want = plan_quality(step.ranks, s.rollouts.total_len, cap=50, costs=f)
+    row = peer_step_quality(s).iloc[0]
+    for key, val in want.items():
+        assert row[key] == pytest.approx(val, nan_ok=True), key
+    assert row.bin_efficiency == 0.5  # ceil(100/50) = 2 of 4 micro-batches
+    assert row.token_spread == 20 and row.token_imbalance == pytest.approx(60 / 50)
+    summ = peer_quality(s)
+    assert summ["bin_efficiency"] == 0.5 and summ["mean_token_spread"] == 20
+    assert summ["max_cost_imbalance"] == pytest.approx(row.cost_imbalance)
