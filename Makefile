@@ -38,8 +38,17 @@ test-fast: $(STAMP)
 lab: $(STAMP)
 	$(VENV)/bin/jupyter lab --no-browser --ip 127.0.0.1 $(ALLOW_ROOT) varbatch_kit/notebooks/
 
-bench: $(STAMP)
-	$(PY) -m benchmarks.run
+# the peers' released packages for `benchmarks.peers` (bench only, never imported by the
+# package): --no-deps into their own folder, with just the modules their balancing code imports
+PEER_PKGS := build/peer-packages
+$(PEER_PKGS)/.installed:
+	$(PY) -m pip install -q --no-deps --target $(PEER_PKGS) verl==0.9.1 areal==1.0.4 \
+	  openrlhf==0.11.2 ray==2.60.0 tensordict==0.15.3 numba==0.68.1 llvmlite==0.50.0 \
+	  msgpack==1.2.4 colorlog==6.12.0 pyvers==0.2.3 cloudpickle==3.1.3
+	touch $@
+
+bench: $(STAMP) $(PEER_PKGS)/.installed
+	$(PY) -m benchmarks.run --peer-packages $(PEER_PKGS)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check varbatch_kit tests benchmarks scripts

@@ -22,6 +22,20 @@ Five sections, printed in one run:
    ``[T, T]`` mask vs per-sample attention, at fixed ``sum L`` and varying
    ``sum L^2`` (``benchmarks/packed_attention.py``).
 
+Further sections, each its own module (also runnable alone as ``python -m benchmarks.<name>``,
+each writing ``build/bench/<name>.json``):
+
+- ``m`` **Measured** (``benchmarks/measured.py``): dp=2 CPU training runs of four policies,
+  the micro-batch cost model fitted on their timings, measured vs predicted step time
+  (writes ``build/bench/cost_model.json``, which ``p`` uses).
+- ``p`` **Peers** (``benchmarks/peers.py``): verl, prime-rl, NeMo-RL, AReaL, OpenRLHF and
+  torchtitan scheduling next to slime's and ours (``--peer-packages DIR``: the released
+  packages where they import; ``make bench`` installs them into ``build/peer-packages``).
+- ``d`` **Dynamic CP** (``benchmarks/dynamic_cp.py``): fixed vs dynamic CP simulated step time.
+- ``o`` **Pipeline order** (``benchmarks/pp_order.py``): the 1F1B bubble of each micro-batch
+  order against arrival order.
+- ``k`` **Checkpoints** (``benchmarks/checkpoint.py``): time to save and load a checkpoint.
+
 Run ``python -m benchmarks.run`` (``--quick`` for a short run, ``--help``).
 The step-time model: H100, efficiency 0.45, 4 ms per micro-batch, pp 1.
 """
@@ -296,7 +310,10 @@ def section_gap(count: int, time_limit_s: float) -> None:
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="small sizes, 30 gap instances")
-    ap.add_argument("--sections", default="12345", help="which sections to run, e.g. 12")
+    ap.add_argument("--sections", default="12345mpdok",
+                    help="which sections to run, e.g. 12 or mp (see the module docstring)")
+    ap.add_argument("--peer-packages", default=None, metavar="DIR",
+                    help="section p: folder holding verl / areal / openrlhf (pip --target)")
     ap.add_argument("--gap-instances", type=int, default=None, help="instances in section 4")
     ap.add_argument("--gap-time-limit", type=float, default=1.0, help="CP-SAT seconds each")
     ap.add_argument("--no-memory", action="store_true", help="skip the tracemalloc runs")
@@ -324,6 +341,17 @@ def main(argv=None) -> None:
         from benchmarks.packed_attention import section as section_packed_attention
 
         section_packed_attention(quick=args.quick)
+    quick = ["--quick"] if args.quick else []
+    for key, name in (("m", "measured"), ("p", "peers"), ("d", "dynamic_cp"), ("o", "pp_order"),
+                      ("k", "checkpoint")):
+        if key not in args.sections:
+            continue
+        import importlib
+
+        extra = (["--peer-packages", args.peer_packages]
+                 if key == "p" and args.peer_packages else [])
+        print(f"== section {key}: benchmarks.{name}", flush=True)
+        importlib.import_module(f"benchmarks.{name}").main(quick + extra)
     print(f"total {time.perf_counter() - t0:.0f} s")
 
 
