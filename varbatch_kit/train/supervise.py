@@ -144,10 +144,10 @@ def read_new_lines(path: Path, state: dict) -> list[dict]:
 
 
 def raise_failure(proc, job_dir: Path, errors: list[Path], log_path: Path,
-                   message: str = "") -> None:
+                   message: str = "", rank: int | None = None) -> None:
     pids = worker_pids(job_dir)
     kill_job(proc, job_dir)
-    rank, text = None, ""
+    text = ""
     if errors:
         first = errors[0]
         rank = int(re.search(r"rank(\d+)", first.name).group(1))
