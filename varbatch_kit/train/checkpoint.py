@@ -185,12 +185,21 @@ def prune(root: Path, keep_last: int) -> None:
 
 # ----------------------------------------------------------------------------- save / load
 def _save_file(obj, path: Path) -> int:
+    """torch.save into memory, then plain writes + fsync: a full disk is an OSError naming it."""
+    import io
+
     import torch
 
-    with open(path, "wb") as f:
-        torch.save(obj, f)
-        f.flush()
-        os.fsync(f.fileno())
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    view = buf.getbuffer()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        while view:
+            view = view[os.write(fd, view):]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
     return path.stat().st_size
 
 
