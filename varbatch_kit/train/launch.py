@@ -206,16 +206,17 @@ def _launch(configs: list[TrainConfig], rollouts: Rollouts, device: str, job_dir
     if progress:
         from tqdm.auto import tqdm
 
-        bar = tqdm(total=sum(planned), initial=sum(done_steps), desc=c0.name, unit="step",
-                   leave=True)
+        bar = tqdm(total=sum(planned), initial=sum(done_steps) if c0.node_rank == 0 else 0,
+                   desc=c0.name, unit="step", leave=True)
     t0 = time.monotonic()
     since_ns = time.time_ns() - 1_000_000_000
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
                                 start_new_session=True, cwd=str(job_dir))
     # resumed runs: the lines before the checkpoint are not news
+    # (node 0 cut the log back before it launched; another node may have looked earlier)
     states: list[dict] = [{"offset": (out / "steps.jsonl").stat().st_size}
-                          if n and (out / "steps.jsonl").is_file() else {}
+                          if n and c0.node_rank == 0 and (out / "steps.jsonl").is_file() else {}
                           for out, n in zip(out_dirs, done_steps)]
     last_mark, last_progress = 0, None
 
@@ -224,7 +225,8 @@ def _launch(configs: list[TrainConfig], rollouts: Rollouts, device: str, job_dir
             for rec in read_new_lines(out / "steps.jsonl", st):
                 if bar is not None:
                     bar.set_description(configs[k].name)
-                    bar.set_postfix(loss=f"{rec['loss']:.4g}", step=rec["step"])
+                    bar.set_postfix(loss=f"{rec.get('loss', float('nan')):.4g}",
+                                    step=rec.get("step"))
                     bar.update(1)
 
     try:

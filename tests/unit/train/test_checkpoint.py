@@ -127,7 +127,8 @@ def test_resume_fingerprint_allows_the_layout_and_names_what_differs(tmp_path):
     fp = fingerprint(cfg, r, _planned_steps(cfg, r))
     json.dumps(fp)  # stored in meta.json
     # layout and run settings may change
-    other = cfg.with_(dp=2, cp=2, max_tokens_per_gpu=128, distribution="flops_kk", timeout_s=5, save_every=3, label="x", kill_at="mid_step:2")
+    other = cfg.with_(dp=2, cp=2, max_tokens_per_gpu=128, distribution="flops_kk",
+                      timeout_s=5, save_every=3, label="x", kill_at="mid_step:2")
     check_resumable(fp, fingerprint(other, r, _planned_steps(other, r)), tmp_path)
     # model, optimiser, mode, seed, horizon may not
     bad = cfg.with_(lr=1e-2, seed=7, mode="per_token")
