@@ -320,6 +320,7 @@ def _prepare_resume(cfg: TrainConfig, out: Path, fp: dict, planned: int
     if cfg.node_rank == 0:
         (out / "done").unlink(missing_ok=True)
         kept = truncate_to_step(out / "steps.jsonl", step)
+        truncate_to_step(out / "checkpoints.jsonl", step)  # save timings, one per checkpoint
     return str(path), kept, False
 
 

@@ -186,9 +186,11 @@ def train(cfg: TrainConfig, rollouts: Rollouts, out_dir: Path, device: torch.dev
         end_wd=cfg.weight_decay, wd_incr_steps=horizon, wd_incr_style="constant",
     )
 
-    start, consumed = 0, 0
+    start, consumed, load_s = 0, 0, None
     if resume_from is not None:
+        t_load = time.perf_counter()
         start, consumed = _restore(resume_from, gpt, optimizer, scheduler)
+        load_s = time.perf_counter() - t_load
     kill = cfg.kill_point() if rank == cfg.fail_rank else None
     current = {"step": 0}
     if kill is not None and kill[0] == "mid_step":
@@ -210,6 +212,7 @@ def train(cfg: TrainConfig, rollouts: Rollouts, out_dir: Path, device: torch.dev
             "max_seq_len": max_seq_len, "num_steps": len(steps), "lr_increment": unit,
             "data": data.source, "ppo_clipped": data.old_logprobs is not None,
             "torch": torch.__version__, "resumed_from_step": start if resume_from else None,
+            "checkpoint_load_s": load_s,
         }
         write_atomic(out_dir / "meta.json", json.dumps(meta, indent=1).encode())
     for number, step in enumerate(steps, start=1):
@@ -298,6 +301,7 @@ def _save(cfg, out_dir: Path, counters: dict, gpt, optimizer, scheduler, fingerp
     from varbatch_kit.train.checkpoint import save_checkpoint
 
     number = counters["step"]
+    t_start = time.perf_counter()
     if cfg.disk_full_at_step == number:  # debug hook: writes past 64 KiB fail (EFBIG)
         import resource
 
@@ -307,9 +311,14 @@ def _save(cfg, out_dir: Path, counters: dict, gpt, optimizer, scheduler, fingerp
     model_state = {k: v.detach().cpu().clone() for k, v in gpt.state_dict().items()
                    if isinstance(v, torch.Tensor)}
     state = {**counters, "scheduler": scheduler.state_dict(), "rng": _rng_state()}
-    save_checkpoint(out_dir / "checkpoints", number, model=model_state,
-                    optimizer=optimizer.state_dict(), state=state,
-                    fingerprint=fingerprint or {}, keep_last=cfg.keep_last, hook=hook)
+    t0 = time.perf_counter()
+    path = save_checkpoint(out_dir / "checkpoints", number, model=model_state,
+                           optimizer=optimizer.state_dict(), state=state,
+                           fingerprint=fingerprint or {}, keep_last=cfg.keep_last, hook=hook)
+    # one line per checkpoint: how long it took (state gathered, written, fsynced, renamed)
+    append_record(out_dir / "checkpoints.jsonl", {
+        "step": number, "save_s": time.perf_counter() - t_start, "write_s":
+        time.perf_counter() - t0, "bytes": sum(p.stat().st_size for p in path.iterdir())})
 
 
 def _restore(path: str, gpt, optimizer, scheduler) -> tuple[int, int]:

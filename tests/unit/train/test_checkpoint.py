@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import warnings
+from pathlib import Path
 
 import pytest
 import torch
@@ -175,3 +176,35 @@ def test_config_kill_point_and_node_fields():
     cfg = TrainConfig(schedule=ScheduleConfig(dp=2, global_batch_size=4, max_tokens_per_gpu=64),
                       nnodes=2, node_rank=1, rdzv_endpoint="10.0.0.1:29400")
     assert (cfg.nnodes, cfg.node_rank, cfg.save_every, cfg.keep_last) == (2, 1, 0, 2)
+
+
+def test_resume_without_a_checkpoint_starts_fresh_and_says_so(tmp_path):
+    from varbatch_kit.train.launch import _prepare_resume
+
+    r = _rollouts()
+    cfg = TrainConfig(schedule=ScheduleConfig(global_batch_size=4, max_tokens_per_gpu=256))
+    fp = fingerprint(cfg, r, _planned_steps(cfg, r))
+    out = tmp_path / "run00-x"
+    out.mkdir()
+    append_record(out / "steps.jsonl", {"step": 1})  # a run killed before its first checkpoint
+    with pytest.warns(UserWarning, match="no complete checkpoint.*training from scratch"):
+        assert _prepare_resume(cfg, out, fp, 4) == (None, 0, False)
+    assert not (out / "steps.jsonl").exists()
+    # with one: the log is cut back to its step
+    for s in (2, 3):
+        append_record(out / "steps.jsonl", {"step": s})
+    save_checkpoint(out / "checkpoints", 2, model={}, optimizer={}, state={}, fingerprint=fp,
+                    keep_last=2)
+    path, kept, finished = _prepare_resume(cfg, out, fp, 4)
+    assert Path(path).name == "step_000002" and kept == 1 and not finished
+    assert [x["step"] for x in read_records(out / "steps.jsonl")] == [2]
+
+
+def test_cli_resume_and_out_must_name_the_same_folder(tmp_path, capsys):
+    from varbatch_kit.cli import main
+
+    rc = main(["train", "--rollouts", "8", "--global-batch-size", "4", "--quiet",
+               "--resume", str(tmp_path / "a"), "--out", str(tmp_path / "b"), "--save-every",
+               "2", "--nnodes", "1"])
+    assert rc == 2
+    assert "--resume" in capsys.readouterr().err
