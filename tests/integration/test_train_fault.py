@@ -2,8 +2,8 @@
 checkpointing, a hanging rank, a killed launcher, a resume with another layout and on two
 nodes (torchrun's c10d rendezvous on 127.0.0.1), and a node that never joins.
 
-Real torchrun launches of the default toy GPT, 4 steps, world size 1-2. A raised worker
-and the launch-wide timeout are covered in test_train_runs.py.
+Real torchrun launches of the default toy GPT, 4 steps, dp=2 (world size 1-2). A raised
+worker and the launch-wide timeout are covered in test_train_runs.py.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ def _rollouts(seed: int = 3) -> Rollouts:
                               seed=seed)
 
 
-BASE = TrainConfig(schedule=ScheduleConfig(global_batch_size=4, max_tokens_per_gpu=256),
+BASE = TrainConfig(schedule=ScheduleConfig(dp=2, global_batch_size=4, max_tokens_per_gpu=256),
                    save_every=1, save_params_at=(4,), timeout_s=120)
 
 
@@ -90,16 +90,19 @@ def test_killed_at_any_point_and_resumed_equals_the_uninterrupted_run_bitwise(tm
     out = _run_dir(root)
     assert [s for s, _ in checkpoint_dirs(out / "checkpoints")] == [1]
 
-    # 2. resumed from step 1 with SIGKILL in the middle of step 3 (its first forward)
-    with pytest.raises(TrainingError, match="rank 0 was killed by SIGKILL") as info:
-        run(cfg.with_(kill_at="mid_step:3"), rollouts, out_dir=root, progress=False,
-            resume=True)
+    # 2. resumed from step 1 with SIGKILL to rank 1 in the middle of step 3 (its first
+    #    forward; rank 0 waits in a collective and is stopped too)
+    with pytest.raises(TrainingError, match="rank 1 was killed by SIGKILL") as info:
+        run(cfg.with_(kill_at="mid_step:3", fail_rank=1), rollouts, out_dir=root,
+            progress=False, resume=True)
+    assert info.value.rank == 1
     _no_process_left(info.value)
     assert _steps(out) == [1, 2]
     assert [s for s, _ in checkpoint_dirs(out / "checkpoints")] == [1, 2]
 
-    # 3. resumed from step 2 with SIGKILL while writing step 4's checkpoint (model file
-    #    written, optimizer file not): step 4 is logged, its checkpoint is not visible
+    # 3. resumed from step 2 with SIGKILL to rank 0 (the writer) while it writes step 4's
+    #    checkpoint (model file written, optimizer file not): step 4 is logged, its
+    #    checkpoint is not visible
     with pytest.raises(TrainingError, match="SIGKILL"):
         run(cfg.with_(kill_at="ckpt_after_model:4"), rollouts, out_dir=root, progress=False,
             resume=True)
@@ -141,14 +144,14 @@ def _copy_at_step_2(reference, root: Path) -> None:
 
 def test_resume_with_another_layout_and_on_two_nodes(tmp_path, reference):
     rollouts = _rollouts()
-    dp2 = BASE.with_(dp=2, label="dp2")
-    # one node, dp=2, from the dp=1 checkpoint of step 2
+    # one node, dp=1 (world size 1), from the dp=2 checkpoint of step 2
     _copy_at_step_2(reference, tmp_path / "one")
-    one = run(dp2, rollouts, out_dir=tmp_path / "one", progress=False, resume=True)
+    one = run(BASE.with_(dp=1, label="dp1"), rollouts, out_dir=tmp_path / "one",
+              progress=False, resume=True)
     # two nodes of one worker each (c10d rendezvous on 127.0.0.1), from the same checkpoint
     _copy_at_step_2(reference, tmp_path / "two")
-    two_nodes = dp2.with_(nnodes=2, rdzv_endpoint=f"127.0.0.1:{_free_port()}",
-                          rdzv_timeout_s=60)
+    two_nodes = BASE.with_(nnodes=2, rdzv_endpoint=f"127.0.0.1:{_free_port()}",
+                           rdzv_timeout_s=60, label="two nodes")
     results: dict = {}
 
     def node(rank: int) -> None:
@@ -170,26 +173,28 @@ def test_resume_with_another_layout_and_on_two_nodes(tmp_path, reference):
     assert sorted(p.name for p in (tmp_path / "two").glob("job*")) == [
         "job0-world2-cpu-node0", "job0-world2-cpu-node1"]
     assert results[1].steps["loss"].tolist() == two.steps["loss"].tolist()
-
-    # another layout: steps 3-4 within the layout tolerance of the uninterrupted dp=1 run,
-    # the LR schedule exactly
     ref = reference.steps.set_index("step")
     for r in (one, two):
-        s = r.steps.set_index("step")
-        assert s.index.tolist() == [1, 2, 3, 4] and s.loc[[3, 4], "dp"].tolist() == [2, 2]
-        for col in ("loss", "grad_norm"):
-            np.testing.assert_allclose(s.loc[[3, 4], col], ref.loc[[3, 4], col], rtol=1e-4)
-        assert s["lr"].tolist() == ref["lr"].tolist()
-        assert param_rel_diff(r.params(4), reference.params(4)) < 1e-4
-    # two nodes give the reports of one node of the same world size
+        assert r.steps["step"].tolist() == [1, 2, 3, 4]
+        assert r.meta["resumed_from_step"] == 2
+
+    # two nodes give the reports of one node of the same world size (the reference)
     cols = ["loss", "nll", "grad_norm", "lr", "lr_next", "tokens", "num_microbatches"]
-    pd.testing.assert_frame_equal(two.steps[cols], one.steps[cols], check_exact=False,
+    pd.testing.assert_frame_equal(two.steps[cols], reference.steps[cols], check_exact=False,
                                   rtol=1e-12)
-    assert param_rel_diff(two.params(4), one.params(4)) < 1e-12
+    assert param_rel_diff(two.params(4), reference.params(4)) < 1e-12
+
+    # another layout (dp=1): steps 3-4 within the layout tolerance, the LR schedule exactly
+    s = one.steps.set_index("step")
+    assert s.loc[[3, 4], "dp"].tolist() == [1, 1]
+    for col in ("loss", "grad_norm"):
+        np.testing.assert_allclose(s.loc[[3, 4], col], ref.loc[[3, 4], col], rtol=1e-4)
+    assert s["lr"].tolist() == ref["lr"].tolist()
+    assert param_rel_diff(one.params(4), reference.params(4)) < 1e-4
 
 
 def test_a_node_that_never_joins_fails_within_the_rendezvous_timeout(tmp_path):
-    cfg = BASE.with_(dp=2, nnodes=2, rdzv_endpoint=f"127.0.0.1:{_free_port()}",
+    cfg = BASE.with_(nnodes=2, rdzv_endpoint=f"127.0.0.1:{_free_port()}",
                      rdzv_timeout_s=3, save_every=0)
     t0 = time.monotonic()
     with pytest.raises(TrainingError, match="did not complete within rdzv_timeout_s=3 s") as i:
@@ -200,7 +205,7 @@ def test_a_node_that_never_joins_fails_within_the_rendezvous_timeout(tmp_path):
 
 
 def test_a_hanging_rank_trips_the_step_timeout(tmp_path):
-    cfg = BASE.with_(dp=2, hang_at_step=2, fail_rank=1, step_timeout_s=5, save_every=0)
+    cfg = BASE.with_(hang_at_step=2, fail_rank=1, step_timeout_s=5, save_every=0)
     t0 = time.monotonic()
     with pytest.raises(TrainingTimeout, match="within step_timeout_s=5 s") as info:
         run(cfg, _rollouts(), out_dir=tmp_path, progress=False)

@@ -158,7 +158,8 @@ def _torchrun_failure(cfg: TrainConfig, log_text: str) -> tuple[str, int | None]
                 f"within rdzv_timeout_s={cfg.rdzv_timeout_s:g} s: not all nnodes={cfg.nnodes} "
                 "nodes joined (start the same command with every --node-rank); all local "
                 "processes were stopped", None)
-    m = re.search(r"rank\s*:\s*(\d+).*?\n\s*exitcode\s*:\s*(-\d+)", log_text)
+    root_cause = log_text[log_text.rfind("Root Cause"):] if "Root Cause" in log_text else log_text
+    m = re.search(r"rank\s*:\s*(\d+).*?\n\s*exitcode\s*:\s*(-\d+)", root_cause)
     if m:
         rank, code = int(m.group(1)), int(m.group(2))
         try:
@@ -240,12 +241,18 @@ def _launch(configs: list[TrainConfig], rollouts: Rollouts, device: str, job_dir
                     time.sleep(0.5)
                     errors = sorted((job_dir / "errors").glob("rank*.txt"),
                                     key=lambda p: p.stat().st_mtime_ns)
-                if not errors:
-                    known = _torchrun_failure(c0, tail(log_path, 20000))
-                    if known is not None:
-                        raise_failure(proc, job_dir, [], log_path,
-                                      f"{known[0]}.\ntorchrun log tail:\n{tail(log_path)}",
-                                      rank=known[1])
+                else:  # a traceback may follow a peer's death: let torchrun name the cause
+                    try:
+                        proc.wait(timeout=3)
+                    except subprocess.TimeoutExpired:
+                        pass
+                known = _torchrun_failure(c0, tail(log_path, 20000))
+                if known is not None and (not errors or known[1] is not None):
+                    after = ("\nthen the other ranks failed, first:\n"
+                             + errors[0].read_text(errors="replace")) if errors else ""
+                    raise_failure(proc, job_dir, [], log_path,
+                                  f"{known[0]}.{after}\ntorchrun log tail:\n{tail(log_path)}",
+                                  rank=known[1])
                 raise_failure(proc, job_dir, errors, log_path)
             if rc == 0:
                 missing = [str(d) for d in out_dirs if not (d / "done").is_file()]
