@@ -158,10 +158,13 @@ def _torchrun_failure(cfg: TrainConfig, log_text: str) -> tuple[str, int | None]
                 f"within rdzv_timeout_s={cfg.rdzv_timeout_s:g} s: not all nnodes={cfg.nnodes} "
                 "nodes joined (start the same command with every --node-rank); all local "
                 "processes were stopped", None)
-    root_cause = log_text[log_text.rfind("Root Cause"):] if "Root Cause" in log_text else log_text
-    m = re.search(r"rank\s*:\s*(\d+).*?\n\s*exitcode\s*:\s*(-\d+)", root_cause)
-    if m:
-        rank, code = int(m.group(1)), int(m.group(2))
+    # torchrun's summary lists every failed rank; one killed by a signal wrote no traceback
+    # and is the cause (the others' tracebacks are follow-ups: "Connection closed by peer")
+    summary = log_text[log_text.rfind("Failures:"):] if "Failures:" in log_text else log_text
+    killed = [(int(r), int(c)) for r, c in re.findall(
+        r"rank\s*:\s*(\d+)[^\n]*\n\s*exitcode\s*:\s*(-?\d+)", summary) if int(c) < 0]
+    if killed:
+        rank, code = killed[0]
         try:
             name = signal.Signals(-code).name
         except ValueError:

@@ -208,3 +208,40 @@ def test_cli_resume_and_out_must_name_the_same_folder(tmp_path, capsys):
                "2", "--nnodes", "1"])
     assert rc == 2
     assert "--resume" in capsys.readouterr().err
+
+
+TORCHRUN_SUMMARY = """torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
+============================================================
+varbatch_kit.train.loop FAILED
+------------------------------------------------------------
+Failures:
+[1]:
+  time      : 2026-12-01_12:13:41
+  host      : localhost
+  rank      : 1 (local_rank: 1)
+  exitcode  : -9 (pid: 607)  (SIGKILL)
+  error_file: <N/A>
+  traceback : Signal 9 (SIGKILL) received by PID 607
+------------------------------------------------------------
+Root Cause (first observed failure):
+[0]:
+  time      : 2026-12-01_12:13:41
+  host      : localhost
+  rank      : 0 (local_rank: 0)
+  exitcode  : 1 (pid: 606)
+  error_file: <N/A>
+============================================================
+"""
+
+
+def test_a_rank_killed_by_a_signal_is_named_as_the_cause():
+    """torchrun (torch 2.13) may call the follow-up failure of rank 0 the root cause."""
+    from varbatch_kit.train.launch import _torchrun_failure
+
+    msg, rank = _torchrun_failure(TrainConfig(), TORCHRUN_SUMMARY)
+    assert rank == 1 and "rank 1 was killed by SIGKILL (exit code -9)" in msg
+    assert _torchrun_failure(TrainConfig(), TORCHRUN_SUMMARY.replace("-9", "1")) is None
+    cfg = TrainConfig(schedule=ScheduleConfig(dp=2, global_batch_size=4, max_tokens_per_gpu=64),
+                      nnodes=2, rdzv_endpoint="h:5", rdzv_timeout_s=3)
+    msg, rank = _torchrun_failure(cfg, "...RendezvousTimeoutError...")
+    assert rank is None and "did not complete within rdzv_timeout_s=3 s" in msg
