@@ -120,8 +120,11 @@ def _package_root() -> str:
 # workers die with it the same way), so nothing outlives a killed notebook kernel
 _DIE_WITH_PARENT = (
     "import ctypes, os, signal, sys\n"
-    "ctypes.CDLL('libc.so.6', use_errno=True).prctl(1, signal.SIGKILL)\n"
-    "if os.getppid() != int(sys.argv[1]): os._exit(1)\n"
+    "try:\n"
+    "    ctypes.CDLL('libc.so.6', use_errno=True).prctl(1, signal.SIGKILL)\n"
+    "except (OSError, AttributeError):\n"
+    "    pass  # not Linux: the launcher's own cleanup only\n"
+    "if os.getppid() != int(sys.argv[1]): os._exit(1)  # the launcher is already gone\n"
     "os.execv(sys.executable, [sys.executable] + sys.argv[2:])\n"
 )
 
