@@ -2,16 +2,22 @@
 
 The caller (a notebook kernel) stays a single process. :func:`run` writes the
 rollouts and the config to a job folder, starts ``python -m
-torch.distributed.run --nproc_per_node=dp*cp`` on a free port, follows the
-JSON lines rank 0 writes (one per step) with a tqdm bar, and returns a
-:class:`Run` whose ``steps`` table holds them.
+torch.distributed.run --nproc_per_node=dp*cp/nnodes`` (one node: on a free
+local port), follows the JSON lines rank 0 writes (one per step) with a tqdm
+bar, and returns a :class:`Run` whose ``steps`` table holds them.
 
 Failures never hang and never leave processes behind: when a worker writes
 its traceback (``errors/rankN.txt``), torchrun exits non-zero, or the
 timeout passes, :mod:`varbatch_kit.train.supervise` kills every worker and
 torchrun and raises :class:`TrainingError` with the failing rank's
-traceback. Workers also die with torchrun (``PR_SET_PDEATHSIG``). The
-finished run is read back by :mod:`varbatch_kit.train.results`.
+traceback. Workers die with torchrun, and torchrun with the launcher
+(``PR_SET_PDEATHSIG``), so a killed notebook kernel leaves nothing behind;
+``step_timeout_s`` stops a run whose steps stop reporting. The finished run
+is read back by :mod:`varbatch_kit.train.results`.
+
+Checkpoints and resume (``save_every``, ``run(..., resume=True)``) and
+several nodes (``nnodes``, ``node_rank``, ``rdzv_endpoint``: torchrun's c10d
+rendezvous, node 0 hosting its store) are described in docs/checkpoints.md.
 
 :func:`run_many` / :func:`compare` run several configurations on the same
 rollouts and seed; configurations of the same world size share one torchrun
