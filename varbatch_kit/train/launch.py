@@ -374,7 +374,7 @@ def run_many(configs: Sequence[TrainConfig], rollouts: Rollouts, *, out_dir=None
         raise ValueError("resume=True needs out_dir: the folder of the run to continue")
     planned = [_validate(c, rollouts) for c in configs]
     devices = [_resolve_device(c) for c in configs]
-    root = (Path(out_dir) if out_dir is not None
+    root = (Path(out_dir).expanduser().resolve() if out_dir is not None  # workers run in it
             else Path(tempfile.mkdtemp(prefix="varbatch_train_")))
     root.mkdir(parents=True, exist_ok=True)
     out_dirs = [_run_dir(root, k, c, resume) for k, c in enumerate(configs)]
