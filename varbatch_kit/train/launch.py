@@ -53,6 +53,7 @@ from varbatch_kit.train.steplog import read_records, truncate_to_step
 from varbatch_kit.train.supervise import (
     TrainingError,
     TrainingTimeout,
+    _alive,
     kill_job,
     raise_failure,
     read_new_lines,
@@ -160,6 +161,17 @@ def _progress_mark(out_dirs: list[Path], since_ns: int) -> int:
     return mark
 
 
+def _finished_but_lingering(job_dir: Path, out_dirs: list[Path], state: dict, now: float,
+                            grace_s: float = 15.0) -> bool:
+    """True when every run wrote ``done``, no local worker lives, for ``grace_s`` seconds."""
+    pids = worker_pids(job_dir)
+    if not pids or any(_alive(p) for p in pids) or not all(
+            (d / "done").is_file() for d in out_dirs):
+        state.pop("since", None)
+        return False
+    return now - state.setdefault("since", now) > grace_s
+
+
 def _torchrun_failure(cfg: TrainConfig, log_text: str) -> tuple[str, int | None] | None:
     """A clear message for a failure without a worker traceback (rendezvous, killed rank)."""
     if "RendezvousTimeoutError" in log_text or "RendezvousClosedError" in log_text:
@@ -232,6 +244,7 @@ def _launch(configs: list[TrainConfig], rollouts: Rollouts, device: str, job_dir
                           if n and c0.node_rank == 0 and (out / "steps.jsonl").is_file() else {}
                           for out, n in zip(out_dirs, done_steps)]
     last_mark, last_progress = 0, None
+    linger: dict = {}
 
     def follow_reports() -> None:  # the progress bar is fed by the JSON lines rank 0 writes
         for k, (out, st) in enumerate(zip(out_dirs, states)):
@@ -274,6 +287,12 @@ def _launch(configs: list[TrainConfig], rollouts: Rollouts, device: str, job_dir
                 follow_reports()
                 break
             now = time.monotonic()
+            if c0.nnodes > 1 and _finished_but_lingering(job_dir, out_dirs, linger, now):
+                # every run is done and our workers exited, but torchrun waits in its exit
+                # barrier for an agent on another node that is gone: the job is complete
+                kill_job(proc, job_dir)
+                follow_reports()
+                break
             if step_timeout is not None:
                 mark = _progress_mark(out_dirs, since_ns)
                 if mark != last_mark:
