@@ -3,6 +3,9 @@
 Examples::
 
     varbatch-kit train --dp 2 --global-batch-size 8 --max-tokens-per-gpu 256 --rollouts 240
+    varbatch-kit train --steps 20 --save-every 5 --out run1     # killed? continue it:
+    varbatch-kit train --steps 20 --save-every 5 --resume run1
+    varbatch-kit train --dp 4 --nnodes 2 --node-rank R --rdzv-endpoint node0:29400 --out /shared/r
     varbatch-kit compare --dp 1 2 --cp 1 2 --packing static first_fit \\
         --micro-batch-size 2 --max-tokens-per-gpu 64 --mode per_rollout_mean per_token \\
         --steps 3 --csv comparison.csv
@@ -107,6 +110,26 @@ def _common(p: argparse.ArgumentParser, many: bool) -> None:
     r.add_argument("--out", default=None, help="output folder (default: a new temp folder)")
     r.add_argument("--csv", default=None, help="also write the full table to this CSV file")
     r.add_argument("--quiet", action="store_true", help="no progress bar")
+    r.add_argument("--step-timeout", type=float, default=None,
+                   help="seconds a step may take after the previous report (default: none)")
+
+    k = p.add_argument_group("checkpoints and several nodes (docs/checkpoints.md)")
+    k.add_argument("--save-every", type=int, default=D.save_every,
+                   help="checkpoint after every N-th step (default 0: off)")
+    k.add_argument("--keep-last", type=int, default=D.keep_last,
+                   help=f"complete checkpoints kept (default {D.keep_last})")
+    if not many:
+        k.add_argument("--resume", default=None, metavar="DIR",
+                       help="continue the run in DIR (an earlier --out) from its newest "
+                            "checkpoint; without one it starts from scratch")
+    k.add_argument("--nnodes", type=int, default=D.nnodes,
+                   help="nodes of the job (torchrun's c10d rendezvous; default 1)")
+    k.add_argument("--node-rank", type=int, default=D.node_rank,
+                   help="this node (0 hosts the rendezvous; default 0)")
+    k.add_argument("--rdzv-endpoint", default=None, metavar="HOST:PORT",
+                   help="node 0's address for the rendezvous (needed with --nnodes > 1)")
+    k.add_argument("--rdzv-timeout", type=float, default=D.rdzv_timeout_s,
+                   help=f"seconds to wait for every node to join (default {D.rdzv_timeout_s:g})")
 
 
 def add_parser(subparsers: Any) -> None:
@@ -182,7 +205,10 @@ def configs_from_args(args: argparse.Namespace):
             clip_grad=args.clip_grad, weight_decay=args.weight_decay, seed=args.seed,
             n_samples_per_prompt=args.n_samples_per_prompt, max_steps=args.steps,
             device=args.device, timeout_s=args.timeout,
-            save_params_at=tuple(args.save_params_at)))
+            save_params_at=tuple(args.save_params_at), save_every=args.save_every,
+            keep_last=args.keep_last, nnodes=args.nnodes, node_rank=args.node_rank,
+            rdzv_endpoint=args.rdzv_endpoint, rdzv_timeout_s=args.rdzv_timeout,
+            step_timeout_s=args.step_timeout))
     return configs
 
 
@@ -200,8 +226,12 @@ def _train(args: argparse.Namespace) -> int:
 
     (config,) = configs_from_args(args)
     rollouts = rollouts_from_args(args)
+    if args.resume and args.out and args.out != args.resume:
+        raise ValueError(f"--resume {args.resume} continues the run in that folder; drop "
+                         f"--out {args.out} (or give the same folder)")
     try:
-        result = run(config, rollouts, out_dir=args.out, progress=not args.quiet)
+        result = run(config, rollouts, out_dir=args.resume or args.out,
+                     progress=not args.quiet, resume=bool(args.resume))
     except TrainingError as e:
         print(f"varbatch-kit train: training failed: {e}", file=sys.stderr)
         return 1

@@ -11,7 +11,7 @@ from typing import Any
 from varbatch_kit.core.config import ScheduleConfig
 from varbatch_kit.core.flops import ModelShape
 
-__all__ = ["SCHEDULE_FIELDS", "TrainConfig"]
+__all__ = ["KILL_POINTS", "SCHEDULE_FIELDS", "TrainConfig"]
 
 # ScheduleConfig fields that TrainConfig.with_() routes to the schedule
 SCHEDULE_FIELDS = tuple(f.name for f in fields(ScheduleConfig) if f.init)
@@ -21,6 +21,9 @@ LR_INCREMENTS = ("auto", "rollouts", "samples")
 DEVICES = ("auto", "cpu", "cuda")
 # the toy GPT's shape when the fields are left unset (no ``model``)
 TOY_DEFAULTS = {"num_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "vocab_size": 64}
+# where ``kill_at`` may SIGKILL a worker (see TrainConfig "Debug")
+KILL_POINTS = ("before_step", "mid_step", "after_step", "ckpt_after_model", "ckpt_before_rename",
+               "after_ckpt")
 MODEL_SHAPE_FIELDS = ("num_layers", "hidden_size", "num_attention_heads", "vocab_size")
 
 
@@ -80,9 +83,32 @@ class TrainConfig:
         more, and oversubscribed cores slow OpenMP down badly),
         ``save_params_at`` (1-based steps after
         whose optimiser step rank 0 saves the parameters), ``label``.
-    Debug
-        ``fail_at_step`` / ``fail_rank``: that rank raises at the start of
-        that (1-based) step — used to test failure handling.
+    Checkpoints (:mod:`varbatch_kit.train.checkpoint`, docs/checkpoints.md)
+        ``save_every``: after every N-th optimiser step rank 0 saves a full
+        checkpoint (model, optimiser, LR scheduler, RNG, step, consumed
+        rollouts) into ``OUT/checkpoints/step_NNNNNN`` (0 = off, the default);
+        ``keep_last``: how many complete checkpoints to keep (default 2).
+        ``run(..., resume=True)`` continues from the newest one.
+    Several nodes (torchrun's c10d rendezvous)
+        ``nnodes`` (default 1), ``node_rank`` (this launcher's node, 0 hosts
+        the rendezvous store), ``rdzv_endpoint`` (``"host:port"`` of node 0,
+        required when ``nnodes > 1``), ``rdzv_timeout_s`` (how long a node
+        waits for the others to join, default 300). Each node starts
+        ``dp * cp / nnodes`` workers; the out folder must be on a filesystem
+        every node sees. ``step_timeout_s``: a step that has not reported
+        within this many seconds of the previous report stops the run
+        (default None: only ``timeout_s`` for the whole launch).
+    Debug (tests of failure handling; the hooks act on rank ``fail_rank``)
+        ``fail_at_step``: that rank raises at the start of that (1-based)
+        step. ``hang_at_step``: it sleeps forever there. ``kill_at``:
+        ``"POINT:STEP"``, it SIGKILLs itself at that point of that step, one
+        of :data:`KILL_POINTS` (``before_step``, ``mid_step`` — in the first
+        forward of the step —, ``after_step`` — after the optimiser step,
+        before the report —, ``ckpt_after_model`` / ``ckpt_before_rename`` —
+        while writing the checkpoint after that step — and ``after_ckpt``).
+        ``disk_full_at_step``: the checkpoint after that step is written
+        under a 64 KiB file-size limit (``RLIMIT_FSIZE``), so its writes
+        fail like on a full disk (rank 0 writes checkpoints).
     Loss (:mod:`varbatch_kit.train.loss`)
         ``clip_eps``: PPO ratio clipping range, ``clip(r, 1 - eps, 1 + eps)``
         (default 0.2); used when the rollouts carry old log-probs
@@ -121,9 +147,20 @@ class TrainConfig:
     threads_per_worker: int = 1
     save_params_at: tuple[int, ...] = ()
     label: str | None = None
+    # checkpoints and several nodes (docs/checkpoints.md)
+    save_every: int = 0
+    keep_last: int = 2
+    nnodes: int = 1
+    node_rank: int = 0
+    rdzv_endpoint: str | None = None
+    rdzv_timeout_s: float = 300.0
+    step_timeout_s: float | None = None
     # debug
     fail_at_step: int | None = None
     fail_rank: int = 0
+    hang_at_step: int | None = None
+    kill_at: str | None = None
+    disk_full_at_step: int | None = None
     # loss
     clip_eps: float = 0.2
 
@@ -153,7 +190,7 @@ class TrainConfig:
             raise ValueError(
                 f"threads_per_worker must be a positive integer, got {self.threads_per_worker!r}")
         for name in ("ffn_hidden_size", "max_seq_len", "max_steps",
-                     "fail_at_step"):
+                     "fail_at_step", "hang_at_step", "disk_full_at_step"):
             v = getattr(self, name)
             if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
                 raise ValueError(f"{name} must be a positive integer or None, got {v!r}")
@@ -182,9 +219,49 @@ class TrainConfig:
         if not 0 <= self.fail_rank < self.world_size:
             raise ValueError(
                 f"fail_rank={self.fail_rank} is not a rank of a world of {self.world_size}")
+        self._check_checkpoint_and_nodes()
         from varbatch_kit.train.loss import check_clip_eps
 
         object.__setattr__(self, "clip_eps", check_clip_eps(self.clip_eps))
+
+    def _check_checkpoint_and_nodes(self) -> None:
+        for name, lo in (("save_every", 0), ("keep_last", 1), ("nnodes", 1), ("node_rank", 0)):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < lo:
+                raise ValueError(f"{name} must be an integer >= {lo}, got {v!r}")
+        if self.world_size % self.nnodes:
+            raise ValueError(
+                f"nnodes={self.nnodes} does not divide dp*cp={self.world_size}: every node "
+                "starts dp*cp/nnodes workers")
+        if self.node_rank >= self.nnodes:
+            raise ValueError(f"node_rank={self.node_rank} must be in [0, nnodes={self.nnodes})")
+        if self.rdzv_endpoint is not None:
+            host, _, port = str(self.rdzv_endpoint).rpartition(":")
+            if not host or not port.isdigit() or not 0 < int(port) < 65536:
+                raise ValueError(
+                    f"rdzv_endpoint={self.rdzv_endpoint!r}; give 'host:port' (node 0's address)")
+        elif self.nnodes > 1:
+            raise ValueError(
+                f"nnodes={self.nnodes} needs rdzv_endpoint='host:port' (node 0's address, the "
+                "same on every node)")
+        if not (isinstance(self.rdzv_timeout_s, (int, float)) and self.rdzv_timeout_s > 0):
+            raise ValueError(f"rdzv_timeout_s must be > 0, got {self.rdzv_timeout_s!r}")
+        if self.step_timeout_s is not None and not (
+                isinstance(self.step_timeout_s, (int, float)) and self.step_timeout_s > 0):
+            raise ValueError(f"step_timeout_s must be > 0 or None, got {self.step_timeout_s!r}")
+        if self.kill_at is not None:
+            point, _, step = str(self.kill_at).partition(":")
+            if point not in KILL_POINTS or not step.isdigit() or int(step) < 1:
+                raise ValueError(
+                    f"kill_at={self.kill_at!r}; give 'POINT:STEP' with POINT one of "
+                    f"{KILL_POINTS} and a 1-based STEP")
+
+    def kill_point(self) -> tuple[str, int] | None:
+        """``kill_at`` parsed: ``(point, step)``, or None."""
+        if self.kill_at is None:
+            return None
+        point, _, step = self.kill_at.partition(":")
+        return point, int(step)
 
     def _resolve_model(self) -> None:
         """Fill the unset model-shape fields: toy defaults, or the checkpoint's values."""

@@ -57,6 +57,7 @@ import torch.distributed as dist
 
 from varbatch_kit.core.rollouts import Rollouts
 from varbatch_kit.train.config import TrainConfig
+from varbatch_kit.train.steplog import append_record, write_atomic
 
 __all__ = ["CP_NOTE", "Job", "main", "setup_process", "train", "train_step"]
 
@@ -75,6 +76,10 @@ class Job:
     rollouts: Rollouts
     out_dirs: list[str]
     device: str  # "cpu" or "cuda"
+    # per config: the checkpoint folder to continue from (None: from scratch), and the
+    # fingerprint every checkpoint of it records (see train/checkpoint.py)
+    resume_from: list | None = None
+    fingerprints: list | None = None
 
 
 # --------------------------------------------------------------------------- process setup
@@ -118,8 +123,15 @@ def _lr_of(optimizer) -> float:
     return float(optimizer.param_groups[0]["lr"])
 
 
-def train(cfg: TrainConfig, rollouts: Rollouts, out_dir: Path, device: torch.device) -> None:
-    """Train ``cfg`` on ``rollouts`` from scratch; rank 0 writes ``out_dir/steps.jsonl``."""
+def train(cfg: TrainConfig, rollouts: Rollouts, out_dir: Path, device: torch.device, *,
+          resume_from: str | None = None, fingerprint: dict | None = None) -> None:
+    """Train ``cfg`` on ``rollouts``; rank 0 writes ``out_dir/steps.jsonl``.
+
+    From scratch, or from the checkpoint folder ``resume_from`` (every rank
+    loads rank 0's full state; the launcher has truncated the step log to its
+    step). With ``cfg.save_every`` rank 0 writes a checkpoint after every
+    N-th step (:mod:`varbatch_kit.train.checkpoint`), recording ``fingerprint``.
+    """
     from megatron.core.distributed import (
         DistributedDataParallel,
         DistributedDataParallelConfig,
@@ -174,6 +186,23 @@ def train(cfg: TrainConfig, rollouts: Rollouts, out_dir: Path, device: torch.dev
         end_wd=cfg.weight_decay, wd_incr_steps=horizon, wd_incr_style="constant",
     )
 
+    start, consumed, load_s = 0, 0, None
+    if resume_from is not None:
+        t_load = time.perf_counter()
+        start, consumed = _restore(resume_from, gpt, optimizer, scheduler)
+        load_s = time.perf_counter() - t_load
+    kill = cfg.kill_point() if rank == cfg.fail_rank else None
+    current = {"step": 0}
+    if kill is not None and kill[0] == "mid_step":
+        def _kill_in_forward(module, args):  # the first forward of the step: mid-step
+            if current["step"] == kill[1]:
+                _kill_self()
+        gpt.register_forward_pre_hook(_kill_in_forward)
+
+    def at(point: str, number: int) -> None:
+        if kill is not None and kill == (point, number):
+            _kill_self()
+
     if rank == 0:
         out_dir.mkdir(parents=True, exist_ok=True)
         meta = {
@@ -182,14 +211,22 @@ def train(cfg: TrainConfig, rollouts: Rollouts, out_dir: Path, device: torch.dev
             "parameters": sum(p.numel() for p in gpt.parameters()),
             "max_seq_len": max_seq_len, "num_steps": len(steps), "lr_increment": unit,
             "data": data.source, "ppo_clipped": data.old_logprobs is not None,
-            "torch": torch.__version__,
+            "torch": torch.__version__, "resumed_from_step": start if resume_from else None,
+            "checkpoint_load_s": load_s,
         }
-        (out_dir / "meta.json").write_text(json.dumps(meta, indent=1))
-    consumed = 0
+        write_atomic(out_dir / "meta.json", json.dumps(meta, indent=1).encode())
     for number, step in enumerate(steps, start=1):
+        if number <= start:
+            continue  # trained before the checkpoint
+        current["step"] = number
         if cfg.fail_at_step == number and rank == cfg.fail_rank:
             raise RuntimeError(f"fail_at_step={number}: rank {rank} raises on purpose (debug hook)")
+        if cfg.hang_at_step == number and rank == cfg.fail_rank:
+            while True:  # debug hook: a rank that hangs (the launcher's step timeout fires)
+                time.sleep(1)
+        at("before_step", number)
         record = train_step(cfg, mode, model, optimizer, step, rollouts, data, device)
+        at("after_step", number)
         record["lr"] = _lr_of(optimizer)  # the LR this step's update used
         scheduler.step(increment=increments[number - 1])  # rollouts or samples of this step
         consumed += increments[number - 1]
@@ -199,11 +236,108 @@ def train(cfg: TrainConfig, rollouts: Rollouts, out_dir: Path, device: torch.dev
             if number in cfg.save_params_at:
                 torch.save({n: p.detach().cpu().clone() for n, p in gpt.named_parameters()},
                            out_dir / f"params_step{number}.pt")
-            with open(out_dir / "steps.jsonl", "a") as f:  # one line per step, flushed now
-                f.write(json.dumps(_ordered(record, cfg, device)) + "\n")
+            # one whole line per step, one write + fsync (train/steplog.py)
+            append_record(out_dir / "steps.jsonl", _ordered(record, cfg, device))
+            if cfg.save_every and number % cfg.save_every == 0:
+                done = steps[:number]
+                counters = {"step": number, "lr_consumed": consumed,
+                            "rollouts_consumed": int(sum(s.num_rollouts for s in done)),
+                            "samples_consumed": int(sum(s.num_samples for s in done))}
+                _save(cfg, out_dir, counters, gpt, optimizer, scheduler, fingerprint,
+                      hook=partial(_at_point, at, number))
+                at("after_ckpt", number)
     dist.barrier()
     if rank == 0:
         (out_dir / "done").write_text("ok\n")
+
+
+def _kill_self() -> None:
+    """Debug hook: SIGKILL this worker now (no cleanup, like the OOM killer)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _at_point(at, number: int, point: str) -> None:
+    at(point, number)
+
+
+def _rng_state() -> dict:
+    import random
+
+    state = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(),
+             "python": random.getstate()}
+    try:
+        from megatron.core.tensor_parallel.random import get_cuda_rng_tracker
+
+        state["cuda_tracker"] = get_cuda_rng_tracker().get_states()
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            state["cuda"] = torch.cuda.get_rng_state()
+    except Exception:  # noqa: BLE001 - the tracker is optional (CPU shim)
+        pass
+    return state
+
+
+def _set_rng_state(state: dict) -> None:
+    import random
+
+    torch.set_rng_state(state["torch"])
+    np.random.set_state(state["numpy"])
+    random.setstate(state["python"])
+    if "cuda_tracker" in state:
+        try:
+            from megatron.core.tensor_parallel.random import get_cuda_rng_tracker
+
+            get_cuda_rng_tracker().set_states(state["cuda_tracker"])
+        except Exception:  # noqa: BLE001
+            pass
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["cuda"])
+
+
+def _save(cfg, out_dir: Path, counters: dict, gpt, optimizer, scheduler, fingerprint,
+          hook) -> None:
+    """Rank 0: checkpoint after step ``counters["step"]`` (full state: the same on every rank)."""
+    from varbatch_kit.train.checkpoint import save_checkpoint
+
+    number = counters["step"]
+    t_start = time.perf_counter()
+    if cfg.disk_full_at_step == number:  # debug hook: writes past 64 KiB fail (EFBIG)
+        import resource
+
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE,
+                           (64 * 1024, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
+    model_state = {k: v.detach().cpu().clone() for k, v in gpt.state_dict().items()
+                   if isinstance(v, torch.Tensor)}
+    state = {**counters, "scheduler": scheduler.state_dict(), "rng": _rng_state()}
+    t0 = time.perf_counter()
+    path = save_checkpoint(out_dir / "checkpoints", number, model=model_state,
+                           optimizer=optimizer.state_dict(), state=state,
+                           fingerprint=fingerprint or {}, keep_last=cfg.keep_last, hook=hook)
+    # one line per checkpoint: how long it took (state gathered, written, fsynced, renamed)
+    append_record(out_dir / "checkpoints.jsonl", {
+        "step": number, "save_s": time.perf_counter() - t_start, "write_s":
+        time.perf_counter() - t0, "bytes": sum(p.stat().st_size for p in path.iterdir())})
+
+
+def _restore(path: str, gpt, optimizer, scheduler) -> tuple[int, int]:
+    """Load a checkpoint into the model (in place: DDP's buffers stay), optimizer, scheduler."""
+    from varbatch_kit.train.checkpoint import load_checkpoint
+
+    ckpt = load_checkpoint(Path(path))
+    current = gpt.state_dict(keep_vars=True)
+    missing = sorted(set(ckpt["model"]) ^ {k for k, v in current.items()
+                                           if isinstance(v, torch.Tensor)})
+    if missing:
+        raise ValueError(f"checkpoint {path} does not fit the model: keys {missing[:5]} differ")
+    with torch.no_grad():
+        for name, value in ckpt["model"].items():
+            current[name].data.copy_(value)
+    optimizer.load_state_dict(ckpt["optimizer"])
+    scheduler.load_state_dict(ckpt["state"]["scheduler"])
+    _set_rng_state(ckpt["state"]["rng"])
+    return int(ckpt["state"]["step"]), int(ckpt["state"]["lr_consumed"])
 
 
 def _ordered(record: dict, cfg: TrainConfig, device: torch.device) -> dict:
@@ -394,9 +528,11 @@ def main(argv: list[str] | None = None) -> int:
         with open(job_dir / "job.pkl", "rb") as f:
             job: Job = pickle.load(f)
         device = setup_process(job.device, job.configs[0].threads_per_worker)
-        for cfg, out in zip(job.configs, job.out_dirs):
+        resume = job.resume_from or [None] * len(job.configs)
+        prints = job.fingerprints or [None] * len(job.configs)
+        for cfg, out, ckpt, fp in zip(job.configs, job.out_dirs, resume, prints):
             current = cfg.name
-            train(cfg, job.rollouts, Path(out), device)
+            train(cfg, job.rollouts, Path(out), device, resume_from=ckpt, fingerprint=fp)
     except BaseException:  # noqa: BLE001 - any failure must reach the launcher, then exit
         _write_error(job_dir, rank, f"rank {rank} failed in {current!r}:\n{traceback.format_exc()}")
         sys.stdout.flush()

@@ -83,7 +83,9 @@ class Run:
 def load_run(cfg: TrainConfig, out: Path, wall: float) -> Run:
     import pandas as pd
 
-    lines = [json.loads(x) for x in (out / "steps.jsonl").read_text().splitlines() if x.strip()]
+    from varbatch_kit.train.steplog import read_records
+
+    lines = read_records(out / "steps.jsonl")  # a torn last line (older crash): dropped, warned
     meta = json.loads((out / "meta.json").read_text()) if (out / "meta.json").is_file() else {}
     return Run(cfg, pd.DataFrame(lines), out, meta, wall)
 

@@ -132,22 +132,34 @@ def tail(path: Path, n: int = 4000) -> str:
 
 
 def read_new_lines(path: Path, state: dict) -> list[dict]:
-    """Complete JSON lines appended to ``path`` since the last call."""
+    """Complete JSON lines appended to ``path`` since the last call.
+
+    For progress display only: a log that was cut back (a resume on another node) restarts
+    from its beginning, and a line that does not parse is skipped.
+    """
     if not path.is_file():
         return []
     with open(path, "rb") as f:
+        if f.seek(0, os.SEEK_END) < state.get("offset", 0):
+            state["offset"] = 0
         f.seek(state.get("offset", 0))
         chunk = f.read()
     end = chunk.rfind(b"\n") + 1
     state["offset"] = state.get("offset", 0) + end
-    return [json.loads(line) for line in chunk[:end].splitlines() if line.strip()]
+    out = []
+    for line in chunk[:end].splitlines():
+        try:
+            out.append(json.loads(line))
+        except ValueError:
+            continue
+    return out
 
 
 def raise_failure(proc, job_dir: Path, errors: list[Path], log_path: Path,
-                   message: str = "") -> None:
+                   message: str = "", rank: int | None = None) -> None:
     pids = worker_pids(job_dir)
     kill_job(proc, job_dir)
-    rank, text = None, ""
+    text = ""
     if errors:
         first = errors[0]
         rank = int(re.search(r"rank(\d+)", first.name).group(1))

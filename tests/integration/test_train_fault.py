@@ -1,0 +1,251 @@
+"""Faults under test: SIGKILL at named points and exact resume, a full disk while
+checkpointing, a hanging rank, a killed launcher, a resume with another layout and on two
+nodes (torchrun's c10d rendezvous on 127.0.0.1), and a node that never joins.
+
+Real torchrun launches of the default toy GPT, 4 steps, dp=2 (world size 1-2). A raised
+worker and the launch-wide timeout are covered in test_train_runs.py.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from varbatch_kit import Rollouts, ScheduleConfig
+from varbatch_kit.train import TrainConfig, TrainingError, TrainingTimeout, run
+from varbatch_kit.train.checkpoint import checkpoint_dirs
+from varbatch_kit.train.results import param_rel_diff
+from varbatch_kit.train.supervise import _alive, job_processes
+
+pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(300)]
+
+# columns that differ between two runs of the same training (timings, the label)
+VOLATILE = ["wall_s", "step_time_s", "label"]
+
+
+def _rollouts(seed: int = 3) -> Rollouts:
+    """16 rollouts of 1-2 samples: 4 steps of global_batch_size=4."""
+    return Rollouts.synthetic(16, samples_per_rollout=(1, 2), prompt_len=(4, 8),
+                              response_len=12, response_sigma=0.5, max_response_len=24,
+                              seed=seed)
+
+
+BASE = TrainConfig(schedule=ScheduleConfig(dp=2, global_batch_size=4, max_tokens_per_gpu=256),
+                   save_every=1, save_params_at=(4,), timeout_s=120)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _no_process_left(err: TrainingError) -> None:
+    assert not any(_alive(p) for p in err.worker_pids)
+    assert not _alive(err.torchrun_pid)
+    assert job_processes(err.job_dir) == []
+
+
+def _run_dir(root: Path) -> Path:
+    (d,) = root.glob("run00-*")
+    return d
+
+
+def _steps(path: Path) -> list[int]:
+    return [json.loads(x)["step"] for x in (path / "steps.jsonl").read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """The uninterrupted run; every checkpoint kept (for the resumes from step 2)."""
+    root = tmp_path_factory.mktemp("reference")
+    return run(BASE.with_(keep_last=4, label="reference"), _rollouts(), out_dir=root,
+               progress=False)
+
+
+def test_killed_at_any_point_and_resumed_equals_the_uninterrupted_run_bitwise(tmp_path,
+                                                                             reference):
+    rollouts, root = _rollouts(), tmp_path
+    cfg = BASE.with_(keep_last=2, label="chain")
+
+    # 1. a full disk while writing the checkpoint of step 2: a clear error, step 1's stays
+    with pytest.raises(TrainingError) as info:
+        run(cfg.with_(disk_full_at_step=2), rollouts, out_dir=root, progress=False)
+    msg = str(info.value)
+    assert "could not write the checkpoint of step 2" in msg and "File too large" in msg
+    assert "step_000001 is complete and can be resumed from" in msg
+    _no_process_left(info.value)
+    out = _run_dir(root)
+    assert [s for s, _ in checkpoint_dirs(out / "checkpoints")] == [1]
+
+    # 2. resumed from step 1 with SIGKILL to rank 1 in the middle of step 3 (its first
+    #    forward; rank 0 waits in a collective and is stopped too)
+    with pytest.raises(TrainingError, match="rank 1 was killed by SIGKILL") as info:
+        run(cfg.with_(kill_at="mid_step:3", fail_rank=1), rollouts, out_dir=root,
+            progress=False, resume=True)
+    assert info.value.rank == 1
+    _no_process_left(info.value)
+    assert _steps(out) == [1, 2]
+    assert [s for s, _ in checkpoint_dirs(out / "checkpoints")] == [1, 2]
+
+    # 3. resumed from step 2 with SIGKILL to rank 0 (the writer) while it writes step 4's
+    #    checkpoint (model file written, optimizer file not): step 4 is logged, its
+    #    checkpoint is not visible
+    with pytest.raises(TrainingError, match="SIGKILL"):
+        run(cfg.with_(kill_at="ckpt_after_model:4"), rollouts, out_dir=root, progress=False,
+            resume=True)
+    assert _steps(out) == [1, 2, 3, 4]
+    assert [s for s, _ in checkpoint_dirs(out / "checkpoints")] == [2, 3]
+    assert any(p.name.startswith(".tmp-step_000004") for p in (out / "checkpoints").iterdir())
+
+    # 4. resumed from step 3: the log is cut back to step 3, step 4 is trained again
+    chain = run(cfg, rollouts, out_dir=root, progress=False, resume=True)
+    assert chain.out_dir == out and _steps(out) == [1, 2, 3, 4]
+    assert chain.meta["resumed_from_step"] == 3
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step_000003",
+                                                                       "step_000004"]
+    # bitwise: every report (losses, grad norms, LR, lr_next, ...) and every parameter
+    pd.testing.assert_frame_equal(chain.steps.drop(columns=VOLATILE),
+                                  reference.steps.drop(columns=VOLATILE), check_exact=True)
+    a, b = chain.params(4), reference.params(4)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+    # a finished run resumed again is read back as is (no launch)
+    again = run(cfg, rollouts, out_dir=root, progress=False, resume=True)
+    assert np.isnan(again.launch_wall_s) and again.steps["loss"].tolist() == chain.losses.tolist()
+
+    # what may not change is refused, naming what differs
+    with pytest.raises(ValueError, match=r"(?s)cannot resume.*lr: checkpoint 0.003, now 0.01"):
+        run(cfg.with_(lr=1e-2), rollouts, out_dir=root, progress=False, resume=True)
+    with pytest.raises(ValueError, match="rollouts: a different rollout set"):
+        run(cfg, _rollouts(seed=4), out_dir=root, progress=False, resume=True)
+
+
+def _copy_at_step_2(reference, root: Path) -> None:
+    """The reference run's folder as it was when cut short after step 2's checkpoint."""
+    out = root / reference.out_dir.name
+    shutil.copytree(reference.out_dir, out)
+    for step in (3, 4):
+        shutil.rmtree(out / "checkpoints" / f"step_{step:06d}")
+    (out / "done").unlink()
+
+
+def test_resume_with_another_layout_and_on_two_nodes(tmp_path, reference):
+    rollouts = _rollouts()
+    # one node, dp=1 (world size 1), from the dp=2 checkpoint of step 2
+    _copy_at_step_2(reference, tmp_path / "one")
+    one = run(BASE.with_(dp=1, label="dp1"), rollouts, out_dir=tmp_path / "one",
+              progress=False, resume=True)
+    # two nodes of one worker each (c10d rendezvous on 127.0.0.1), from the same checkpoint
+    _copy_at_step_2(reference, tmp_path / "two")
+    two_nodes = BASE.with_(nnodes=2, rdzv_endpoint=f"127.0.0.1:{_free_port()}",
+                           rdzv_timeout_s=60, label="two nodes")
+    results: dict = {}
+
+    def node(rank: int) -> None:
+        try:
+            results[rank] = run(two_nodes.with_(node_rank=rank), rollouts,
+                                out_dir=tmp_path / "two", progress=False, resume=True)
+        except BaseException as e:  # noqa: BLE001 - re-raised below in the test thread
+            results[rank] = e
+
+    threads = [threading.Thread(target=node, args=(r,)) for r in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for r in (0, 1):
+        if isinstance(results[r], BaseException):
+            raise results[r]
+    two = results[0]
+    assert sorted(p.name for p in (tmp_path / "two").glob("job*")) == [
+        "job0-world2-cpu-node0", "job0-world2-cpu-node1"]
+    assert results[1].steps["loss"].tolist() == two.steps["loss"].tolist()
+    ref = reference.steps.set_index("step")
+    for r in (one, two):
+        assert r.steps["step"].tolist() == [1, 2, 3, 4]
+        assert r.meta["resumed_from_step"] == 2
+
+    # two nodes give the reports of one node of the same world size (the reference)
+    cols = ["loss", "nll", "grad_norm", "lr", "lr_next", "tokens", "num_microbatches"]
+    pd.testing.assert_frame_equal(two.steps[cols], reference.steps[cols], check_exact=False,
+                                  rtol=1e-12)
+    assert param_rel_diff(two.params(4), reference.params(4)) < 1e-12
+
+    # another layout (dp=1): steps 3-4 within the layout tolerance, the LR schedule exactly
+    s = one.steps.set_index("step")
+    assert s.loc[[3, 4], "dp"].tolist() == [1, 1]
+    for col in ("loss", "grad_norm"):
+        np.testing.assert_allclose(s.loc[[3, 4], col], ref.loc[[3, 4], col], rtol=1e-4)
+    assert s["lr"].tolist() == ref["lr"].tolist()
+    assert param_rel_diff(one.params(4), reference.params(4)) < 1e-4
+
+
+def test_a_node_that_never_joins_fails_within_the_rendezvous_timeout(tmp_path):
+    cfg = BASE.with_(nnodes=2, rdzv_endpoint=f"127.0.0.1:{_free_port()}",
+                     rdzv_timeout_s=3, save_every=0)
+    t0 = time.monotonic()
+    with pytest.raises(TrainingError, match="did not complete within rdzv_timeout_s=3 s") as i:
+        run(cfg, _rollouts(), out_dir=tmp_path, progress=False)
+    assert time.monotonic() - t0 < 30
+    assert "nnodes=2" in str(i.value)
+    _no_process_left(i.value)
+
+
+def test_a_hanging_rank_trips_the_step_timeout(tmp_path):
+    cfg = BASE.with_(hang_at_step=2, fail_rank=1, step_timeout_s=4, save_every=0)
+    t0 = time.monotonic()
+    with pytest.raises(TrainingTimeout, match="within step_timeout_s=4 s") as info:
+        run(cfg, _rollouts(), out_dir=tmp_path, progress=False)
+    assert time.monotonic() - t0 < 60
+    _no_process_left(info.value)
+    assert _steps(_run_dir(tmp_path)) == [1]
+
+
+LAUNCHER = """
+import sys
+from pathlib import Path
+from varbatch_kit import Rollouts, ScheduleConfig
+from varbatch_kit.train import TrainConfig, run
+rollouts = Rollouts.synthetic(16, samples_per_rollout=(1, 2), prompt_len=(4, 8),
+                              response_len=12, response_sigma=0.5, max_response_len=24, seed=3)
+cfg = TrainConfig(schedule=ScheduleConfig(global_batch_size=4, max_tokens_per_gpu=256),
+                  hang_at_step=2, timeout_s=120)
+run(cfg, rollouts, out_dir=Path(sys.argv[1]), progress=False)
+"""
+
+
+def test_workers_do_not_outlive_a_killed_launcher(tmp_path):
+    launcher = subprocess.Popen([sys.executable, "-c", LAUNCHER, str(tmp_path)])
+    try:
+        deadline = time.monotonic() + 90
+        while not list(tmp_path.glob("run00-*/steps.jsonl")):  # step 1 done, step 2 hangs
+            assert launcher.poll() is None, "the launcher ended early"
+            assert time.monotonic() < deadline, "no step reported"
+            time.sleep(0.2)
+        (job_dir,) = tmp_path.glob("job0-*")
+        procs = job_processes(job_dir)
+        assert len(procs) >= 2  # torchrun and the worker
+        launcher.send_signal(signal.SIGKILL)  # like a notebook kernel that is killed
+        launcher.wait(timeout=10)
+        deadline = time.monotonic() + 15
+        while any(_alive(p) for p in procs) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not any(_alive(p) for p in procs)
+        assert job_processes(job_dir) == []
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+            launcher.wait()
