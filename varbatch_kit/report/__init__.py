@@ -112,7 +112,7 @@ packing. The naive modes use the same recipe; their ``S`` or ``Z`` depend on the
 layout, which is exactly their bug.
 """
 
-from varbatch_kit.report.layouts import report_under_layout
+from varbatch_kit.report.layouts import plan_sample_cp, report_under_layout, report_under_plan
 from varbatch_kit.report.modes import (
     LAYOUT_INVARIANT_MODES,
     NAIVE_MODES,
@@ -146,8 +146,10 @@ __all__ = [
     "make_reducer",
     "masked_sums",
     "reduce_log_dicts",
+    "plan_sample_cp",
     "reduce_train_step_metrics",
     "report_under_layout",
+    "report_under_plan",
     "rollout_denominators",
     "rollout_log_metric_contribution",
     "sample_mask_sums",
