@@ -39,6 +39,11 @@ def micro_batch_arrays(schedule: Schedule, step) -> dict[str, np.ndarray]:
     ``rank`` is the DP rank that trains it and ``pos`` its position in that
     rank's sequence; ``flops`` is NaN without a model shape.
     """
+    if step.placements is not None:
+        raise ValueError(
+            "micro_batch_arrays() gives each micro-batch one DP rank, and a dynamic-CP plan "
+            "(cp_mode='dynamic') has none: use step.placements (round and CP group per "
+            "micro-batch) or step.rank_program(world_rank, cp)")
     lengths = schedule.rollouts.total_len
     mbs = step.micro_batches
     k = len(mbs)

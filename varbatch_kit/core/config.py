@@ -11,7 +11,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-__all__ = ["ScheduleConfig"]
+__all__ = ["CP_MODES", "CP_SIZES", "ScheduleConfig"]
+
+#: accepted values of ``ScheduleConfig.cp_mode`` and ``ScheduleConfig.cp_sizes``
+CP_MODES = ("fixed", "dynamic")
+CP_SIZES = ("pow2", "divisors")
 
 
 def _positive_int(name: str, value: Any) -> int:
@@ -48,6 +52,22 @@ class ScheduleConfig:
         packing requires: ``packing="balanced"`` places samples on ranks
         itself and needs ``distribution="balanced"`` (the default for it);
         any other distribution with it is a ``ValueError``.
+    cp_mode:
+        ``"fixed"`` (default, today's behaviour): every micro-batch is cut
+        over the same ``cp`` ranks of its DP replica. ``"dynamic"``: each
+        step's ``dp * cp`` ranks form one pool and every micro-batch gets its
+        own CP degree ``c`` and a group of ``c`` ranks
+        (:mod:`varbatch_kit.policies.dynamic_cp`; see ``Step.placements``).
+        Dynamic CP needs the token cap (``max_tokens_per_gpu``: a rank holds
+        at most that many tokens of a micro-batch, ``sum(L) / c``), ``cp > 1``
+        (with ``cp=1`` there is no degree to choose) and ``vpp == 1``.
+        ``packing`` and ``distribution`` then give the fixed-CP plan the
+        planner compares against (it keeps that plan where it is faster).
+    cp_sizes:
+        The CP degrees a dynamic plan may use: ``"pow2"`` (default: 1, 2, 4,
+        ... up to ``cp``; ``cp`` itself is allowed even when it is not a
+        power of two) or ``"divisors"`` (every divisor of ``cp``). Only read
+        with ``cp_mode="dynamic"``.
     """
 
     dp: int = 1
@@ -59,6 +79,8 @@ class ScheduleConfig:
     mb_group: int = 1
     packing: str | None = None
     distribution: str | None = None
+    cp_mode: str = "fixed"
+    cp_sizes: str = "pow2"
     #: the fields left unset (None) and filled with their default; ``with_`` re-derives them
     defaulted: frozenset[str] = field(default=frozenset(), init=False, repr=False,
                                       compare=False)
@@ -93,6 +115,7 @@ class ScheduleConfig:
                 f"packing={self.packing!r} needs micro_batch_size (static batching); with "
                 "max_tokens_per_gpu use a dynamic packing such as 'first_fit'"
             )
+        self._check_cp_mode()
         if self.distribution is None:
             object.__setattr__(self, "distribution", spec.requires_distribution or "strided")
         get_distribution(self.distribution)
@@ -103,6 +126,38 @@ class ScheduleConfig:
                 f"distribution={self.distribution!r}. To keep distribution="
                 f"{self.distribution!r}, pick another packing such as 'ffd' or 'first_fit'"
             )
+
+    def _check_cp_mode(self) -> None:
+        if self.cp_mode not in CP_MODES:
+            raise ValueError(f"cp_mode must be one of {CP_MODES}, got {self.cp_mode!r}")
+        if self.cp_sizes not in CP_SIZES:
+            raise ValueError(f"cp_sizes must be one of {CP_SIZES}, got {self.cp_sizes!r}")
+        if self.cp_mode == "dynamic":
+            if not self.dynamic:
+                raise ValueError(
+                    "cp_mode='dynamic' sizes each micro-batch's CP group by the token cap: set "
+                    "max_tokens_per_gpu (dynamic batching) instead of micro_batch_size")
+            if self.cp < 2:
+                raise ValueError(
+                    f"cp_mode='dynamic' chooses a CP degree per micro-batch up to cp, but "
+                    f"cp={self.cp}: use cp >= 2, or cp_mode='fixed'")
+            if self.vpp > 1:
+                raise ValueError(
+                    f"cp_mode='dynamic' does not support virtual pipelining yet (vpp={self.vpp}):"
+                    " use vpp=1, or cp_mode='fixed'")
+
+    @property
+    def cp_degrees(self) -> tuple[int, ...]:
+        """The CP degrees a micro-batch may get, ascending (``(cp,)`` in fixed mode)."""
+        if self.cp_mode == "fixed":
+            return (self.cp,)
+        if self.cp_sizes == "divisors":
+            return tuple(c for c in range(1, self.cp + 1) if self.cp % c == 0)
+        out, c = [], 1
+        while c < self.cp:
+            out.append(c)
+            c *= 2
+        return (*out, self.cp)
 
     # ------------------------------------------------------------- derived
     @property

@@ -20,13 +20,14 @@ import numpy as np
 
 from varbatch_kit.core.config import ScheduleConfig
 from varbatch_kit.core.flops import ModelShape
+from varbatch_kit.core.placement import Placement, RankWork
 from varbatch_kit.core.rollouts import Rollouts
 from varbatch_kit.policies.distributions import BinWeights
 from varbatch_kit.policies.packers import PackInput, split_to_target
 from varbatch_kit.policies.registry import get_distribution, get_packer
 
 __all__ = ["RankLayout", "Schedule", "ScheduleInvariantError", "Step", "build_schedule",
-           "step_rollout_groups"]
+           "dynamic_step", "fixed_as_placements", "step_rollout_groups"]
 
 log = logging.getLogger("varbatch_kit")
 
@@ -68,8 +69,19 @@ class Step:
         The step's micro-batches (global sample indices) in bin order, before
         distribution.
     rank_bins:
-        ``rank_bins[r]`` = positions in ``micro_batches`` that rank r trains,
-        in training order.
+        Fixed CP: ``rank_bins[r]`` = positions in ``micro_batches`` that DP
+        rank r trains, in training order (``dp`` lists, disjoint).
+        Dynamic CP: one list per *world* rank ``w`` (``dp * cp`` lists):
+        the micro-batches ``w`` takes part in, in round order, idle rounds
+        left out; a micro-batch of degree ``c`` is in ``c`` lists. There is
+        no DP rank in a dynamic plan: consumers that need one (the slime
+        rank layout, ``dp_rank_of_sample``, the per-DP-rank quality and
+        simulation tables) raise a ``ValueError`` for it or use
+        :meth:`rank_program` / :attr:`placements`.
+    placements:
+        ``None`` for a fixed-CP step. Dynamic CP: one
+        :class:`~varbatch_kit.core.placement.Placement` per micro-batch, in
+        bin order (``placements[b].bin == b``): its round and CP group.
     """
 
     index: int
@@ -77,11 +89,74 @@ class Step:
     sample_indices: np.ndarray
     micro_batches: list[np.ndarray]
     rank_bins: list[list[int]]
+    placements: tuple[Placement, ...] | None = None
+
+    @property
+    def is_dynamic_cp(self) -> bool:
+        """True for a dynamic-CP step (it has placements)."""
+        return self.placements is not None
 
     @property
     def num_microbatches(self) -> int:
-        """Micro-batches per rank (the same on every rank)."""
+        """Micro-batches per rank (the same on every rank); rounds under dynamic CP."""
+        if self.placements is not None:
+            return self.num_rounds
         return len(self.rank_bins[0])
+
+    @property
+    def num_rounds(self) -> int:
+        """Rounds of the step: every rank runs one micro-batch (or idles) per round.
+
+        Fixed CP: the micro-batches per DP rank.
+        """
+        if self.placements is None:
+            return len(self.rank_bins[0])
+        return 1 + max(p.round for p in self.placements) if self.placements else 0
+
+    def rank_program(self, world_rank: int, cp: int) -> list[RankWork]:
+        """What world rank ``world_rank`` trains, round by round (one entry per round).
+
+        ``cp`` is the schedule's ``config.cp``. Fixed CP: DP rank
+        ``world_rank // cp``'s micro-batches in training order, each with
+        ``cp_size=cp, cp_rank=world_rank % cp``. Dynamic CP: in each round the
+        micro-batch whose group holds the rank (its degree and the rank's
+        position in the group), or an idle entry (empty samples,
+        ``cp_size=1, cp_rank=0``). Every rank's list has :attr:`num_rounds`
+        entries.
+        """
+        if isinstance(cp, bool) or not isinstance(cp, (int, np.integer)) or cp < 1:
+            raise ValueError(f"cp must be a positive integer (config.cp), got {cp!r}")
+        world = len(self.rank_bins) * (1 if self.placements is not None else int(cp))
+        if (isinstance(world_rank, bool) or not isinstance(world_rank, (int, np.integer))
+                or not 0 <= world_rank < world):
+            raise ValueError(
+                f"world_rank must be an integer in [0, {world}) for this step, got {world_rank!r}")
+        if self.placements is None:
+            d, c = divmod(int(world_rank), int(cp))
+            return [RankWork(self.micro_batches[b], int(cp), c) for b in self.rank_bins[d]]
+        idle = np.zeros(0, dtype=np.int64)
+        out = [RankWork(idle, 1, 0) for _ in range(self.num_rounds)]
+        for b in self.rank_bins[world_rank]:
+            p = self.placements[b]
+            out[p.round] = RankWork(self.micro_batches[b], p.degree,
+                                    p.ranks.index(int(world_rank)))
+        return out
+
+    def sample_cp_sizes(self, cp: int) -> np.ndarray:
+        """The CP degree each sample of :attr:`sample_indices` is cut by (int64, same order).
+
+        ``cp`` (the schedule's ``config.cp``) for every sample in fixed mode;
+        its micro-batch's degree in dynamic mode.
+        """
+        if isinstance(cp, bool) or not isinstance(cp, (int, np.integer)) or cp < 1:
+            raise ValueError(f"cp must be a positive integer (config.cp), got {cp!r}")
+        if self.placements is None:
+            return np.full(self.sample_indices.size, int(cp), dtype=np.int64)
+        by_sample = {}
+        for mb, p in zip(self.micro_batches, self.placements):
+            for i in mb.tolist():
+                by_sample[i] = p.degree
+        return np.array([by_sample[i] for i in self.sample_indices.tolist()], dtype=np.int64)
 
     @property
     def num_rollouts(self) -> int:
@@ -165,6 +240,10 @@ class Schedule:
         The tuple is slime's ``build_dp_schedule`` result
         (:func:`varbatch_kit.compat.slime.to_slime` gives it by slime's name).
         """
+        if self.config.cp_mode == "dynamic":
+            raise ValueError(
+                "rank_layout() is slime's per-DP-rank layout, and a dynamic-CP plan has no DP "
+                "ranks: use step.rank_program(world_rank, cp) or step.placements")
         dp = self.config.dp
         partitions: list[list[int]] = [[] for _ in range(dp)]
         mb_indices: list[list[list[int]]] = [[] for _ in range(dp)]
@@ -197,6 +276,9 @@ class Schedule:
                 for j, b in enumerate(bins):
                     mb = step.micro_batches[b]
                     t = int(tokens[mb].sum())
+                    if step.placements is not None:  # world rank r, round j; cap of its degree
+                        j = step.placements[b].round
+                        cap = self.config.max_tokens_per_gpu * step.placements[b].degree
                     rows["step"].append(step.index)
                     rows["rank"].append(r)
                     rows["micro_batch"].append(j)
@@ -208,7 +290,12 @@ class Schedule:
         return pd.DataFrame(rows)
 
     def micro_batch_table(self):
-        """A pandas table with one row per (step, rank, micro-batch)."""
+        """A pandas table with one row per (step, rank, micro-batch).
+
+        Dynamic CP: one row per (step, world rank, round it is busy in); a
+        micro-batch of degree ``c`` has ``c`` rows, and ``over_cap`` compares
+        its tokens with ``max_tokens_per_gpu * c``.
+        """
         return self._mb_frame.copy()
 
     def stats(self):
@@ -243,6 +330,17 @@ class Schedule:
     def check(self) -> Schedule:
         """Verify every invariant; raise :class:`ScheduleInvariantError` naming the broken one.
 
+        Every step holds its rollouts' samples, each kept sample exactly once.
+        Fixed CP: the micro-batch count is a multiple of ``align``, every DP
+        rank trains the same number, and capped packers respect
+        ``max_tokens_per_gpu * cp``. Dynamic CP: one placement per
+        micro-batch with an allowed degree ``c``; each rank holds at most
+        ``max_tokens_per_gpu`` tokens of its micro-batch (``sum(L) / c``; a
+        single over-cap sample alone is allowed); rounds ``0..R-1`` without
+        gaps, every rank's program ``R`` rounds long; the groups of a round
+        are disjoint, each of ``c`` distinct pool ranks; ``rank_bins`` lists
+        each world rank's micro-batches in round order.
+
         Returns ``self`` so calls chain.
         """
         cfg, roll = self.config, self.rollouts
@@ -265,8 +363,6 @@ class Schedule:
             if not np.array_equal(step.sample_indices, samples):
                 fail(f"{where}: sample_indices are not its rollouts' samples in order")
             k = len(step.micro_batches)
-            if k % cfg.align:
-                fail(f"{where}: {k} micro-batches, not a multiple of align={cfg.align}")
             if any(mb.size == 0 for mb in step.micro_batches):
                 fail(f"{where}: an empty micro-batch")
             flat = np.concatenate(step.micro_batches)
@@ -275,6 +371,13 @@ class Schedule:
             if seen[flat].any():
                 fail(f"{where}: a sample already used by an earlier step")
             seen[flat] = True
+            if cfg.cp_mode == "dynamic":
+                _check_dynamic_step(step, cfg, roll.total_len, fail)
+                continue
+            if step.placements is not None:
+                fail(f"{where}: has CP placements but cp_mode={cfg.cp_mode!r}")
+            if k % cfg.align:
+                fail(f"{where}: {k} micro-batches, not a multiple of align={cfg.align}")
             if len(step.rank_bins) != cfg.dp:
                 fail(f"{where}: {len(step.rank_bins)} ranks, expected dp={cfg.dp}")
             counts = {len(b) for b in step.rank_bins}
@@ -288,6 +391,8 @@ class Schedule:
                     if mb.size > 1 and int(roll.total_len[mb].sum()) > cap:
                         fail(f"{where}: micro-batch {j} holds {mb.size} samples and "
                              f"{int(roll.total_len[mb].sum())} tokens > cap {cap}")
+        if cfg.cp_mode == "dynamic":
+            return self
         parts, mbi, nmb, gbs = self.rank_layout()
         for r in range(cfg.dp):
             if len(mbi[r]) != sum(nmb):
@@ -296,6 +401,97 @@ class Schedule:
             if flat != list(range(len(parts[r]))):
                 fail(f"rank {r}: micro_batch_indices do not enumerate its partition")
         return self
+
+
+def _check_dynamic_step(step: Step, cfg: ScheduleConfig, lengths: np.ndarray, fail) -> None:
+    """The invariants of a dynamic-CP step (see :meth:`Schedule.check`)."""
+    where = f"step {step.index}"
+    world, k = cfg.world_size, len(step.micro_batches)
+    pl = step.placements
+    if pl is None:
+        fail(f"{where}: cp_mode='dynamic' but the step has no CP placements")
+    if len(pl) != k:
+        fail(f"{where}: {len(pl)} placements for {k} micro-batches")
+    allowed = set(cfg.cp_degrees)
+    rounds = step.num_rounds
+    used: dict[tuple[int, int], int] = {}
+    per_rank: list[list[tuple[int, int]]] = [[] for _ in range(world)]
+    for b, p in enumerate(pl):
+        if not isinstance(p, Placement) or p.bin != b:
+            fail(f"{where}: placement {b} is not a Placement of bin {b}: {p!r}")
+        if p.degree not in allowed:
+            fail(f"{where}: micro-batch {b} has CP degree {p.degree}, allowed "
+                 f"{sorted(allowed)} (cp={cfg.cp}, cp_sizes={cfg.cp_sizes!r})")
+        if len(set(p.ranks)) != p.degree or not all(0 <= r < world for r in p.ranks):
+            fail(f"{where}: micro-batch {b}'s group {p.ranks} is not {p.degree} distinct "
+                 f"ranks of the pool 0..{world - 1}")
+        if not 0 <= p.round < rounds:
+            fail(f"{where}: micro-batch {b} in round {p.round}, outside 0..{rounds - 1}")
+        for r in p.ranks:
+            if (p.round, r) in used:
+                fail(f"{where}: rank {r} is in the groups of micro-batches {used[p.round, r]} "
+                     f"and {b} in round {p.round}: groups of a round must be disjoint")
+            used[p.round, r] = b
+            per_rank[r].append((p.round, b))
+        mb = step.micro_batches[b]
+        tokens = int(lengths[mb].sum())
+        if mb.size > 1 and tokens > cfg.max_tokens_per_gpu * p.degree:
+            fail(f"{where}: micro-batch {b} holds {mb.size} samples and {tokens} tokens over "
+                 f"c={p.degree} ranks: {tokens / p.degree:.1f} > max_tokens_per_gpu "
+                 f"{cfg.max_tokens_per_gpu} per rank")
+    if len({p.round for p in pl}) != rounds:
+        fail(f"{where}: rounds are not 0..{rounds - 1} without gaps")
+    if len(step.rank_bins) != world:
+        fail(f"{where}: {len(step.rank_bins)} rank lists, expected dp*cp={world}")
+    for r in range(world):
+        expect = [b for _, b in sorted(per_rank[r])]
+        if list(step.rank_bins[r]) != expect:
+            fail(f"{where}: rank_bins[{r}]={list(step.rank_bins[r])} does not list its groups' "
+                 f"micro-batches in round order {expect}")
+        if len(step.rank_program(r, cfg.cp)) != rounds:
+            fail(f"{where}: rank {r} runs {len(step.rank_program(r, cfg.cp))} rounds, "
+                 f"expected {rounds}")
+
+
+def dynamic_step(index: int, rollout_ids: np.ndarray, sample_indices: np.ndarray,
+                 micro_batches: list[np.ndarray], placements, world: int) -> Step:
+    """A dynamic-CP :class:`Step` from its micro-batches and their placements.
+
+    ``placements``: one ``(round, ranks)`` pair or :class:`Placement` per
+    micro-batch, in bin order; ``rank_bins`` is derived (see :class:`Step`).
+    """
+    pl = tuple(p if isinstance(p, Placement) else Placement(b, int(p[0]),
+                                                            tuple(int(r) for r in p[1]))
+               for b, p in enumerate(placements))
+    per_rank: list[list[tuple[int, int]]] = [[] for _ in range(world)]
+    for p in pl:
+        for r in p.ranks:
+            if not 0 <= r < world:
+                raise ValueError(f"micro-batch {p.bin}: rank {r} is outside the pool "
+                                 f"0..{world - 1}")
+            per_rank[r].append((p.round, p.bin))
+    rank_bins = [[b for _, b in sorted(x)] for x in per_rank]
+    return Step(index, rollout_ids, sample_indices, micro_batches, rank_bins, pl)
+
+
+def fixed_as_placements(rank_bins: list[list[int]], cp: int) -> list[tuple[int, tuple[int, ...]]]:
+    """The placements of a fixed-CP plan: DP rank d's j-th micro-batch in round j on
+    world ranks ``d*cp .. d*cp+cp-1``, in bin order."""
+    k = sum(len(b) for b in rank_bins)
+    out: list = [None] * k
+    for d, bins in enumerate(rank_bins):
+        for j, b in enumerate(bins):
+            out[b] = (j, tuple(range(d * cp, (d + 1) * cp)))
+    return out
+
+
+def _plan_dynamic_step(s: int, ids: np.ndarray, samples: np.ndarray,
+                       micro_batches: list[np.ndarray], rank_bins: list[list[int]],
+                       config: ScheduleConfig) -> Step:
+    """The dynamic-CP plan of one step (placeholder until the planner lands: the
+    fixed plan expressed as placements, every micro-batch at degree ``cp``)."""
+    return dynamic_step(s, ids, samples, micro_batches,
+                        fixed_as_placements(rank_bins, config.cp), config.world_size)
 
 
 def _static_alignment_error(step: int, n: int, k: int, cfg: ScheduleConfig) -> ValueError:
@@ -355,6 +551,11 @@ def build_schedule(
         )
     if model is not None and not isinstance(model, ModelShape):
         raise ValueError(f"model must be a ModelShape or None, got {type(model).__name__}")
+    if model is None and config.cp_mode == "dynamic":
+        raise ValueError(
+            "cp_mode='dynamic' plans CP degrees with a cost model of the model's linear and "
+            "attention FLOPs and needs a model shape: pass model=ModelShape.preset('qwen3-8b') "
+            "(or another preset / from_hf_config)")
     groups, dropped_ids, dropped = step_rollout_groups(rollouts, config.global_batch_size)
     if dropped.size:
         log.warning(
@@ -413,5 +614,9 @@ def build_schedule(
         if packer.refine is not None:  # e.g. 'balanced': moves samples between ranks
             bins, rank_bins = packer.refine(inp, bins, [list(b) for b in rank_bins])
         micro_batches = [samples[np.asarray(b, dtype=np.int64)] for b in bins]
+        if config.cp_mode == "dynamic":
+            steps.append(_plan_dynamic_step(s, ids, samples, micro_batches,
+                                            [list(b) for b in rank_bins], config))
+            continue
         steps.append(Step(s, ids, samples, micro_batches, [list(b) for b in rank_bins]))
     return Schedule(config, rollouts, steps, dropped_ids, dropped, model, flops)
