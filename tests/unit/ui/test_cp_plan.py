@@ -109,3 +109,39 @@ def test_cp_plan_follows_the_figure_conventions():
     text = [fig.layout.title.text] + [t.name or "" for t in fig.data]
     text += [t.hovertemplate or "" for t in fig.data] + list(fig.data[-1].customdata)
     assert not [t for t in text if "$" in t]  # no LaTeX (offline pages have no MathJax)
+
+
+# ------------------------------------------------------------ the explorer toggle
+def test_packing_explorer_toggles_fixed_and_dynamic_cp():
+    from varbatch_kit.ui import widgets
+
+    lengths = [6000, 300, 200, 250, 100, 350, 150, 220] * 2
+    r = Rollouts(prompt_len=np.full(len(lengths), 10), response_len=np.asarray(lengths))
+    ex = widgets.packing_explorer(r, TINY, config=ScheduleConfig(
+        dp=2, cp=2, global_batch_size=8, max_tokens_per_gpu=4096, packing="first_fit"))
+    try:
+        assert ex.controls["cp_mode"].value == "fixed"
+        assert ex.cp_figure in ex.widget.children
+        assert "vbk-cp-figure" in ex.cp_figure._dom_classes
+        assert ex.state["cp_mode"] == "fixed" and set(ex.state["degrees"]) == {2}
+        assert "fixed CP" in ex.cp_figure.layout.title.text
+        fixed_bars = list(ex.figure.data[1].y)
+        ex.set(cp_mode="dynamic")
+        assert ex.last_error is None, ex.last_error
+        assert ex.state["cp_mode"] == "dynamic"
+        assert "dynamic CP" in ex.cp_figure.layout.title.text
+        want = build_schedule(r, ex.config(), TINY)
+        assert ex.state["rounds"] == want.steps[0].num_rounds
+        cells = sum(len(t.y) for t in ex.cp_figure.data if t.name.startswith("c = "))
+        assert cells == sum(p.degree for p in want.steps[0].placements)
+        # the packing view keeps the fixed-CP plan of the same settings, and says so
+        assert list(ex.figure.data[1].y) == fixed_bars
+        assert ex.figure.layout.title.text.startswith("fixed-CP plan of these settings")
+        assert "dynamic CP:" in ex.summary.value
+        ex.set(cp_mode="fixed")
+        assert "fixed CP" in ex.cp_figure.layout.title.text
+        ex.controls["cp"].value = 1
+        ex.set(cp_mode="dynamic")  # impossible: no degree to choose with cp=1
+        assert "cp >= 2" in ex.last_error
+    finally:
+        ex.close()

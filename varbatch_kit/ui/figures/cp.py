@@ -43,9 +43,10 @@ def step_placements(schedule: Schedule, step: int = 0) -> list[Placement]:
     return [Placement(b, r, ranks) for b, (r, ranks) in enumerate(pairs)]
 
 
-def cp_plan_table(schedule: Schedule, step: int = 0):
+def cp_plan_table(schedule: Schedule, step: int = 0, *, below_rank: int | None = None):
     """One row per micro-batch of the step: ``bin, round, degree, ranks, samples, tokens,
-    tokens_per_rank`` (a pandas DataFrame, in bin order)."""
+    tokens_per_rank`` (a pandas DataFrame, in bin order). ``below_rank``: only the
+    micro-batches whose group holds a rank below it."""
     import pandas as pd
 
     s = _check_step(schedule, step)
@@ -53,6 +54,8 @@ def cp_plan_table(schedule: Schedule, step: int = 0):
     lengths = schedule.rollouts.total_len
     rows = []
     for p in step_placements(schedule, s):
+        if below_rank is not None and min(p.ranks) >= below_rank:
+            continue
         mb = st.micro_batches[p.bin]
         t = int(lengths[mb].sum())
         rows.append({"bin": p.bin, "round": p.round, "degree": p.degree,
@@ -88,8 +91,9 @@ def cp_plan_figure(schedule: Schedule, step: int = 0, *, max_ranks: int = 128) -
     cfg = schedule.config
     world = cfg.dp * cfg.cp
     shown = min(world, int(max_ranks))
-    table = cp_plan_table(schedule, s)
-    rounds = int(table["round"].max()) + 1 if len(table) else 0
+    table = cp_plan_table(schedule, s, below_rank=shown)
+    st = schedule.steps[s]
+    rounds = st.num_rounds
     busy = np.zeros((world, max(rounds, 1)), dtype=bool)
 
     fig = go.Figure()
@@ -137,12 +141,12 @@ def cp_plan_figure(schedule: Schedule, step: int = 0, *, max_ranks: int = 128) -
         for w in row.ranks:
             per_rank[w] += row.tokens_per_rank
     mode = cfg.cp_mode
-    title = (f"step {s}: {len(table)} micro-batches on {world} ranks (dp {cfg.dp} × cp "
+    title = (f"step {s}: {len(st.micro_batches)} micro-batches on {world} ranks (dp {cfg.dp} × cp "
              f"{cfg.cp}, {mode} CP) in {rounds} rounds")
     if cfg.max_tokens_per_gpu is not None and len(table):
         worst = float(table["tokens_per_rank"].max())
-        title += (f"<br>largest share {worst:.0f} tokens per rank (cap {cfg.max_tokens_per_gpu}); "
-                  f"busiest rank {per_rank.max():.0f} tokens in all")
+        title += (f"<br>largest share {worst:.0f} tokens per rank (cap "
+                  f"{cfg.max_tokens_per_gpu}); busiest rank {per_rank.max():.0f} tokens in all")
     if shown < world:
         title += f" — first {shown} of {world} ranks shown"
     fig.update_layout(
