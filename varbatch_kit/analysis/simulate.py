@@ -17,6 +17,19 @@ compared in seconds rather than FLOPs ratios:
   the step takes as long as the slowest rank; the others wait
   (*straggler wait*); ``step_overhead_s`` adds a fixed cost per step.
 
+With ``cp > 1`` every micro-batch also pays the part of its context-parallel
+ring communication that the attention does not hide, plus a latency per
+ring step (:class:`~varbatch_kit.policies.dynamic_cp.CPCostModel`, with the
+profile's ``cp_bandwidth_Bps``, ``cp_latency_s`` and ``cp_overlap``): a third
+of it on the forward pass, two thirds on the backward pass, split over the
+pipeline stages. With ``cp = 1`` nothing changes. Dynamic-CP schedules
+(``cp_mode="dynamic"``, ``pp = 1``) are simulated on the pool of ``dp * cp``
+ranks: each micro-batch keeps the ``c`` ranks of its group busy for
+``CPCostModel.time``; a group starts when all its ranks are free (its
+collectives need every member), so a rank may idle waiting for its group;
+the step ends when the last rank does. Its bound is
+``max(step compute / (dp * cp), largest sample's compute / cp)``.
+
 The *bound* of a step is the same model applied to a perfect schedule: every
 rank gets ``max(step FLOPs / dp, largest sample's FLOPs)`` in the fewest
 micro-batches the token cap allows (``ceil(tokens / cap)`` rounded up to
@@ -32,13 +45,17 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from varbatch_kit.analysis.quality import micro_batch_arrays
+from varbatch_kit.core.flops import ModelShape
+from varbatch_kit.core.placement import cp_cost_model
 from varbatch_kit.core.schedule import Schedule
+from varbatch_kit.policies.dynamic_cp import CPCostModel, group_timeline
 from varbatch_kit.policies.packers import aligned_count
 
 __all__ = [
     "HARDWARE",
     "HardwareProfile",
     "SimulationResult",
+    "cp_cost_model_for",
     "one_f_one_b",
     "simulate",
     "simulated_step_time_bound",
@@ -47,12 +64,21 @@ __all__ = [
 
 @dataclass(frozen=True)
 class HardwareProfile:
-    """One accelerator: dense BF16 peak (FLOP/s per GPU) and memory."""
+    """One accelerator: dense BF16 peak (FLOP/s per GPU) and memory.
+
+    Context parallelism: ``cp_bandwidth_Bps`` is the bandwidth a rank's
+    ring sends and receives KV chunks at (within a node), ``cp_latency_s``
+    the fixed cost of one ring step in one layer (launch and synchronisation),
+    ``cp_overlap`` the share of the attention time that hides the ring.
+    """
 
     name: str
     peak_flops: float
     memory_gib: float
     description: str = ""
+    cp_bandwidth_Bps: float = 200e9
+    cp_latency_s: float = 20e-6
+    cp_overlap: float = 1.0
 
 
 #: Built-in profiles (dense BF16 tensor-core peaks from the vendors' data sheets).
@@ -63,8 +89,11 @@ HARDWARE: dict[str, HardwareProfile] = {
                             "NVIDIA H200 SXM: same compute as H100 (~989 TFLOP/s dense BF16), "
                             "141 GB HBM3e"),
     "A100": HardwareProfile("A100", 312e12, 80,
-                            "NVIDIA A100 SXM: 312 TFLOP/s dense BF16, 80 GB HBM2e"),
+                            "NVIDIA A100 SXM: 312 TFLOP/s dense BF16, 80 GB HBM2e",
+                            cp_bandwidth_Bps=120e9),
 }
+# H100/H200: NVLink 4 (450 GB/s per direction), of which a P2P ring reaches ~200 GB/s;
+# A100: NVLink 3 (300 GB/s per direction), ~120 GB/s.
 
 
 def _profile(hardware: str | HardwareProfile) -> HardwareProfile:
@@ -179,6 +208,41 @@ def one_f_one_b(t_fwd: np.ndarray, t_bwd: np.ndarray, pp: int):
     end0 = np.stack(b_end[0], axis=1)
     finish = np.max(np.stack(free, axis=0), axis=0)
     return f_start0, end0, finish
+
+
+def cp_cost_model_for(model: ModelShape, hardware: str | HardwareProfile = "H100",
+                      efficiency: float = 0.45, microbatch_overhead_s: float = 0.004, *,
+                      tp: int = 1, backward_factor: float = 2.0) -> CPCostModel:
+    """The CP cost model :func:`simulate` uses with these settings.
+
+    Pass it as ``build_schedule(..., cp_cost=...)`` so that a dynamic-CP plan
+    is made for the settings it is simulated with (the defaults agree).
+    """
+    p = _params(hardware, efficiency, microbatch_overhead_s, 1, tp, 0.0, backward_factor)
+    return _cost(model, p)
+
+
+def _cost(model: ModelShape, p: _Params) -> CPCostModel:
+    prof = p.profile
+    return cp_cost_model(model, peak_flops=prof.peak_flops, efficiency=p.efficiency,
+                         microbatch_overhead_s=p.microbatch_overhead_s,
+                         backward_factor=p.backward_factor,
+                         cp_bandwidth_Bps=prof.cp_bandwidth_Bps, cp_latency_s=prof.cp_latency_s,
+                         cp_overlap=prof.cp_overlap, tp=p.tp)
+
+
+def _mb_sq_tokens(schedule: Schedule, step) -> np.ndarray:
+    """``sum(L**2)`` of every micro-batch of a step, in bin order."""
+    L = schedule.rollouts.total_len.astype(np.float64)
+    return np.array([float((L[mb] ** 2).sum()) for mb in step.micro_batches])
+
+
+def _fixed_cp_comm(schedule: Schedule, step, a: dict, p: _Params, cost) -> np.ndarray:
+    """Exposed ring seconds per micro-batch (bin order) of a fixed-CP step (0 at cp=1)."""
+    cp = schedule.config.cp
+    if cp == 1 or cost is None:
+        return np.zeros(len(step.micro_batches))
+    return cost.exposed_comm(a["tokens"], _mb_sq_tokens(schedule, step), cp)
 
 
 def _stage_times(flops: np.ndarray, p: _Params, cp: int):
@@ -321,6 +385,9 @@ def simulate(
     p = _params(hardware, efficiency, microbatch_overhead_s, pp, tp, step_overhead_s,
                 backward_factor)
     cfg = schedule.config
+    if cfg.cp_mode == "dynamic":
+        return _simulate_dynamic(schedule, p, timelines)
+    cost = _cost(schedule.model, p) if cfg.cp > 1 and schedule.model is not None else None
     dp = cfg.dp
     step_rows, rank_frames, tl_frames = [], [], []
     clock = 0.0
@@ -330,6 +397,9 @@ def simulate(
         grid = np.empty((dp, m), dtype=np.int64)  # bin at (rank, position)
         grid[a["rank"], a["pos"]] = np.arange(len(step.micro_batches))
         tf, tb = _stage_times(a["flops"][grid], p, cfg.cp)
+        if cost is not None:  # the ring's exposed seconds: 1/3 forward, 2/3 backward
+            comm = _fixed_cp_comm(schedule, step, a, p, cost)[grid] / p.pp
+            tf, tb = tf + comm / 3.0, tb + 2.0 * comm / 3.0
         start, end, finish = one_f_one_b(tf, tb, p.pp)
         busy = (tf + tb).sum(axis=1)
         slow = int(np.argmax(finish))
@@ -365,4 +435,71 @@ def simulate(
                     "efficiency": p.efficiency, "microbatch_overhead_s": p.microbatch_overhead_s,
                     "pp": p.pp, "tp": p.tp, "cp": cfg.cp, "step_overhead_s": p.step_overhead_s,
                     "backward_factor": p.backward_factor},
+    )
+
+
+def _simulate_dynamic(schedule: Schedule, p: _Params, timelines: bool) -> SimulationResult:
+    """:func:`simulate` for a dynamic-CP schedule (see the module doc)."""
+    import pandas as pd
+
+    if p.pp > 1:
+        raise ValueError(
+            f"simulating a dynamic-CP schedule (cp_mode='dynamic') supports pp=1 only, got "
+            f"pp={p.pp}: simulate the fixed-CP schedule for pipeline studies")
+    cfg = schedule.config
+    pool = cfg.world_size
+    cost = _cost(schedule.model, p)
+    L = schedule.rollouts.total_len.astype(np.float64)
+    flops = schedule.sample_flops
+    step_rows, rank_frames, tl_frames = [], [], []
+    clock = 0.0
+    for step in schedule.steps:
+        pl = step.placements
+        tokens = np.array([L[mb].sum() for mb in step.micro_batches])
+        sq = _mb_sq_tokens(schedule, step)
+        deg = np.array([q.degree for q in pl])
+        dur = cost.time(tokens, sq, deg)
+        rounds = [q.round for q in pl]
+        start, end, finish, busy = group_timeline(dur, rounds, [q.ranks for q in pl], pool)
+        slow = int(np.argmax(finish))
+        span = float(finish[slow])
+        time_s = span + p.step_overhead_s
+        wait = span - finish
+        Ls = L[step.sample_indices]
+        c1 = cost.compute(Ls, Ls * Ls, 1)
+        bound = max(float(c1.sum()) / pool, float(c1.max()) / cfg.cp) + p.step_overhead_s
+        step_rows.append({
+            "step": step.index, "start_s": clock, "time_s": time_s, "bound_s": bound,
+            "ratio": time_s / bound, "busiest_rank_s": span, "compute_s": float(busy[slow]),
+            "bubble_s": span - float(busy[slow]),
+            "straggler_wait_s": float(wait.mean()), "max_straggler_wait_s": float(wait.max()),
+            "micro_batches_per_rank": step.num_rounds})
+        rank_frames.append(pd.DataFrame({"step": step.index, "rank": np.arange(pool),
+                                         "busy_s": busy, "end_s": finish, "wait_s": wait}))
+        if timelines:
+            rows = [(w, pl[b].round, b) for w, bins in enumerate(step.rank_bins) for b in bins]
+            w_, r_, b_ = (np.array(x, dtype=np.int64) for x in zip(*rows)) if rows else (
+                np.zeros(0, dtype=np.int64),) * 3
+            mb_flops = np.array([flops[mb].sum() for mb in step.micro_batches])
+            sizes = np.array([mb.size for mb in step.micro_batches])
+            tl_frames.append(pd.DataFrame({
+                "step": step.index, "rank": w_, "micro_batch": r_, "start_s": start[b_],
+                "end_s": end[b_], "compute_s": dur[b_], "flops": mb_flops[b_],
+                "tokens": tokens[b_].astype(np.int64), "samples": sizes[b_], "bin": b_,
+                "cp_size": deg[b_]}))
+        clock += time_s
+    tl_cols = ["step", "rank", "micro_batch", "start_s", "end_s", "compute_s", "flops", "tokens",
+               "samples", "bin", "cp_size"]
+    prof = p.profile
+    return SimulationResult(
+        step_times=pd.DataFrame(step_rows),
+        rank_times=pd.concat(rank_frames, ignore_index=True),
+        timelines=(pd.concat(tl_frames, ignore_index=True) if tl_frames
+                   else pd.DataFrame(columns=tl_cols)),
+        params={"hardware": prof.name, "peak_flops": prof.peak_flops,
+                "efficiency": p.efficiency, "microbatch_overhead_s": p.microbatch_overhead_s,
+                "pp": p.pp, "tp": p.tp, "cp": cfg.cp, "step_overhead_s": p.step_overhead_s,
+                "backward_factor": p.backward_factor, "cp_mode": "dynamic",
+                "cp_bandwidth_Bps": prof.cp_bandwidth_Bps, "cp_latency_s": prof.cp_latency_s,
+                "cp_overlap": prof.cp_overlap},
     )

@@ -20,9 +20,10 @@ import numpy as np
 
 from varbatch_kit.core.config import ScheduleConfig
 from varbatch_kit.core.flops import ModelShape
-from varbatch_kit.core.placement import Placement, RankWork
+from varbatch_kit.core.placement import Placement, RankWork, cp_cost_model
 from varbatch_kit.core.rollouts import Rollouts
 from varbatch_kit.policies.distributions import BinWeights
+from varbatch_kit.policies.dynamic_cp import CPCostModel, plan_dynamic_cp
 from varbatch_kit.policies.packers import PackInput, split_to_target
 from varbatch_kit.policies.registry import get_distribution, get_packer
 
@@ -485,13 +486,17 @@ def fixed_as_placements(rank_bins: list[list[int]], cp: int) -> list[tuple[int, 
     return out
 
 
-def _plan_dynamic_step(s: int, ids: np.ndarray, samples: np.ndarray,
-                       micro_batches: list[np.ndarray], rank_bins: list[list[int]],
-                       config: ScheduleConfig) -> Step:
-    """The dynamic-CP plan of one step (placeholder until the planner lands: the
-    fixed plan expressed as placements, every micro-batch at degree ``cp``)."""
-    return dynamic_step(s, ids, samples, micro_batches,
-                        fixed_as_placements(rank_bins, config.cp), config.world_size)
+def _plan_dynamic_step(s: int, ids: np.ndarray, samples: np.ndarray, step_len: np.ndarray,
+                       bins, rank_bins: list[list[int]], config: ScheduleConfig,
+                       cost: CPCostModel) -> Step:
+    """The dynamic-CP plan of one step (:func:`~varbatch_kit.policies.dynamic_cp.plan_dynamic_cp`),
+    compared with the fixed plan of the configured packing and distribution."""
+    plan = plan_dynamic_cp(step_len, dp=config.dp, cp=config.cp,
+                           cap=config.max_tokens_per_gpu, degrees=config.cp_degrees, cost=cost,
+                           fixed=([list(b) for b in bins], rank_bins))
+    micro_batches = [samples[np.asarray(b, dtype=np.int64)] for b in plan.bins]
+    return dynamic_step(s, ids, samples, micro_batches, list(zip(plan.rounds, plan.groups)),
+                        config.world_size)
 
 
 def _static_alignment_error(step: int, n: int, k: int, cfg: ScheduleConfig) -> ValueError:
@@ -515,6 +520,7 @@ def build_schedule(
     model: ModelShape | None = None,
     *,
     progress: bool = False,
+    cp_cost: CPCostModel | None = None,
 ) -> Schedule:
     """Turn a rollout batch into training steps → DP ranks → micro-batches.
 
@@ -529,6 +535,13 @@ def build_schedule(
         distributions, optional otherwise (then ``stats()`` has no FLOPs).
     progress:
         Show a tqdm progress bar over steps.
+    cp_cost:
+        ``cp_mode="dynamic"`` only: the cost model the plans minimise the
+        step's makespan under; defaults to
+        :func:`~varbatch_kit.core.placement.cp_cost_model` of ``model`` (the
+        simulator's default H100 figures). Pass
+        ``analysis.simulate.cp_cost_model_for(model, hardware, ...)`` to plan
+        for other simulator settings.
 
     Raises
     ------
@@ -556,6 +569,11 @@ def build_schedule(
             "cp_mode='dynamic' plans CP degrees with a cost model of the model's linear and "
             "attention FLOPs and needs a model shape: pass model=ModelShape.preset('qwen3-8b') "
             "(or another preset / from_hf_config)")
+    if config.cp_mode == "dynamic":
+        if cp_cost is None:
+            cp_cost = cp_cost_model(model)
+        elif not isinstance(cp_cost, CPCostModel):
+            raise ValueError(f"cp_cost must be a CPCostModel or None, got {type(cp_cost).__name__}")
     groups, dropped_ids, dropped = step_rollout_groups(rollouts, config.global_batch_size)
     if dropped.size:
         log.warning(
@@ -615,8 +633,8 @@ def build_schedule(
             bins, rank_bins = packer.refine(inp, bins, [list(b) for b in rank_bins])
         micro_batches = [samples[np.asarray(b, dtype=np.int64)] for b in bins]
         if config.cp_mode == "dynamic":
-            steps.append(_plan_dynamic_step(s, ids, samples, micro_batches,
-                                            [list(b) for b in rank_bins], config))
+            steps.append(_plan_dynamic_step(s, ids, samples, step_len, bins,
+                                            [list(b) for b in rank_bins], config, cp_cost))
             continue
         steps.append(Step(s, ids, samples, micro_batches, [list(b) for b in rank_bins]))
     return Schedule(config, rollouts, steps, dropped_ids, dropped, model, flops)

@@ -1,0 +1,220 @@
+"""Dynamic-CP planner: the cost model by hand, hand-made plans, and properties of
+build_schedule(cp_mode="dynamic") (check() passes, never slower than fixed)."""
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from varbatch_kit import ModelShape, Rollouts, ScheduleConfig, build_schedule
+from varbatch_kit.analysis.simulate import HARDWARE, cp_cost_model_for, simulate
+from varbatch_kit.core.placement import CP_DEFAULTS, cp_cost_model, kv_bytes_per_token
+from varbatch_kit.policies.dynamic_cp import CPCostModel, group_timeline, plan_dynamic_cp
+
+TINY = ModelShape(num_layers=2, hidden_size=16, num_attention_heads=2, num_query_groups=2,
+                  vocab_size=32, ffn_hidden_size=64, kv_channels=8)
+# a cost model where the ring is expensive: short samples should not be cut
+RING = CPCostModel(linear_s=1.0, attention_s=0.01, comm_s=0.5, latency_s=1.0,
+                   microbatch_overhead_s=0.0, overlap=1.0)
+
+
+def rollouts(lengths):
+    lengths = np.asarray(lengths)
+    return Rollouts(prompt_len=np.zeros_like(lengths), response_len=lengths)
+
+
+# ------------------------------------------------------------- cost model
+def test_cost_model_by_hand():
+    m = CPCostModel(linear_s=2.0, attention_s=0.1, comm_s=1.0, latency_s=0.5,
+                    microbatch_overhead_s=3.0, overlap=1.0)
+    # c = 1: overhead + linear + attention, no ring
+    assert m.time(10, 100, 1) == pytest.approx(3 + 20 + 10)
+    # c = 4, S = 40, Q = 400: att 10, ring 1*3*40/4 = 30 -> exposed 20; latency 1.5
+    assert m.time(40, 400, 4) == pytest.approx(3 + 20 + 10 + 20 + 1.5)
+    # attention hides the ring: Q = 4000 -> att 100 > ring 30
+    assert m.time(40, 4000, 4) == pytest.approx(3 + 20 + 100 + 0 + 1.5)
+    half = CPCostModel(2.0, 0.1, 1.0, 0.5, 3.0, overlap=0.5)
+    assert half.time(40, 400, 4) == pytest.approx(3 + 20 + 10 + (30 - 5) + 1.5)
+    assert m.time1(40, 400, 4) == pytest.approx(float(m.time(40, 400, 4)))
+    assert m.exposed_comm(40, 400, 1) == 0
+
+
+def test_cost_model_from_flops_and_shape():
+    m = CPCostModel.from_flops(10.0, 2.0, rate=4.0, backward_factor=2.0,
+                               kv_bytes_per_token=8.0, num_layers=3, bandwidth_Bps=2.0,
+                               ring_latency_s=0.1, microbatch_overhead_s=0.5, tp=2)
+    assert m.linear_s == pytest.approx(10 * 3 / 8) and m.attention_s == pytest.approx(2 * 3 / 8)
+    assert m.comm_s == pytest.approx(3 * 3 * 8 / (2 * 2)) and m.latency_s == pytest.approx(0.6)
+    # GQA: K and V of every group, bf16
+    assert kv_bytes_per_token(TINY) == 2 * 2 * 8 * 2
+    ds = ModelShape.preset("deepseek-v3")
+    assert kv_bytes_per_token(ds) == ds.num_attention_heads * (
+        ds.qk_head_dim + ds.qk_pos_emb_head_dim + ds.v_head_dim) * 2
+    c1, c2 = TINY.flops_coefficients()
+    cm = cp_cost_model(TINY)
+    rate = CP_DEFAULTS["peak_flops"] * CP_DEFAULTS["efficiency"]
+    assert cm.linear_s == pytest.approx(3 * c1 / rate) and cm.attention_s == pytest.approx(
+        3 * c2 / rate)
+    # the simulator's defaults give the same model as the planner's
+    assert cp_cost_model_for(TINY) == cm
+    assert HARDWARE["H100"].cp_bandwidth_Bps == CP_DEFAULTS["cp_bandwidth_Bps"]
+
+
+@pytest.mark.parametrize("kw, match", [
+    (dict(linear_s=-1.0, attention_s=0.0), "linear_s"),
+    (dict(linear_s=1.0, attention_s=0.0, overlap=2.0), "overlap"),
+])
+def test_cost_model_errors(kw, match):
+    with pytest.raises(ValueError, match=match):
+        CPCostModel(**kw)
+
+
+def test_group_timeline_waits_for_the_whole_group():
+    # ranks 0, 1: round 0 rank 0 runs 5 s, rank 1 runs 1 s; round 1 both together 2 s
+    start, end, finish, busy = group_timeline([5.0, 1.0, 2.0], [0, 0, 1],
+                                              [(0,), (1,), (0, 1)], 2)
+    assert start.tolist() == [0.0, 0.0, 5.0] and end.tolist() == [5.0, 1.0, 7.0]
+    assert finish.tolist() == [7.0, 7.0] and busy.tolist() == [7.0, 3.0]
+
+
+# ------------------------------------------------------------ hand plans
+def test_plan_long_sample_spread_short_ones_alone():
+    # pool of 4 ranks (dp=1, cp=4), 100 tokens per rank: the 400-token sample needs c=4,
+    # the four 100-token samples fit one rank each
+    plan = plan_dynamic_cp([400, 100, 100, 100, 100], dp=1, cp=4, cap=100,
+                           degrees=(1, 2, 4), cost=RING)
+    assert plan.source == "dynamic"
+    by_sample = {tuple(b): (len(g), r) for b, g, r in zip(plan.bins, plan.groups, plan.rounds)}
+    assert by_sample[(0,)] == (4, 0)
+    assert sorted(by_sample[(i,)] for i in (1, 2, 3, 4)) == [(1, 1)] * 4
+    # makespan: 400 tokens over 4: linear 100, att 0.01*160000/4 = 400 (hides the ring
+    # 0.5*3*100 = 150), latency 3; then 100 + 100 for a 100-token sample alone
+    assert plan.makespan_s == pytest.approx(100 + 400 + 3 + 100 + 100)
+
+
+def test_plan_keeps_fixed_when_not_faster():
+    # 4 equal samples that fit one rank each, no ring cost: fixed dp=1 cp=4 packs them
+    # into one micro-batch at c=4 (one overhead), dynamic runs 4 micro-batches at c=1
+    cost = CPCostModel(linear_s=1.0, attention_s=0.0, microbatch_overhead_s=10.0)
+    fixed = ([[0, 1, 2, 3]], [[0]])
+    plan = plan_dynamic_cp([100] * 4, dp=1, cp=4, cap=100, degrees=(1, 2, 4), cost=cost,
+                           fixed=fixed)
+    assert plan.source == "fixed" and plan.bins == [[0, 1, 2, 3]]
+    assert plan.groups == [(0, 1, 2, 3)] and plan.rounds == [0]
+    assert plan.makespan_s == pytest.approx(10 + 100) == plan.fixed_makespan_s
+
+
+def test_plan_oversize_sample_goes_alone_at_cp():
+    plan = plan_dynamic_cp([1000, 10], dp=1, cp=2, cap=100, degrees=(1, 2), cost=RING)
+    assert {tuple(b): len(g) for b, g in zip(plan.bins, plan.groups)} == {(0,): 2, (1,): 1}
+
+
+def test_plan_divisor_windows_stay_inside_a_replica():
+    # a costly ring step: c=3 (100 + 300 + 2*100) beats c=6 (50 + 150 + 5*100)
+    cost = CPCostModel(linear_s=1.0, attention_s=0.01, comm_s=0.5, latency_s=100.0)
+    plan = plan_dynamic_cp([300, 300, 10, 10, 10], dp=2, cp=6, cap=100, degrees=(1, 2, 3, 6),
+                           cost=cost)
+    for g in plan.groups:
+        assert len({r // 6 for r in g}) == 1 and list(g) == list(range(g[0], g[0] + len(g)))
+    assert sorted(plan.degrees)[-2:] == [3, 3]
+
+
+@pytest.mark.parametrize("kw, match", [
+    (dict(degrees=(1, 2)), "include cp"),
+    (dict(degrees=(1, 8)), "1..cp"),
+    (dict(cap=0), "cap must be"),
+    (dict(cost="fast"), "CPCostModel"),
+])
+def test_plan_errors(kw, match):
+    args = dict(dp=1, cp=4, cap=100, degrees=(1, 2, 4), cost=RING)
+    args.update(kw)
+    with pytest.raises(ValueError, match=match):
+        plan_dynamic_cp([10, 20], **args)
+
+
+# ------------------------------------------------------------ properties
+@st.composite
+def cases(draw):
+    n = draw(st.integers(2, 40))
+    cap = draw(st.sampled_from([64, 128, 256]))
+    lengths = draw(st.lists(st.integers(1, 6 * cap), min_size=n, max_size=n))
+    dp = draw(st.integers(1, 3))
+    cp = draw(st.sampled_from([2, 3, 4, 6]))
+    sizes = draw(st.sampled_from(["pow2", "divisors"]))
+    packing = draw(st.sampled_from(["first_fit", "ffd"]))
+    gbs = draw(st.integers(max(dp, n // 3), n))
+    return lengths, cap, dp, cp, sizes, packing, gbs
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(cases())
+def test_dynamic_plans_are_valid_and_never_slower(case):
+    lengths, cap, dp, cp, sizes, packing, gbs = case
+    r = rollouts(lengths)
+    fixed_cfg = ScheduleConfig(dp=dp, cp=cp, max_tokens_per_gpu=cap, global_batch_size=gbs,
+                               packing=packing)
+    try:
+        fixed = build_schedule(r, fixed_cfg, TINY)
+    except ValueError:  # a step with fewer samples than dp micro-batches can be split into
+        return
+    dyn = build_schedule(r, fixed_cfg.with_(cp_mode="dynamic", cp_sizes=sizes), TINY).check()
+    allowed = set(dyn.config.cp_degrees)
+    L = r.total_len
+    for s in dyn.steps:
+        sizes_of = s.sample_cp_sizes(cp)
+        assert set(sizes_of.tolist()) <= allowed
+        for i, c in zip(s.sample_indices.tolist(), sizes_of.tolist()):
+            if L[i] > cap * cp:  # an oversize sample runs at the largest degree
+                assert c == cp
+        progs = [s.rank_program(w, cp) for w in range(dp * cp)]
+        assert {len(p) for p in progs} == {s.num_rounds}
+        held = np.concatenate([w.samples for p in progs for w in p if w.cp_rank == 0])
+        assert np.array_equal(np.sort(held), np.sort(s.sample_indices))
+    t_fixed = simulate(fixed, timelines=False).step_times.time_s.to_numpy()
+    t_dyn = simulate(dyn, timelines=False).step_times.time_s.to_numpy()
+    assert (t_dyn <= t_fixed * (1 + 1e-9) + 1e-12).all()
+
+
+def test_simulated_dynamic_time_is_the_planned_makespan():
+    rng = np.random.default_rng(3)
+    L = np.concatenate([rng.integers(10, 200, 60), [900, 700, 500]])
+    r = rollouts(L)
+    model = ModelShape.preset("deepseek-v3")
+    cfg = ScheduleConfig(dp=2, cp=4, max_tokens_per_gpu=256, global_batch_size=len(L),
+                         cp_mode="dynamic")
+    sched = build_schedule(r, cfg, model).check()
+    cost = cp_cost_model(model)
+    st0 = sched.steps[0]
+    pos = {g: i for i, g in enumerate(st0.sample_indices.tolist())}
+    fixed = build_schedule(r, cfg.with_(cp_mode="fixed"), model).steps[0]
+    fb = [[pos[g] for g in mb.tolist()] for mb in fixed.micro_batches]
+    plan = plan_dynamic_cp(L[st0.sample_indices], dp=2, cp=4, cap=256, degrees=(1, 2, 4),
+                           cost=cost, fixed=(fb, fixed.rank_bins))
+    sim = simulate(sched)
+    assert sim.step_times.time_s.iloc[0] == pytest.approx(plan.makespan_s, rel=1e-12)
+    assert plan.source == "dynamic" and plan.makespan_s < plan.fixed_makespan_s
+    assert (sim.step_times.ratio >= 1 - 1e-12).all()
+    tl = sim.timelines
+    assert set(tl.cp_size) <= {1, 2, 4} and len(tl) == sum(len(b) for b in st0.rank_bins)
+    with pytest.raises(ValueError, match="pp=1 only"):
+        simulate(sched, pp=2)
+
+
+def test_fixed_cp_simulation_pays_the_exposed_ring():
+    # one micro-batch of two 40-token samples at cp=2 on a 1 FLOP/s GPU: the fixed
+    # simulation adds the cost model's exposed ring seconds to the compute
+    from varbatch_kit.analysis.simulate import HardwareProfile
+
+    slow = HardwareProfile("slow", peak_flops=1e6, memory_gib=1, cp_bandwidth_Bps=1.0,
+                           cp_latency_s=0.0, cp_overlap=0.0)
+    r = rollouts([40, 40])
+    s = build_schedule(r, ScheduleConfig(dp=1, cp=2, max_tokens_per_gpu=40,
+                                         global_batch_size=2), TINY)
+    base = simulate(s, hardware=slow, efficiency=1.0, microbatch_overhead_s=0.0)
+    f = TINY.forward_flops(np.array([40, 40])).sum()
+    compute = 3 * f / (2 * 1e6)
+    ring = 3 * TINY.num_layers * kv_bytes_per_token(TINY) * 1 * 80 / 2  # (c-1) S / c per byte/s
+    assert base.total_time_s == pytest.approx(compute + ring)
+    assert not math.isnan(base.total_bound_s)
