@@ -45,9 +45,11 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from varbatch_kit.analysis.quality import micro_batch_arrays
+from varbatch_kit.core.config import ScheduleConfig
 from varbatch_kit.core.flops import ModelShape
 from varbatch_kit.core.placement import cp_cost_model
-from varbatch_kit.core.schedule import Schedule
+from varbatch_kit.core.rollouts import Rollouts
+from varbatch_kit.core.schedule import Schedule, build_schedule
 from varbatch_kit.policies.dynamic_cp import CPCostModel, group_timeline
 from varbatch_kit.policies.packers import aligned_count
 
@@ -55,6 +57,7 @@ __all__ = [
     "HARDWARE",
     "HardwareProfile",
     "SimulationResult",
+    "compare_cp_modes",
     "cp_cost_model_for",
     "one_f_one_b",
     "simulate",
@@ -290,6 +293,9 @@ def simulated_step_time_bound(
     _check_schedule(schedule)
     p = _params(hardware, efficiency, microbatch_overhead_s, pp, tp, step_overhead_s,
                 backward_factor)
+    if schedule.config.cp_mode == "dynamic":
+        return np.array([_dynamic_bound(schedule, st, _cost(schedule.model, p), p)
+                         for st in schedule.steps])
     return np.array([_bound_for_step(schedule, st, micro_batch_arrays(schedule, st), p)
                      for st in schedule.steps])
 
@@ -438,6 +444,14 @@ def simulate(
     )
 
 
+def _dynamic_bound(schedule: Schedule, step, cost: CPCostModel, p: _Params) -> float:
+    """``max(step compute / (dp*cp), largest sample's compute / cp)`` plus the step overhead."""
+    L = schedule.rollouts.total_len[step.sample_indices].astype(np.float64)
+    c1 = cost.compute(L, L * L, 1)
+    cfg = schedule.config
+    return max(float(c1.sum()) / cfg.world_size, float(c1.max()) / cfg.cp) + p.step_overhead_s
+
+
 def _simulate_dynamic(schedule: Schedule, p: _Params, timelines: bool) -> SimulationResult:
     """:func:`simulate` for a dynamic-CP schedule (see the module doc)."""
     import pandas as pd
@@ -465,9 +479,7 @@ def _simulate_dynamic(schedule: Schedule, p: _Params, timelines: bool) -> Simula
         span = float(finish[slow])
         time_s = span + p.step_overhead_s
         wait = span - finish
-        Ls = L[step.sample_indices]
-        c1 = cost.compute(Ls, Ls * Ls, 1)
-        bound = max(float(c1.sum()) / pool, float(c1.max()) / cfg.cp) + p.step_overhead_s
+        bound = _dynamic_bound(schedule, step, cost, p)
         step_rows.append({
             "step": step.index, "start_s": clock, "time_s": time_s, "bound_s": bound,
             "ratio": time_s / bound, "busiest_rank_s": span, "compute_s": float(busy[slow]),
@@ -503,3 +515,39 @@ def _simulate_dynamic(schedule: Schedule, p: _Params, timelines: bool) -> Simula
                 "cp_bandwidth_Bps": prof.cp_bandwidth_Bps, "cp_latency_s": prof.cp_latency_s,
                 "cp_overlap": prof.cp_overlap},
     )
+
+
+def compare_cp_modes(rollouts: Rollouts, config: ScheduleConfig, model: ModelShape,
+                     hardware: str | HardwareProfile = "H100", efficiency: float = 0.45,
+                     microbatch_overhead_s: float = 0.004, *, tp: int = 1,
+                     backward_factor: float = 2.0):
+    """Fixed vs dynamic CP for one layout: a pandas table indexed ``fixed``, ``dynamic``.
+
+    Both schedules use ``config`` (its ``cp_mode`` replaced); the dynamic one is
+    planned with the cost model of these simulator settings
+    (:func:`cp_cost_model_for`). Columns: ``time_s``, ``bound_s``, ``ratio``
+    (time / bound), ``micro_batches`` (all steps), ``rounds`` (per step, mean),
+    ``share_c1`` (share of samples trained without CP), ``speedup`` (fixed
+    time / this time).
+    """
+    import pandas as pd
+
+    if not isinstance(config, ScheduleConfig):
+        raise ValueError(f"config must be a ScheduleConfig, got {type(config).__name__}")
+    kw = dict(hardware=hardware, efficiency=efficiency, microbatch_overhead_s=microbatch_overhead_s,
+              tp=tp, backward_factor=backward_factor)
+    cost = cp_cost_model_for(model, **kw)
+    rows = {}
+    for mode in ("fixed", "dynamic"):
+        sched = build_schedule(rollouts, config.with_(cp_mode=mode), model,
+                               cp_cost=cost if mode == "dynamic" else None)
+        sim = simulate(sched, timelines=False, **kw)
+        sizes = np.concatenate([s.sample_cp_sizes(config.cp) for s in sched.steps])
+        rows[mode] = {"time_s": sim.total_time_s, "bound_s": sim.total_bound_s,
+                      "ratio": sim.total_time_s / sim.total_bound_s,
+                      "micro_batches": int(sum(len(s.micro_batches) for s in sched.steps)),
+                      "rounds": float(np.mean([s.num_rounds for s in sched.steps])),
+                      "share_c1": float((sizes == 1).mean())}
+    out = pd.DataFrame.from_dict(rows, orient="index")
+    out["speedup"] = out.loc["fixed", "time_s"] / out["time_s"]
+    return out

@@ -229,7 +229,9 @@ class Schedule:
     def __repr__(self) -> str:
         c = self.config
         return (
-            f"Schedule({self.num_steps} steps, dp={c.dp}, cp={c.cp}, packing={c.packing!r}, "
+            f"Schedule({self.num_steps} steps, dp={c.dp}, cp={c.cp}"
+            f"{', cp_mode=' + repr(c.cp_mode) if c.cp_mode != 'fixed' else ''}, "
+            f"packing={c.packing!r}, "
             f"distribution={c.distribution!r}, micro-batches/rank={self.num_microbatches}, "
             f"dropped {self.dropped_samples.size} samples)"
         )

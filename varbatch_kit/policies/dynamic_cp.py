@@ -278,11 +278,11 @@ def _deal_short(short: np.ndarray, lengths: np.ndarray, free: np.ndarray, cap: i
     open_tok = np.full(pool, np.inf)  # tokens of each rank's open micro-batch (inf: none)
     per_rank: list[list[list[int]]] = [[] for _ in range(pool)]
     oh = cost.microbatch_overhead_s
-    for i in short.tolist():
-        L = float(lengths[i])
-        work = float(cost.compute(L, L * L, 1))
+    Ls = lengths[short].astype(np.float64)
+    works = cost.compute(Ls, Ls * Ls, 1)
+    for i, L, work in zip(short.tolist(), Ls.tolist(), works.tolist()):
         new = open_tok + L > cap
-        r = int(np.argmin(fin + work + oh * new))
+        r = int((fin + oh * new).argmin())
         if new[r]:
             per_rank[r].append([])
             open_tok[r] = 0.0
@@ -294,7 +294,7 @@ def _deal_short(short: np.ndarray, lengths: np.ndarray, free: np.ndarray, cap: i
 
 
 def _refine_short(per_rank: list[list[list[int]]], lengths: np.ndarray, free: np.ndarray,
-                  cap: int, cost: CPCostModel, max_moves: int = 2000) -> np.ndarray:
+                  cap: int, cost: CPCostModel, max_moves: int = 4000) -> np.ndarray:
     """Local search on the degree-1 micro-batches (they run last on each rank, so a
     rank's finish is its time after the groups plus their sum): move a sample off
     the rank that finishes last, or swap it for a shorter one, while that lowers
@@ -302,66 +302,99 @@ def _refine_short(per_rank: list[list[list[int]]], lengths: np.ndarray, free: np
     oh = cost.microbatch_overhead_s
     L = lengths.astype(np.float64)
     w = cost.compute(L, L * L, 1)
-    tok = [[float(L[mb].sum()) for mb in mbs] for mbs in per_rank]
+    mb_rank: list[int] = []
+    mb_tok: list[float] = []
+    mb_of: dict[int, int] = {}
+    members: list[list[int]] = []
+    for r, mbs in enumerate(per_rank):
+        for mb in mbs:
+            for i in mb:
+                mb_of[i] = len(members)
+            members.append(list(mb))
+            mb_rank.append(r)
+            mb_tok.append(float(L[mb].sum()))
+    on_rank: list[list[int]] = [[i for mb in mbs for i in mb] for mbs in per_rank]
+    rank_mbs: list[list[int]] = [[] for _ in per_rank]
+    for m, r in enumerate(mb_rank):
+        rank_mbs[r].append(m)
     fin = free + np.array([sum(oh + float(w[mb].sum()) for mb in mbs) for mbs in per_rank])
     eps = 1e-12
+
+    def put(i: int, m: int) -> None:
+        members[m].append(i)
+        mb_of[i] = m
+        mb_tok[m] += L[i]
+
+    def take(i: int) -> None:
+        m = mb_of[i]
+        members[m].remove(i)
+        mb_tok[m] -= L[i]
+
     for _ in range(max_moves):
         r = int(np.argmax(fin))
         top = fin[r]
-        if not per_rank[r]:
+        if not on_rank[r]:
             break
-        cand = [(j, i) for j, mb in enumerate(per_rank[r]) for i in mb]
-        cand.sort(key=lambda x: -w[x[1]])
+        si = np.array(on_rank[r], dtype=np.int64)
+        wi, li = w[si], L[si]
+        ti = np.array([mb_tok[mb_of[i]] for i in on_rank[r]])
+        alone = np.array([len(members[mb_of[i]]) == 1 for i in on_rank[r]])
+        gain = wi + oh * alone
         moved = False
         for t in np.argsort(fin, kind="stable").tolist():
             if t == r or fin[t] >= top - eps:
                 continue
-            for j, i in cand:  # move i from r to t
-                gain = w[i] + (oh if len(per_rank[r][j]) == 1 else 0.0)
-                room = [k for k, x in enumerate(tok[t]) if x + L[i] <= cap]
-                add = w[i] + (0.0 if room else oh)
-                if fin[t] + add < top - eps and top - gain < top - eps:
-                    per_rank[r][j].remove(i)
-                    tok[r][j] -= L[i]
-                    if not per_rank[r][j]:
-                        del per_rank[r][j], tok[r][j]
-                    if room:
-                        per_rank[t][room[0]].append(i)
-                        tok[t][room[0]] += L[i]
-                    else:
-                        per_rank[t].append([i])
-                        tok[t].append(float(L[i]))
-                    fin[r] -= gain
-                    fin[t] += add
-                    moved = True
-                    break
-            if moved:
+            open_t = [m for m in rank_mbs[t] if members[m]]
+            low = min(open_t, key=lambda m: mb_tok[m]) if open_t else -1
+            room = (mb_tok[low] + li <= cap) if low >= 0 else np.zeros(si.size, dtype=bool)
+            add = wi + oh * ~room
+            ok = (fin[t] + add < top - eps) & (gain > eps)
+            if ok.any():  # move the heaviest sample that fits
+                x = int(np.flatnonzero(ok)[np.argmax(wi[ok])])
+                i = int(si[x])
+                take(i)
+                on_rank[r].remove(i)
+                if room[x]:
+                    put(i, low)
+                else:
+                    members.append([])
+                    mb_tok.append(0.0)
+                    mb_rank.append(t)
+                    rank_mbs[t].append(len(members) - 1)
+                    put(i, len(members) - 1)
+                on_rank[t].append(i)
+                fin[r] -= gain[x]
+                fin[t] += add[x]
+                moved = True
                 break
-            # swap i (on r) for a shorter k (on t) when both micro-batches stay within the cap
-            best = None
-            for j, i in cand:
-                for jj, mb in enumerate(per_rank[t]):
-                    for k in mb:
-                        d = w[i] - w[k]
-                        if d <= eps or fin[t] + d >= top - eps:
-                            continue
-                        if (tok[r][j] - L[i] + L[k] > cap) or (tok[t][jj] - L[k] + L[i] > cap):
-                            continue
-                        after = max(top - d, fin[t] + d)
-                        if best is None or after < best[0]:
-                            best = (after, j, i, jj, k, d)
-            if best is not None:
-                _, j, i, jj, k, d = best
-                per_rank[r][j][per_rank[r][j].index(i)] = k
-                per_rank[t][jj][per_rank[t][jj].index(k)] = i
-                tok[r][j] += L[k] - L[i]
-                tok[t][jj] += L[i] - L[k]
-                fin[r] -= d
-                fin[t] += d
+            if not on_rank[t]:
+                continue
+            sk = np.array(on_rank[t], dtype=np.int64)
+            wk, lk = w[sk], L[sk]
+            tk = np.array([mb_tok[mb_of[k]] for k in on_rank[t]])
+            d = wi[:, None] - wk[None, :]
+            ok = ((d > eps) & (fin[t] + d < top - eps)
+                  & (ti[:, None] - li[:, None] + lk[None, :] <= cap)
+                  & (tk[None, :] - lk[None, :] + li[:, None] <= cap))
+            if ok.any():  # the swap that leaves the pair's later finish lowest
+                after = np.where(ok, np.maximum(top - d, fin[t] + d), np.inf)
+                x, y = np.unravel_index(int(np.argmin(after)), after.shape)
+                i, k = int(si[x]), int(sk[y])
+                mi, mk = mb_of[i], mb_of[k]
+                take(i)
+                take(k)
+                put(k, mi)
+                put(i, mk)
+                on_rank[r][on_rank[r].index(i)] = k
+                on_rank[t][on_rank[t].index(k)] = i
+                fin[r] -= d[x, y]
+                fin[t] += d[x, y]
                 moved = True
                 break
         if not moved:
             break
+    for r in range(len(per_rank)):
+        per_rank[r] = [sorted(members[m]) for m in rank_mbs[r] if members[m]]
     return fin
 
 

@@ -9,7 +9,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from varbatch_kit import ModelShape, Rollouts, ScheduleConfig, build_schedule
-from varbatch_kit.analysis.simulate import HARDWARE, cp_cost_model_for, simulate
+from varbatch_kit.analysis.simulate import (
+    HARDWARE,
+    compare_cp_modes,
+    cp_cost_model_for,
+    simulate,
+    simulated_step_time_bound,
+)
 from varbatch_kit.core.placement import CP_DEFAULTS, cp_cost_model, kv_bytes_per_token
 from varbatch_kit.policies.dynamic_cp import CPCostModel, group_timeline, plan_dynamic_cp
 
@@ -137,7 +143,7 @@ def test_plan_errors(kw, match):
 # ------------------------------------------------------------ properties
 @st.composite
 def cases(draw):
-    n = draw(st.integers(2, 40))
+    n = draw(st.integers(3, 40))
     cap = draw(st.sampled_from([64, 128, 256]))
     lengths = draw(st.lists(st.integers(1, 6 * cap), min_size=n, max_size=n))
     dp = draw(st.integers(1, 3))
@@ -196,6 +202,8 @@ def test_simulated_dynamic_time_is_the_planned_makespan():
     assert sim.step_times.time_s.iloc[0] == pytest.approx(plan.makespan_s, rel=1e-12)
     assert plan.source == "dynamic" and plan.makespan_s < plan.fixed_makespan_s
     assert (sim.step_times.ratio >= 1 - 1e-12).all()
+    assert simulated_step_time_bound(sched).tolist() == pytest.approx(
+        sim.step_times.bound_s.tolist())
     tl = sim.timelines
     assert set(tl.cp_size) <= {1, 2, 4} and len(tl) == sum(len(b) for b in st0.rank_bins)
     with pytest.raises(ValueError, match="pp=1 only"):
@@ -218,3 +226,73 @@ def test_fixed_cp_simulation_pays_the_exposed_ring():
     ring = 3 * TINY.num_layers * kv_bytes_per_token(TINY) * 1 * 80 / 2  # (c-1) S / c per byte/s
     assert base.total_time_s == pytest.approx(compute + ring)
     assert not math.isnan(base.total_bound_s)
+
+
+@st.composite
+def plans(draw):
+    cap = draw(st.sampled_from([50, 100]))
+    lengths = draw(st.lists(st.integers(1, 5 * cap), min_size=1, max_size=30))
+    dp = draw(st.integers(1, 3))
+    cp = draw(st.sampled_from([2, 3, 4]))
+    degrees = draw(st.sampled_from([tuple(c for c in range(1, cp + 1) if cp % c == 0),
+                                    tuple(sorted({1, 2, cp} & set(range(1, cp + 1))))]))
+    cost = CPCostModel(linear_s=draw(st.floats(0.0, 2.0)), attention_s=draw(st.floats(0, 0.05)),
+                       comm_s=draw(st.floats(0.0, 3.0)), latency_s=draw(st.floats(0.0, 50.0)),
+                       microbatch_overhead_s=draw(st.floats(0.0, 20.0)),
+                       overlap=draw(st.floats(0.0, 1.0)))
+    return np.array(lengths), cap, dp, cp, degrees, cost
+
+
+@settings(max_examples=60, deadline=None)
+@given(plans())
+def test_planner_properties(case):
+    lengths, cap, dp, cp, degrees, cost = case
+    # a fixed plan: one sample per micro-batch, dealt round-robin over the dp replicas
+    fixed_bins = [[i] for i in range(lengths.size)]
+    fixed_ranks = [list(range(d, lengths.size, dp)) for d in range(dp)]
+    plan = plan_dynamic_cp(lengths, dp=dp, cp=cp, cap=cap, degrees=degrees, cost=cost,
+                           fixed=(fixed_bins, fixed_ranks))
+    flat = sorted(i for b in plan.bins for i in b)
+    assert flat == list(range(lengths.size))  # every sample exactly once
+    seen = set()
+    for b, g, r in zip(plan.bins, plan.groups, plan.rounds):
+        c = len(g)
+        assert b and c in degrees and len(set(g)) == c
+        assert len({x // cp for x in g}) == 1  # a group lies inside one CP replica
+        assert len(b) == 1 or lengths[b].sum() <= c * cap  # ranks hold <= cap tokens
+        for x in g:
+            assert (r, x) not in seen  # the groups of a round are disjoint
+            seen.add((r, x))
+    tok = [float(lengths[b].sum()) for b in plan.bins]
+    sq = [float((lengths[b].astype(float) ** 2).sum()) for b in plan.bins]
+    dur = cost.time(np.array(tok), np.array(sq), np.array(plan.degrees))
+    finish = group_timeline(dur, plan.rounds, plan.groups, dp * cp)[2]
+    assert finish.max() == pytest.approx(plan.makespan_s, rel=1e-9, abs=1e-9)
+    assert plan.makespan_s <= plan.fixed_makespan_s * (1 + 1e-12) + 1e-12
+
+
+def test_compare_cp_modes_table():
+    rng = np.random.default_rng(5)
+    r = rollouts(np.concatenate([rng.integers(10, 120, 40), [700, 500]]))
+    cfg = ScheduleConfig(dp=2, cp=4, max_tokens_per_gpu=200, global_batch_size=21)
+    t = compare_cp_modes(r, cfg, ModelShape.preset("deepseek-v3"))
+    assert list(t.index) == ["fixed", "dynamic"]
+    assert t.loc["fixed", "share_c1"] == 0 and t.loc["dynamic", "share_c1"] > 0.5
+    assert t.loc["dynamic", "speedup"] >= 1 and t.loc["fixed", "speedup"] == 1
+    assert (t["ratio"] >= 1 - 1e-12).all()
+
+
+def test_fixed_cp_without_ring_cost_is_the_compute_only_model():
+    # a free ring (infinite bandwidth, no latency) gives the simulator's compute-only times
+    from dataclasses import replace
+
+    r = Rollouts.synthetic(64, seed=2)
+    cfg = ScheduleConfig(dp=2, cp=4, max_tokens_per_gpu=4096, global_batch_size=32)
+    s = build_schedule(r, cfg, TINY)
+    free = replace(HARDWARE["H100"], cp_bandwidth_Bps=math.inf, cp_latency_s=0.0)
+    one = build_schedule(r, cfg.with_(cp=1, max_tokens_per_gpu=4 * 4096), TINY)
+    # same micro-batches and ranks as cp=1 with the whole cap: times are a quarter of those
+    t_cp = simulate(s, hardware=free, microbatch_overhead_s=0.0).step_times.time_s
+    t_one = simulate(one, hardware=free, microbatch_overhead_s=0.0).step_times.time_s
+    assert t_cp.tolist() == pytest.approx((t_one / 4).tolist(), rel=1e-12)
+    assert (simulate(s).step_times.time_s >= t_cp - 1e-15).all()
