@@ -15,6 +15,7 @@ value vectors exactly as the training engine does.
 
 import math
 
+import numpy as np
 import pytest
 import torch
 from _report_cases import (
@@ -29,6 +30,8 @@ from _report_cases import (
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from varbatch_kit import ModelShape, Rollouts, ScheduleConfig
+from varbatch_kit.analysis.cp_reports import cp_report_check
 from varbatch_kit.report import (
     LAYOUT_INVARIANT_MODES,
     get_report_mode,
@@ -392,3 +395,44 @@ def test_a_hand_made_plan_on_the_mixed_case():
         want = report(name, case)
         assert math.isclose(got, want, rel_tol=1e-12, abs_tol=1e-12 * scale_of(name, case))
     assert plan_sample_cp(plan, case.n, 4)[0] == [1, 1, 1, 1, 1, 4, 1, 1]
+
+
+# ---------------------------------------------------------------------------
+# The planner's own plans (core.build_schedule with cp_mode="dynamic")
+# ---------------------------------------------------------------------------
+
+PLANNER_MODEL = ModelShape(num_layers=2, hidden_size=16, num_attention_heads=2,
+                           num_query_groups=2, vocab_size=32, ffn_hidden_size=64, kv_channels=8)
+
+
+@st.composite
+def planner_batches(draw):
+    n_roll = draw(st.integers(2, 8))
+    counts = draw(st.lists(st.integers(1, 3), min_size=n_roll, max_size=n_roll))
+    n = sum(counts)
+    long_ = draw(st.lists(st.booleans(), min_size=n, max_size=n))
+    resp = [draw(st.integers(1500, 4000)) if b else draw(st.integers(5, 300)) for b in long_]
+    prompt = draw(st.lists(st.integers(1, 40), min_size=n, max_size=n))
+    seed = draw(st.integers(0, 2**31 - 1))
+    rng = np.random.default_rng(seed)
+    masks = [(rng.random(r) < 0.8).astype(int) for r in resp]
+    rollouts = Rollouts(np.asarray(prompt), np.asarray(resp),
+                        np.repeat(np.arange(n_roll), counts), masks)
+    cfg = ScheduleConfig(dp=draw(st.sampled_from([1, 2])), cp=draw(st.sampled_from([2, 4])),
+                         global_batch_size=n_roll, max_tokens_per_gpu=draw(
+                             st.sampled_from([1024, 2048])),
+                         cp_sizes=draw(st.sampled_from(["pow2", "divisors"])))
+    return rollouts, cfg, seed
+
+
+@settings(max_examples=15, deadline=None, database=None, derandomize=True,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(planner_batches())
+def test_the_planners_dynamic_plans_report_like_no_cp(batch):
+    rollouts, cfg, seed = batch
+    try:
+        table = cp_report_check(rollouts, cfg, PLANNER_MODEL, seed=seed)
+    except ValueError as err:  # a layout the scheduler refuses (e.g. fewer samples than dp)
+        assert "dp" in str(err) or "samples" in str(err), err
+        return
+    assert table["equal"].all(), table
