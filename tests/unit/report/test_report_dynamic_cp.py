@@ -50,7 +50,7 @@ from varbatch_kit.report.cp import (
 from varbatch_kit.report.layouts import plan_sample_cp
 
 SETTINGS = settings(
-    max_examples=60,
+    max_examples=40,
     deadline=None,
     database=None,
     derandomize=True,
@@ -175,7 +175,7 @@ def test_no_cp_fixed_cp_and_dynamic_plans_report_the_same(batch):
         assert abs(dynamic - fixed) <= 1e-12 * scale, name
 
 
-@settings(max_examples=30, deadline=None, database=None, derandomize=True,
+@settings(max_examples=15, deadline=None, database=None, derandomize=True,
           suppress_health_check=[HealthCheck.too_slow])
 @given(batches())
 def test_a_fixed_layout_as_a_plan_reports_the_same(batch):
@@ -190,7 +190,8 @@ def test_a_fixed_layout_as_a_plan_reports_the_same(batch):
             assert abs(as_a_plan - fixed) <= 1e-14 * scale_of(name, case), name
 
 
-@SETTINGS
+@settings(max_examples=20, deadline=None, database=None, derandomize=True,
+          suppress_health_check=[HealthCheck.too_slow])
 @given(batches())
 def test_rollout_side_log_under_a_dynamic_plan(batch):
     """(pool cp * reducer sum, G / dp) per rank still gives the per-rollout-mean report."""
