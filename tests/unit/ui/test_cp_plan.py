@@ -37,8 +37,12 @@ def test_cp_plan_draws_each_micro_batch_over_its_group_coloured_by_degree():
     assert isinstance(fig, go.Figure)
     names = [t.name for t in fig.data]
     assert names == ["idle", "c = 1 (3 micro-batches)", "c = 4 (1 micro-batches)",
-                     "tokens per rank"]
-    idle, c1, c4, labels = fig.data
+                     "CP groups", "tokens per rank"]
+    idle, c1, c4, groups, labels = fig.data
+    # one closed outline per group: the first spans ranks 0..3 of round 0
+    assert list(groups.x[:6]) == [0.05, 0.95, 0.95, 0.05, 0.05, None]
+    assert list(groups.y[:6]) == [-0.5, -0.5, 3.5, 3.5, -0.5, None]
+    assert len(groups.x) == 6 * 4
     # the 400-token micro-batch: one cell on each of ranks 0..3 in round 0
     assert list(c4.y) == [0, 1, 2, 3] and list(c4.base) == [0.05] * 4
     assert c4.marker.color == DEGREE_COLORS[4] and c1.marker.color == DEGREE_COLORS[1]
@@ -76,7 +80,8 @@ def test_fixed_cp_is_drawn_as_its_plan():
             row = t[t.bin == b].iloc[0]
             assert row["round"] == j and row["ranks"] == (2 * d, 2 * d + 1)
     fig = viz.cp_plan(sched)
-    assert [x.name for x in fig.data] == ["idle", "c = 2 (4 micro-batches)", "tokens per rank"]
+    assert [x.name for x in fig.data] == ["idle", "c = 2 (4 micro-batches)", "CP groups",
+                                          "tokens per rank"]
     assert len(fig.data[0].y) == 0 and fig.data[0].showlegend is False
     assert "fixed CP" in fig.layout.title.text
 
@@ -145,3 +150,19 @@ def test_packing_explorer_toggles_fixed_and_dynamic_cp():
         assert "cp >= 2" in ex.last_error
     finally:
         ex.close()
+
+
+def test_a_group_of_non_adjacent_ranks_gets_one_outline_per_run():
+    r = rollouts([400, 100])
+    cfg = ScheduleConfig(dp=1, cp=4, global_batch_size=2, max_tokens_per_gpu=200,
+                         cp_mode="dynamic")
+    base = build_schedule(r, cfg, TINY)
+    st0 = base.steps[0]
+    st = dynamic_step(0, st0.rollout_ids, st0.sample_indices, [np.array([0]), np.array([1])],
+                      [(0, (0, 3)), (0, (1,))], 4)
+    sched = Schedule(cfg, r, [st], base.dropped_rollout_ids, base.dropped_samples, TINY,
+                     base.sample_flops).check()
+    fig = viz.cp_plan(sched)
+    groups = next(t for t in fig.data if t.name == "CP groups")
+    assert len(groups.x) == 6 * 3  # ranks 0 and 3 (two runs) + rank 1
+    assert list(fig.data[-1].text) == ["200", "100"]  # one label per micro-batch

@@ -78,8 +78,9 @@ def _runs(ranks: tuple[int, ...]) -> list[tuple[int, int]]:
 def cp_plan_figure(schedule: Schedule, step: int = 0, *, max_ranks: int = 128) -> go.Figure:
     """One step's CP plan: world ranks (rows) x rounds (columns).
 
-    Every micro-batch is a block over the ranks of its CP group in its round
-    (a group of non-adjacent ranks is drawn as several blocks with one label),
+    Every micro-batch is a block over the ranks of its CP group in its round,
+    outlined (trace ``"CP groups"``; a group of non-adjacent ranks is drawn as
+    several outlined blocks with one label),
     coloured by its CP degree ``c`` (one legend entry per degree present);
     its label gives the tokens per rank ``Σ L / c``; hovering a block shows
     the micro-batch, its samples, tokens, degree and group. Light grey cells
@@ -99,6 +100,7 @@ def cp_plan_figure(schedule: Schedule, step: int = 0, *, max_ranks: int = 128) -
     fig = go.Figure()
     by_degree: dict[int, dict[str, list[Any]]] = {}
     labels: dict[str, list[Any]] = {"x": [], "y": [], "text": [], "customdata": []}
+    outline: dict[str, list[Any]] = {"x": [], "y": []}
     for row in table.itertuples(index=False):
         group = ", ".join(str(r) for r in row.ranks)
         hover = (f"micro-batch {row.bin} · round {row.round}<br>{row.samples} samples, "
@@ -112,6 +114,12 @@ def cp_plan_figure(schedule: Schedule, step: int = 0, *, max_ranks: int = 128) -
                 d["y"].append(w)
                 d["base"].append(row.round + 0.05)
                 d["text"].append(hover)
+        for lo, hi in _runs(row.ranks):  # one outline per contiguous run of the group
+            if lo >= shown:
+                continue
+            x0, x1, y0, y1 = row.round + 0.05, row.round + 0.95, lo - 0.5, min(hi, shown - 1) + 0.5
+            outline["x"] += [x0, x1, x1, x0, x0, None]
+            outline["y"] += [y0, y0, y1, y1, y0, None]
         first, last = _runs(row.ranks)[0]
         if first < shown:
             labels["x"].append(row.round + 0.5)
@@ -129,8 +137,10 @@ def cp_plan_figure(schedule: Schedule, step: int = 0, *, max_ranks: int = 128) -
         fig.add_trace(go.Bar(
             name=f"c = {c} ({n_mb} micro-batches)", orientation="h", x=d["x"], y=d["y"],
             base=d["base"], hovertext=d["text"], hovertemplate="%{hovertext}<extra></extra>",
-            marker={"color": DEGREE_COLORS.get(c, "#969696"),
-                    "line": {"color": "#444444", "width": 0.6}}))
+            marker={"color": DEGREE_COLORS.get(c, "#969696"), "line": {"width": 0}}))
+    fig.add_trace(go.Scatter(
+        name="CP groups", mode="lines", x=outline["x"], y=outline["y"],
+        line={"color": "#333333", "width": 1.2}, hoverinfo="skip", showlegend=False))
     fig.add_trace(go.Scatter(
         name="tokens per rank", mode="text", x=labels["x"], y=labels["y"], text=labels["text"],
         customdata=labels["customdata"], hovertemplate="%{customdata}<extra></extra>",
@@ -153,7 +163,9 @@ def cp_plan_figure(schedule: Schedule, step: int = 0, *, max_ranks: int = 128) -
         title={"text": title}, template=TEMPLATE, barmode="overlay", bargap=0.0,
         height=max(260, 60 + 22 * shown), hovermode="closest", legend=LEGEND_BELOW,
         xaxis={"title": {"text": "round (every rank runs one micro-batch or idles per round)"},
-               "range": [0, max(rounds, 1)], "dtick": 1, "showgrid": False},
+               "range": [0, max(rounds, 1)], "showgrid": False,
+               "tickvals": [k + 0.5 for k in range(rounds)],
+               "ticktext": [str(k) for k in range(rounds)]},
         yaxis={"title": {"text": "world rank"}, "dtick": 1 if
                shown <= 32 else None, "range": [shown - 0.5, -0.5]},
         margin={"t": 80, "r": 20, "l": 60, "b": 90}, uirevision="cp-plan",
