@@ -127,7 +127,9 @@ class PackingExplorer(Explorer):
     two or more samples), ``oversize_alone`` (a single sample longer than the
     cap), ``flops_imbalance, makespan_ratio, token_imbalance, samples,
     tokens``, ``cp_mode, rounds, fixed_rounds, degrees`` (micro-batches per
-    CP degree); and over the schedule ``steps, total_micro_batches`` (plus
+    CP degree), under dynamic CP with a model ``fixed_s, dynamic_s, speedup``
+    (simulated seconds of all steps, :func:`varbatch_kit.analysis.simulate.simulate`
+    on its default H100 profile); and over the schedule ``steps, total_micro_batches`` (plus
     ``error`` while one is shown).
     """
 
@@ -259,10 +261,19 @@ class PackingExplorer(Explorer):
         # the same settings (a dynamic plan has no DP ranks); the CP plan view shows both
         fixed = (schedule if config.cp_mode == "fixed" else
                  build_schedule(self.rollouts, config.with_(cp_mode="fixed"), self.model))
+        simulated = None
+        if config.cp_mode == "dynamic" and self.model is not None:
+            from varbatch_kit.analysis.simulate import simulate
+
+            # the whole schedule on the default profile (H100), the one the planner's default
+            # cost model describes
+            simulated = {k: simulate(s, timelines=False).total_time_s
+                         for k, s in (("fixed", fixed), ("dynamic", schedule))}
         t1 = time.perf_counter()
         quality = step_quality(fixed)
         t2 = time.perf_counter()
-        return ({"schedule": schedule, "fixed": fixed, "quality": quality},
+        return ({"schedule": schedule, "fixed": fixed, "quality": quality,
+                 "simulated": simulated},
                 {"schedule_ms": 1e3 * (t1 - t0), "stats_ms": 1e3 * (t2 - t1)})
 
     def _render(self, result: dict) -> None:
@@ -308,6 +319,10 @@ class PackingExplorer(Explorer):
             "fixed_rounds": fixed.steps[step].num_rounds,
             "degrees": _degree_counts(schedule, step),
         }
+        sim = result.get("simulated")
+        if sim is not None:
+            self.state.update(fixed_s=sim["fixed"], dynamic_s=sim["dynamic"],
+                              speedup=sim["fixed"] / sim["dynamic"])
         s = self.state
         imb = s["flops_imbalance"]
         lb = s["mb_lower_bound"] if s["mb_lower_bound"] is not None else "n/a (static)"
@@ -330,6 +345,10 @@ class PackingExplorer(Explorer):
             degrees = ", ".join(f"c={c}: {n}" for c, n in s["degrees"].items())
             parts.append(f"dynamic CP: {span('vbk-rounds', s['rounds'])} rounds "
                          f"(fixed {s['fixed_rounds']}), micro-batches per degree {degrees}")
+            if "speedup" in s:
+                parts.append(f"simulated (H100, all steps): fixed {s['fixed_s']:.2f} s, dynamic "
+                             f"{s['dynamic_s']:.2f} s, "
+                             f"{span('vbk-cp-speedup', format(s['speedup'], '.2f'))}× faster")
         self.summary.value = " · ".join(parts)
 
     def close(self) -> None:

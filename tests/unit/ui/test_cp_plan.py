@@ -143,6 +143,12 @@ def test_packing_explorer_toggles_fixed_and_dynamic_cp():
         assert list(ex.figure.data[1].y) == fixed_bars
         assert ex.figure.layout.title.text.startswith("fixed-CP plan of these settings")
         assert "dynamic CP:" in ex.summary.value
+        from varbatch_kit.analysis.simulate import simulate
+        fixed_s = simulate(build_schedule(r, ex.config().with_(cp_mode="fixed"), TINY),
+                           timelines=False).total_time_s
+        assert ex.state["fixed_s"] == fixed_s
+        assert ex.state["speedup"] == fixed_s / simulate(want, timelines=False).total_time_s
+        assert "vbk-cp-speedup" in ex.summary.value
         ex.set(cp_mode="fixed")
         assert "fixed CP" in ex.cp_figure.layout.title.text
         ex.controls["cp"].value = 1
