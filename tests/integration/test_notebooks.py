@@ -48,10 +48,10 @@ def _params():
         yield pytest.param(path, id=path.stem, marks=marks)
 
 
-def test_four_notebooks_exist():
+def test_five_notebooks_exist():
     assert [p.stem for p in NOTEBOOKS] == ["01_packing_explorer", "02_dp_flops_balance",
                                            "03_variable_gbs_training",
-                                           "04_metric_report_invariance"]
+                                           "04_metric_report_invariance", "05_dynamic_cp"]
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])

@@ -50,6 +50,7 @@ def test_wheel_carries_data_and_notebooks(wheel):
                    "varbatch_kit/data/timing/cpu_toy_calibration.json",
                    "varbatch_kit/notebooks/01_packing_explorer.ipynb",
                    "varbatch_kit/notebooks/04_metric_report_invariance.ipynb",
+                   "varbatch_kit/notebooks/05_dynamic_cp.ipynb",
                    "varbatch_kit/py.typed"):
         assert needed in names, needed
     assert not [n for n in names if n.startswith(("tests/", "benchmarks/", "scripts/"))]
@@ -98,7 +99,7 @@ def test_installed_wheel_works_outside_the_checkout(venv, tmp_path):
     assert "first_fit" in table and "flops_kk" in table
 
     copied = _run([exe, "notebooks", tmp_path / "nb"], cwd=tmp_path, env=env).split()
-    assert len(copied) == 4 and all(Path(p).is_file() for p in copied)
+    assert len(copied) == 5 and all(Path(p).is_file() for p in copied)
 
     out = tmp_path / "demo_out"
     _run([py, "-m", "varbatch_kit.demo", "--notebooks", "01", "--out", out, "--no-progress"],

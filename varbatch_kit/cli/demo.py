@@ -1,4 +1,4 @@
-"""``make demo``: run the four notebooks headless and render them as HTML.
+"""``make demo``: run the five notebooks headless and render them as HTML.
 
 ``python -m varbatch_kit.cli.demo`` executes ``notebooks/*.ipynb`` top to bottom
 in a fresh kernel each (nbclient), writes ``build/demo/<name>.html`` with

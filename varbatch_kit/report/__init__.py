@@ -110,9 +110,40 @@ In both cases only step-global quantities (``Z``, ``N``, ``d_i``) and the
 layout-free sum ``S`` remain, so the gradient is the same for every dp, cp and
 packing. The naive modes use the same recipe; their ``S`` or ``Z`` depend on the
 layout, which is exactly their bug.
+
+Dynamic CP: a CP degree per sample
+----------------------------------
+Under dynamic CP (``ScheduleConfig(cp_mode="dynamic")``) the ``R = dp * cp``
+ranks of a step are one pool; each micro-batch runs on its own group of ``c``
+ranks and its samples are cut by the zigzag rule of degree ``c``. Every
+function that takes ``cp_rank`` / ``cp_size`` per micro-batch also takes them
+per sample (sequences); the int path is unchanged, bit for bit. What changes:
+
+* ``S`` is still layout-free: a sample's ``c`` pieces tile its response, so the
+  ranks' loss sums add up to ``S`` whatever degree cut each sample. No ``d_i``
+  or ``Z`` of a sound mode depends on the degrees.
+* The per-token count. Under fixed CP every CP rank counts its samples' tokens
+  in full, so slot 0 (and Megatron's token count) sums to ``cp * N``. With
+  degrees ``c_i`` each of sample ``i``'s ranks counts ``n_i * K / c_i``
+  (:meth:`ReportMode.count_slot` / :meth:`ReportMode.megatron_num_tokens` with
+  ``cp_size=c, reference_cp=K``), ``K`` the step's reference degree, the lcm of
+  its degrees (:attr:`StepNormalizers.reference_cp`): the sum is ``K * N``, the
+  step report divides by ``slot0 / K`` (``reduce_train_step_metrics(...,
+  cp_size=K)``) and the per-token prescale is ``K`` (so the gradient is
+  ``K * grad(S) / (K * N)``). Fixed CP is the case ``K = c_i = cp``.
+* The default path's prescale ``p_r = M_r * dp * cp / Z`` uses the micro-batch
+  count ``M_r`` of *each* rank (ranks may run different counts once idle
+  rounds are skipped; Megatron divides by its own ``M_r``) and the pool's
+  ``cp``: ``(1/R) * sum_r (1/M_r) * sum_m p_r * grad(L_{r,m}) = grad(S) / Z``.
+* The rollout-side log keeps the pool's ``cp`` (``R`` ranks each emit
+  ``(cp * S_r, G / dp)``: the quotient is ``S / G`` again).
+
+:func:`report_under_plan` runs a dynamic plan (per rank, per round: samples,
+degree, CP rank) in one process, as :func:`report_under_layout` does for a
+fixed layout.
 """
 
-from varbatch_kit.report.layouts import report_under_layout
+from varbatch_kit.report.layouts import plan_sample_cp, report_under_layout, report_under_plan
 from varbatch_kit.report.modes import (
     LAYOUT_INVARIANT_MODES,
     NAIVE_MODES,
@@ -146,8 +177,10 @@ __all__ = [
     "make_reducer",
     "masked_sums",
     "reduce_log_dicts",
+    "plan_sample_cp",
     "reduce_train_step_metrics",
     "report_under_layout",
+    "report_under_plan",
     "rollout_denominators",
     "rollout_log_metric_contribution",
     "sample_mask_sums",

@@ -22,10 +22,23 @@ CP-invariant.
 
 Everything here is pure: integers in, integers (or sliced tensors) out. The CP
 rank and size are always arguments; nothing asks a process group for them.
+
+Per-sample CP degrees (dynamic CP)
+----------------------------------
+Under dynamic CP every micro-batch runs on its own group of ``c`` ranks, so
+each sample has its own degree. The flat-tensor functions below accept
+``cp_size`` (and ``cp_rank``) either as one int for every sample, or as a
+sequence with one entry per sample: sample ``i`` is then cut by the zigzag rule
+of its own degree ``cp_size[i]`` and seen from its own rank ``cp_rank[i]``.
+The int path is unchanged. :func:`per_sample_cp` broadcasts either form and
+:func:`reference_cp_size` gives the one degree ``K`` (the least common multiple
+of the degrees) that the per-token count uses (see
+:meth:`varbatch_kit.report.ReportMode.count_slot`).
 """
 
 from __future__ import annotations
 
+import math
 import operator
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -36,6 +49,8 @@ __all__ = [
     "ZigzagSlice",
     "cp_local_response_length",
     "cp_local_response_lengths",
+    "per_sample_cp",
+    "reference_cp_size",
     "slice_flat_responses_for_cp",
     "slice_response_for_cp",
     "validate_cp",
@@ -108,6 +123,71 @@ def validate_cp(cp_rank: int, cp_size: int) -> tuple[int, int]:
             f"pass an integer 0..{cp_size - 1}"
         )
     return cp_rank, cp_size
+
+
+CpSizes = int | Sequence[int]
+
+
+def _is_sequence(value: object) -> bool:
+    if isinstance(value, torch.Tensor):
+        return value.dim() == 1
+    return isinstance(value, Sequence) or (
+        hasattr(value, "__len__") and hasattr(value, "__getitem__") and not isinstance(value, str)
+    )
+
+
+def per_sample_cp(
+    cp_rank: int | Sequence[int], cp_size: CpSizes, num_samples: int
+) -> tuple[list[int], list[int]] | None:
+    """Per-sample ``(cp_ranks, cp_sizes)`` when either argument is a sequence, else ``None``.
+
+    An int is broadcast to every sample; a sequence must have ``num_samples``
+    entries; every pair is checked by :func:`validate_cp`. ``None`` means both
+    are ints (the uniform path, which callers keep unchanged).
+    """
+    rank_seq, size_seq = _is_sequence(cp_rank), _is_sequence(cp_size)
+    if not rank_seq and not size_seq:
+        return None
+    out = []
+    for name, value, is_seq in (("cp_rank", cp_rank, rank_seq), ("cp_size", cp_size, size_seq)):
+        if is_seq:
+            items = value.tolist() if isinstance(value, torch.Tensor) else list(value)
+            if len(items) != num_samples:
+                raise ValueError(
+                    f"{name} has {len(items)} entries but there are {num_samples} samples; "
+                    f"pass one int for every sample or one entry per sample"
+                )
+            out.append([_as_int(f"{name}[{i}]", v) for i, v in enumerate(items)])
+        else:
+            out.append([_as_int(name, value)] * num_samples)
+    ranks, sizes = out
+    for i, (r, c) in enumerate(zip(ranks, sizes)):
+        try:
+            validate_cp(r, c)
+        except ValueError as err:
+            raise ValueError(f"sample {i}: {err}") from None
+    return ranks, sizes
+
+
+def reference_cp_size(cp_size: CpSizes) -> int:
+    """The step's reference CP degree ``K``: ``cp_size`` itself, or the lcm of per-sample degrees.
+
+    Every degree divides ``K``, so a sample of degree ``c`` counted ``K / c``
+    times by each of its ``c`` ranks is counted ``K`` times over the group: the
+    fixed-CP rule (every rank counts in full, ``K = cp``) generalised.
+
+    >>> reference_cp_size(4), reference_cp_size([1, 2, 4, 2]), reference_cp_size([2, 3])
+    (4, 4, 6)
+    """
+    if not _is_sequence(cp_size):
+        return validate_cp(0, cp_size)[1]  # type: ignore[arg-type]
+    items = cp_size.tolist() if isinstance(cp_size, torch.Tensor) else list(cp_size)
+    if not items:
+        raise ValueError("cp_size is an empty sequence; pass an int or one degree per sample")
+    k = 1
+    for i, c in enumerate(items):
+        k = math.lcm(k, validate_cp(0, _as_int(f"cp_size[{i}]", c))[1])
+    return k
 
 
 def _check_response_fits(total_length: int, response_length: int) -> None:
@@ -204,15 +284,21 @@ def cp_local_response_lengths(
     total_lengths: Sequence[int],
     response_lengths: Sequence[int],
     *,
-    cp_rank: int,
-    cp_size: int,
+    cp_rank: int | Sequence[int],
+    cp_size: CpSizes,
 ) -> list[int]:
-    """:func:`cp_local_response_length` for each sample."""
+    """:func:`cp_local_response_length` for each sample (rank and size: int or per sample)."""
     if len(total_lengths) != len(response_lengths):
         raise ValueError(
             f"len(total_lengths)={len(total_lengths)} != len(response_lengths)="
             f"{len(response_lengths)}; pass one entry per sample in both"
         )
+    per_sample = per_sample_cp(cp_rank, cp_size, len(total_lengths))
+    if per_sample is not None:
+        return [
+            cp_local_response_length(int(t), int(r), cp_rank=k, cp_size=c)
+            for t, r, k, c in zip(total_lengths, response_lengths, *per_sample)
+        ]
     return [
         cp_local_response_length(int(t), int(r), cp_rank=cp_rank, cp_size=cp_size)
         for t, r in zip(total_lengths, response_lengths)
@@ -244,13 +330,15 @@ def slice_flat_responses_for_cp(
     total_lengths: Sequence[int],
     response_lengths: Sequence[int],
     *,
-    cp_rank: int,
-    cp_size: int,
+    cp_rank: int | Sequence[int],
+    cp_size: CpSizes,
 ) -> torch.Tensor:
     """Slice a flat tensor of full responses (samples concatenated) to CP rank ``cp_rank``.
 
     The result is the samples' CP-local pieces, concatenated in sample order:
-    the layout :mod:`varbatch_kit.report` expects on a CP rank.
+    the layout :mod:`varbatch_kit.report` expects on a CP rank. ``cp_rank`` and
+    ``cp_size`` may be per-sample sequences (dynamic CP: each sample cut by its
+    own degree).
     """
     expected = sum(int(r) for r in response_lengths)
     if flat_values.shape[0] != expected:
@@ -262,6 +350,17 @@ def slice_flat_responses_for_cp(
         raise ValueError(
             f"len(total_lengths)={len(total_lengths)} != len(response_lengths)="
             f"{len(response_lengths)}; pass one entry per sample in both"
+        )
+    per_sample = per_sample_cp(cp_rank, cp_size, len(total_lengths))
+    if per_sample is not None:  # one degree (and rank) per sample: dynamic CP
+        pieces = flat_values.split([int(r) for r in response_lengths], dim=0)
+        return torch.cat(
+            [
+                slice_response_for_cp(p, int(t), cp_rank=r, cp_size=c)
+                for p, t, r, c in zip(pieces, total_lengths, *per_sample)
+            ]
+            or [flat_values[:0]],
+            dim=0,
         )
     cp_rank, cp_size = validate_cp(cp_rank, cp_size)
     if cp_size == 1:

@@ -10,8 +10,10 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
+import numpy as np
 import torch
 
+from varbatch_kit.report.cp import per_sample_cp, reference_cp_size, validate_cp
 from varbatch_kit.report.reducers import (
     LocalPieces,
     denominator_tensor,
@@ -31,6 +33,11 @@ class StepNormalizers:
 
     ``sample_denominators[i]`` is ``d_i`` of step-local sample ``i`` (float64,
     not yet clamped); ``report_divisor`` is ``Z`` (clamped to > 0).
+    ``sample_cp_sizes`` is each sample's CP degree when the step was given one
+    per sample (dynamic CP; None when one ``cp_size`` applies to the step) and
+    ``reference_cp`` the step's reference degree ``K`` (the lcm of the degrees;
+    ``cp_size`` itself for one degree): slot 0 of the per-token path counts
+    every token ``K`` times over the group (:meth:`ReportMode.count_slot`).
     """
 
     mode: str
@@ -39,6 +46,14 @@ class StepNormalizers:
     num_rollouts: int
     num_samples: int
     num_tokens: int
+    sample_cp_sizes: tuple[int, ...] | None = None
+    reference_cp: int = 1
+
+    def cp_sizes_for(self, sample_indices: Sequence[int] | torch.Tensor) -> list[int] | None:
+        """The CP degrees of the given step-local samples (None: one degree for the step)."""
+        if self.sample_cp_sizes is None:
+            return None
+        return [self.sample_cp_sizes[i] for i in int_list("sample_indices", sample_indices)]
 
     def denominators_for(self, sample_indices: Sequence[int] | torch.Tensor) -> torch.Tensor:
         """The denominators of the given step-local samples, in that order."""
@@ -96,7 +111,7 @@ class ReportMode:
         *,
         global_batch_size: int | None = None,
         dp_size: int = 1,
-        cp_size: int = 1,
+        cp_size: int | Sequence[int] = 1,
         num_microbatches: int = 1,
         dp_rank_of_sample: Sequence[int] | torch.Tensor | None = None,
     ) -> StepNormalizers:
@@ -106,7 +121,11 @@ class ReportMode:
         is the step's rollout count (default: the number of distinct rollout
         ids). ``num_microbatches`` is per DP rank (used by
         ``naive_microbatch_mean``); ``dp_rank_of_sample`` (used by
-        ``naive_rank_mean`` only) is each sample's DP rank.
+        ``naive_rank_mean`` only) is each sample's DP rank. ``cp_size`` is one
+        degree for the whole step, or (dynamic CP) each sample's own degree;
+        the sound modes' denominators and divisors do not depend on it, only
+        the reference degree of the per-token count does
+        (:attr:`StepNormalizers.reference_cp`).
         """
         ids = int_list("rollout_ids", rollout_ids)
         if len(ids) != len(loss_masks):
@@ -117,7 +136,18 @@ class ReportMode:
         if not ids:
             raise ValueError("the step has 0 samples; a step needs at least one sample")
         dp_size = int(positive("dp_size", dp_size))
-        cp_size = int(positive("cp_size", cp_size))
+        sample_cp_sizes = None
+        if isinstance(cp_size, (int, float, np.integer)) or (
+            isinstance(cp_size, torch.Tensor) and cp_size.dim() == 0
+        ):
+            cp_size = int(positive("cp_size", cp_size))
+            reference_cp = cp_size
+        else:
+            per_sample = per_sample_cp(0, cp_size, len(ids))
+            assert per_sample is not None
+            sample_cp_sizes = tuple(per_sample[1])
+            reference_cp = reference_cp_size(sample_cp_sizes)
+            cp_size = reference_cp  # the naive micro-batch divisor counts K ranks per sample
         num_microbatches = int(positive("num_microbatches", num_microbatches))
         num_rollouts = len(set(ids))
         if global_batch_size is None:
@@ -170,6 +200,8 @@ class ReportMode:
             num_rollouts=num_rollouts,
             num_samples=num_samples,
             num_tokens=num_tokens,
+            sample_cp_sizes=sample_cp_sizes,
+            reference_cp=reference_cp,
         )
 
     # -- per micro-batch -----------------------------------------------------
@@ -182,14 +214,15 @@ class ReportMode:
         response_lengths: Sequence[int] | torch.Tensor,
         loss_masks: Sequence[torch.Tensor],
         sample_denominators: Sequence[float] | torch.Tensor | None,
-        cp_rank: int = 0,
-        cp_size: int = 1,
+        cp_rank: int | Sequence[int] = 0,
+        cp_size: int | Sequence[int] = 1,
     ) -> torch.Tensor:
         """The micro-batch's contribution to the step numerator (differentiable).
 
         ``values``: flat per-token values of the micro-batch's samples, each
         sample's CP-local pieces concatenated; ``loss_masks``: their full masks;
-        ``sample_denominators``: ``StepNormalizers.denominators_for(samples)``.
+        ``sample_denominators``: ``StepNormalizers.denominators_for(samples)``;
+        ``cp_rank`` / ``cp_size``: one int, or one entry per sample (dynamic CP).
         For ``naive_microbatch_mean`` this is the micro-batch's own token mean
         over what the rank sees (denominators ignored).
         """
@@ -205,19 +238,46 @@ class ReportMode:
         denoms = denominator_tensor(sample_denominators, loss_masks)
         return (sums / denoms.to(device=sums.device, dtype=sums.dtype)).sum()
 
-    def megatron_num_tokens(self, loss_masks: Sequence[torch.Tensor]) -> int:
+    def megatron_num_tokens(
+        self,
+        loss_masks: Sequence[torch.Tensor],
+        *,
+        cp_size: int | Sequence[int] | None = None,
+        reference_cp: int | None = None,
+    ) -> int:
         """The token count the loss function returns to Megatron for a micro-batch.
 
         ``per_token``: the micro-batch samples' full unmasked token count (every
         CP rank reports it in full); every other mode: 1.
-        """
-        if self.megatron_per_token_loss:
-            return int(sample_mask_sums(loss_masks).sum().item())
-        return 1
 
-    def count_slot(self, loss_masks: Sequence[torch.Tensor]) -> int:
-        """Slot 0 of the reported value vector: the full token count for per_token, else 0."""
-        return self.megatron_num_tokens(loss_masks) if self.megatron_per_token_loss else 0
+        Dynamic CP: pass the samples' degree(s) ``cp_size`` and the step's
+        ``reference_cp`` ``K`` (:attr:`StepNormalizers.reference_cp`); each CP
+        rank then counts a sample of degree ``c`` with ``n_i * K / c`` tokens,
+        so its ``c`` ranks count it ``K`` times in all: the fixed-CP sum
+        ``cp * N`` with ``cp = K``, whatever the degrees. With one degree equal
+        to ``K`` (or neither given) this is the count above, unchanged.
+        """
+        if not self.megatron_per_token_loss:
+            return 1
+        return _weighted_token_count(loss_masks, cp_size, reference_cp)
+
+    def count_slot(
+        self,
+        loss_masks: Sequence[torch.Tensor],
+        *,
+        cp_size: int | Sequence[int] | None = None,
+        reference_cp: int | None = None,
+    ) -> int:
+        """Slot 0 of the reported value vector: the token count for per_token, else 0.
+
+        The count is :meth:`megatron_num_tokens`' (the same ``cp_size`` /
+        ``reference_cp`` rule), so the all-reduced slot 0 is ``K * N`` and
+        :func:`~varbatch_kit.report.reduce_train_step_metrics` with
+        ``cp_size=K`` divides by ``N``.
+        """
+        if not self.megatron_per_token_loss:
+            return 0
+        return self.megatron_num_tokens(loss_masks, cp_size=cp_size, reference_cp=reference_cp)
 
     def loss_prescale(
         self, normalizers: StepNormalizers, *, num_microbatches: int, dp_size: int, cp_size: int
@@ -227,11 +287,26 @@ class ReportMode:
         ``cp`` for ``per_token`` (Megatron's per-token path), else
         ``num_microbatches * dp * cp / Z``. See the module docstring for why
         the resulting gradient is ``grad(report)`` for any dp, cp and packing.
+
+        Dynamic CP: ``dp * cp`` is the rank pool whose gradients DDP averages
+        (``cp`` the pool's CP size, an int, not a sample's degree) and
+        ``num_microbatches`` the micro-batches *this* rank runs (ranks may run
+        different counts; Megatron divides by each rank's own). ``per_token``
+        returns the step's reference degree ``K`` when the normalisers were
+        built with per-sample degrees (the token count is ``K * N`` then).
         """
         m = positive("num_microbatches", num_microbatches)
         dp = positive("dp_size", dp_size)
+        if not isinstance(cp_size, (int, float, np.integer, torch.Tensor)):
+            raise ValueError(
+                f"cp_size={cp_size!r}: loss_prescale needs the CP size of the rank pool (an int; "
+                f"dp_size * cp_size ranks average the gradients), not per-sample degrees; those "
+                f"go to step_normalizers"
+            )
         cp = positive("cp_size", cp_size)
         if self.megatron_per_token_loss:
+            if normalizers.sample_cp_sizes is not None:
+                return float(normalizers.reference_cp)
             return cp
         return m * dp * cp / positive("report_divisor", normalizers.report_divisor)
 
@@ -251,6 +326,33 @@ class ReportMode:
                 )
             positive("norm_constant", c)
         return ReportMode(**{**self.__dict__, "norm_constant": c})
+
+
+def _weighted_token_count(
+    loss_masks: Sequence[torch.Tensor],
+    cp_size: int | Sequence[int] | None,
+    reference_cp: int | None,
+) -> int:
+    """``sum_i n_i * K / c_i`` (``n_i`` a sample's unmasked tokens, ``c_i`` its degree)."""
+    sums = sample_mask_sums(loss_masks)
+    if cp_size is None and reference_cp is None:
+        return int(sums.sum().item())
+    per_sample = per_sample_cp(0, 1 if cp_size is None else cp_size, len(loss_masks))
+    if per_sample is None:
+        sizes = [validate_cp(0, 1 if cp_size is None else cp_size)[1]] * len(loss_masks)
+    else:
+        sizes = per_sample[1]
+    k = reference_cp_size(sizes) if reference_cp is None else validate_cp(0, reference_cp)[1]
+    if all(c == k for c in sizes):
+        return int(sums.sum().item())  # every rank counts in full: the fixed-CP count
+    bad = sorted({c for c in sizes if k % c})
+    if bad:
+        raise ValueError(
+            f"reference_cp={k} is not a multiple of the CP degree(s) {bad}; pass the step's "
+            f"reference degree (StepNormalizers.reference_cp, the lcm of its degrees)"
+        )
+    weights = torch.tensor([k // c for c in sizes], dtype=torch.float64)
+    return int((sums * weights).sum().item())
 
 
 def _modes() -> dict[str, ReportMode]:

@@ -2,6 +2,8 @@
 
 CP-local slicing by the zigzag rule of :mod:`varbatch_kit.report.cp`; the
 denominators are always the full sample's (see :mod:`varbatch_kit.report`).
+Every ``cp_rank`` / ``cp_size`` here is one int for all samples or one entry
+per sample (dynamic CP: each sample cut by its own degree).
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from varbatch_kit.report.cp import slice_response_for_cp, validate_cp
+from varbatch_kit.report.cp import per_sample_cp, slice_response_for_cp, validate_cp
 from varbatch_kit.report.validation import check_samples, int_list
 
 # ---------------------------------------------------------------------------
@@ -75,14 +77,20 @@ class LocalPieces:
         total_lengths: Sequence[int] | torch.Tensor,
         response_lengths: Sequence[int] | torch.Tensor,
         loss_masks: Sequence[torch.Tensor],
-        cp_rank: int,
-        cp_size: int,
+        cp_rank: int | Sequence[int],
+        cp_size: int | Sequence[int],
     ) -> LocalPieces:
-        cp_rank, cp_size = validate_cp(cp_rank, cp_size)
+        """``cp_rank`` / ``cp_size``: one int for all samples, or one entry per sample."""
+        per_sample = per_sample_cp(cp_rank, cp_size, len(loss_masks))
+        if per_sample is None:
+            cp_rank, cp_size = validate_cp(cp_rank, cp_size)
+            ranks, sizes = [cp_rank] * len(loss_masks), [cp_size] * len(loss_masks)
+        else:
+            ranks, sizes = per_sample
         totals, _ = check_samples(total_lengths, response_lengths, loss_masks)
         local = [
-            slice_response_for_cp(m.detach(), t, cp_rank=cp_rank, cp_size=cp_size)
-            for t, m in zip(totals, loss_masks)
+            slice_response_for_cp(m.detach(), t, cp_rank=r, cp_size=c)
+            for t, m, r, c in zip(totals, loss_masks, ranks, sizes)
         ]
         device = loss_masks[0].device if loss_masks else torch.device("cpu")
         lengths = tuple(int(m.shape[0]) for m in local)
@@ -145,8 +153,8 @@ def masked_sums(
     response_lengths: Sequence[int] | torch.Tensor,
     loss_masks: Sequence[torch.Tensor],
     *,
-    cp_rank: int = 0,
-    cp_size: int = 1,
+    cp_rank: int | Sequence[int] = 0,
+    cp_size: int | Sequence[int] = 1,
 ) -> torch.Tensor:
     """Per-sample ``s_i = sum(x_i * m_i)`` over what CP rank ``cp_rank`` sees.
 
@@ -165,8 +173,8 @@ def make_reducer(
     sample_denominators: Sequence[float] | torch.Tensor | None = None,
     *,
     per_token: bool = False,
-    cp_rank: int = 0,
-    cp_size: int = 1,
+    cp_rank: int | Sequence[int] = 0,
+    cp_size: int | Sequence[int] = 1,
 ) -> Callable[[torch.Tensor], torch.Tensor]:
     """A function of a flat per-token tensor: ``sum_i s_i / max(d_i, 1)`` (or ``sum_i s_i``).
 
@@ -196,8 +204,8 @@ def sum_of_sample_means(
     loss_masks: Sequence[torch.Tensor],
     sample_denominators: Sequence[float] | torch.Tensor | None = None,
     *,
-    cp_rank: int = 0,
-    cp_size: int = 1,
+    cp_rank: int | Sequence[int] = 0,
+    cp_size: int | Sequence[int] = 1,
 ) -> torch.Tensor:
     """``sum_i s_i / max(d_i, 1)`` in one call (see :func:`make_reducer`)."""
     return make_reducer(

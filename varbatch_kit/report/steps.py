@@ -12,7 +12,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from varbatch_kit.report.cp import validate_cp
+from varbatch_kit.report.cp import reference_cp_size, validate_cp
 from varbatch_kit.report.validation import positive
 
 # ---------------------------------------------------------------------------
@@ -41,7 +41,7 @@ def reduce_train_step_metrics(
     *,
     keys: Sequence[str],
     divisor: float | None,
-    cp_size: int = 1,
+    cp_size: int | Sequence[int] = 1,
     group: Any = None,
 ) -> dict[str, float]:
     """Sum per-micro-batch ``[slot0, sum_1, ..., sum_k]`` vectors, all-reduce, divide.
@@ -56,9 +56,14 @@ def reduce_train_step_metrics(
     NaN. A rank with no micro-batches passes an empty sequence. The sums are
     float64 on the CPU and move, for the all-reduce only, to the device the
     group's backend needs (CUDA for NCCL).
+
+    Dynamic CP (a degree per sample): ``cp_size`` is the step's reference
+    degree ``K`` (:attr:`StepNormalizers.reference_cp`), or the per-sample
+    degrees themselves (their lcm is taken); slot 0 then holds ``K * N``
+    (:meth:`ReportMode.count_slot` with ``reference_cp=K``).
     """
     keys = list(keys)
-    _, cp_size = validate_cp(0, cp_size)
+    cp_size = reference_cp_size(cp_size)
     if divisor is not None:
         divisor = positive("divisor (step batch size)", divisor)
     width = len(keys) + 1
@@ -99,6 +104,10 @@ def rollout_log_metric_contribution(
     the DP x CP group emits ``(cp * reducer_sum, num_rollouts / dp)``; gathered
     over that group, ``sum(sums) / sum(counts) = cp * S / (cp * num_rollouts) =
     S / num_rollouts``, which for a one-step rollout is the train-step report.
+
+    Under dynamic CP (a degree per sample) ``cp_size`` stays the pool's CP
+    size (``dp * cp`` ranks emit an entry): the ranks' reducer sums still add
+    up to ``S``, whatever degree cut each sample, so the quotient is unchanged.
     """
     _, cp_size = validate_cp(0, cp_size)
     dp = positive("dp_size", dp_size)

@@ -44,10 +44,12 @@ class TrainConfig:
     Layout and policy
         ``schedule``: a :class:`~varbatch_kit.ScheduleConfig` (dp, cp,
         global_batch_size in rollouts, micro_batch_size or
-        max_tokens_per_gpu, packing, distribution). ``cp > 1`` is *emulated*
-        on CPU and without TransformerEngine: every CP rank runs the full
-        forward and computes the loss and reports on its zigzag slice;
-        gradients are averaged over all dp*cp ranks.
+        max_tokens_per_gpu, packing, distribution, cp_mode). ``cp > 1`` is
+        *emulated* on CPU and without TransformerEngine: every CP rank runs
+        the full forward and computes the loss and reports on its zigzag
+        slice; gradients are averaged over all dp*cp ranks. With
+        ``cp_mode="dynamic"`` each micro-batch runs on its own CP group of
+        the dp*cp pool, sliced by its own degree.
     ``mode``
         Loss / report normalisation, a name in
         :data:`varbatch_kit.report.REPORT_MODES` (``per_rollout_mean`` is
@@ -360,7 +362,8 @@ class TrainConfig:
         if self.label:
             return self.label
         s = self.schedule
-        return f"dp{s.dp} cp{s.cp} {s.packing}/{s.distribution} {self.mode}"
+        cp = f"cp{s.cp}" + (" dynamic" if s.cp_mode == "dynamic" else "")
+        return f"dp{s.dp} {cp} {s.packing}/{s.distribution} {self.mode}"
 
     def with_(self, **changes: Any) -> TrainConfig:
         """A copy with fields changed; schedule fields (dp, cp, packing, ...) go to the schedule.
@@ -380,7 +383,8 @@ class TrainConfig:
         """Flat dict of the fields a comparison table shows."""
         s = self.schedule
         return {
-            "label": self.name, "dp": s.dp, "cp": s.cp, "packing": s.packing,
+            "label": self.name, "dp": s.dp, "cp": s.cp, "cp_mode": s.cp_mode,
+            "packing": s.packing,
             "distribution": s.distribution, "global_batch_size": s.global_batch_size,
             "micro_batch_size": s.micro_batch_size, "max_tokens_per_gpu": s.max_tokens_per_gpu,
             "mode": self.mode,

@@ -18,6 +18,15 @@ micro-batch and computes the loss and the reported metrics on its own zigzag
 slice of every response (:mod:`varbatch_kit.report.cp`). Gradients, losses and
 reports are what real CP computes; the compute and memory savings are not.
 
+Dynamic CP (``ScheduleConfig(cp_mode="dynamic")``): the ``dp * cp`` ranks are
+one pool and world rank ``w`` runs ``step.rank_program(w, cp)``: per round the
+micro-batch of the CP group holding it, sliced by that micro-batch's own degree
+and ``w``'s place in the group; idle rounds are skipped, so ranks run different
+micro-batch counts (the loss prescale uses the rank's own count, which Megatron
+divides by). The normalisers get each sample's degree; the per-token count is
+``n * K / c`` per rank (``K`` = lcm of the step's degrees), see
+:mod:`varbatch_kit.report`.
+
 One training step, top to bottom (:func:`train_step`)
 ------------------------------------------------------
 1. The step's normalisers over *all* of its samples (per-rollout
@@ -354,6 +363,7 @@ def train_step(cfg, mode, model, optimizer, step, rollouts, data, device) -> dic
     from megatron.core.pipeline_parallel import get_forward_backward_func
     from megatron.core.utils import get_model_config
 
+    from varbatch_kit.core.placement import RankWork
     from varbatch_kit.report.cp import slice_flat_responses_for_cp
     from varbatch_kit.train.batch import pack, response_token_stats
     from varbatch_kit.train.loss import policy_gradient_loss
@@ -361,32 +371,49 @@ def train_step(cfg, mode, model, optimizer, step, rollouts, data, device) -> dic
 
     t0 = time.perf_counter()
     rank, world = dist.get_rank(), dist.get_world_size()
-    dp_rank, cp_rank = divmod(rank, cfg.cp)
-    n_mb = step.num_microbatches
+    dynamic = step.placements is not None
+    # this world rank's rounds: fixed CP, DP rank rank // cp's micro-batches at cp_rank rank % cp;
+    # dynamic CP, the micro-batch of the group holding it (own degree and CP rank), idle rounds
+    # skipped (ranks may then run different micro-batch counts; Megatron divides by its own)
+    work = [w for w in step.rank_program(rank, cfg.cp) if not w.idle]
+    n_mb = len(work)
 
-    # 1. step-wide normalisers over ALL samples of the step (before packing)
+    # 1. step-wide normalisers over ALL samples of the step (before packing); dynamic CP: each
+    # sample's own degree, and as its "DP rank" (naive_rank_mean only) the lowest world rank of
+    # its CP group // cp, the replica that holds the group in the fixed layout
     samples = step.sample_indices
     local_of = {int(g): i for i, g in enumerate(samples)}
     all_masks = rollouts.masks()
     masks = {int(g): torch.as_tensor(all_masks[g], dtype=torch.float64) for g in samples}
     rank_of_sample = np.empty(samples.size, dtype=np.int64)
-    for r, mbs in enumerate(step.ranks):
-        for mb in mbs:
-            rank_of_sample[[local_of[int(g)] for g in mb]] = r
+    if dynamic:
+        for mb, p in zip(step.micro_batches, step.placements):
+            rank_of_sample[[local_of[int(g)] for g in mb]] = min(p.ranks) // cfg.cp
+    else:
+        for r, mbs in enumerate(step.ranks):
+            for mb in mbs:
+                rank_of_sample[[local_of[int(g)] for g in mb]] = r
     norm = mode.step_normalizers(
         rollouts.rollout_id[samples], [masks[g] for g in samples],
-        global_batch_size=step.num_rollouts, dp_size=cfg.dp, cp_size=cfg.cp,
-        num_microbatches=n_mb, dp_rank_of_sample=rank_of_sample,
+        global_batch_size=step.num_rollouts, dp_size=cfg.dp,
+        cp_size=step.sample_cp_sizes(cfg.cp).tolist() if dynamic else cfg.cp,
+        num_microbatches=step.num_rounds, dp_rank_of_sample=rank_of_sample,
     )
-    prescale = mode.loss_prescale(norm, num_microbatches=n_mb, dp_size=cfg.dp, cp_size=cfg.cp)
+    prescale = mode.loss_prescale(norm, num_microbatches=max(n_mb, 1), dp_size=cfg.dp,
+                                  cp_size=cfg.cp)
 
-    # 2. this DP rank's micro-batches, packed (every CP rank of the replica gets the same ones)
+    # 2. this rank's micro-batches, packed, each with its (weight, cp_size, cp_rank); a rank
+    # idle all step runs one zero-weight micro-batch so that it joins the gradient sync
+    if not work:
+        work = [RankWork(step.micro_batches[0], 1, 0)]
+    weight = 1.0 if n_mb else 0.0
     batches = [
-        pack([data.tokens[g] for g in mb], rollouts.prompt_len[mb], mb, device=device)
-        for mb in step.ranks[dp_rank]
+        (pack([data.tokens[g] for g in w.samples], rollouts.prompt_len[w.samples], w.samples,
+              device=device), w.cp_size, w.cp_rank)
+        for w in work
     ]
 
-    def loss_func(batch, logits):
+    def loss_func(batch, cp_size, cp_rank, logits):
         idx = [int(g) for g in batch.sample_indices]
         stats = response_token_stats(logits, batch)
         adv = torch.cat([torch.full((int(rollouts.response_len[g]),),
@@ -407,28 +434,30 @@ def train_step(cfg, mode, model, optimizer, step, rollouts, data, device) -> dic
             "loss_masks": [masks[g].to(device) for g in idx],
             "sample_denominators": norm.denominators_for([local_of[g] for g in idx]),
             "cp_rank": cp_rank,
-            "cp_size": cfg.cp,
+            "cp_size": cp_size,
         }
         sums = {}
         for key in METRIC_KEYS:
             local = slice_flat_responses_for_cp(
                 per_token[key], kw["total_lengths"], kw["response_lengths"],
-                cp_rank=cp_rank, cp_size=cfg.cp)
+                cp_rank=cp_rank, cp_size=cp_size)
             sums[key] = mode.microbatch_loss_sum(local, **kw)
-        num_tokens = mode.megatron_num_tokens(kw["loss_masks"])
-        values = torch.stack([torch.tensor(float(mode.count_slot(kw["loss_masks"])))]
-                             + [sums[k].detach().cpu().double() for k in METRIC_KEYS])
-        return (prescale * sums["loss"],
+        # per_token: each of a sample's c ranks counts n * K / c tokens (K = norm.reference_cp)
+        count = {"cp_size": cp_size, "reference_cp": norm.reference_cp} if dynamic else {}
+        num_tokens = mode.megatron_num_tokens(kw["loss_masks"], **count) if weight else 0
+        values = torch.stack([torch.tensor(float(mode.count_slot(kw["loss_masks"], **count)))]
+                             + [sums[k].detach().cpu().double() for k in METRIC_KEYS]) * weight
+        return (weight * prescale * sums["loss"],
                 torch.tensor(num_tokens, dtype=torch.int, device=device),
                 {"values": values})
 
     timer = MicroBatchTimer(cuda=device.type == "cuda")  # fwd/bwd wall time per micro-batch
 
     def forward_step(data_iterator, model):
-        batch = next(data_iterator)
+        batch, cp_size, cp_rank = next(data_iterator)
         timer.forward_start(batch.lengths)
         logits = model(batch.tokens, batch.position_ids, **batch.model_inputs())
-        return logits, timer.wrap_loss(partial(loss_func, batch))
+        return logits, timer.wrap_loss(partial(loss_func, batch, cp_size, cp_rank))
 
     # 3. megatron-core's forward/backward schedule (no pipelining), DDP grad sync at the end
     model.zero_grad_buffer()
@@ -438,8 +467,8 @@ def train_step(cfg, mode, model, optimizer, step, rollouts, data, device) -> dic
         forward_step_func=forward_step,
         data_iterator=iter(batches),
         model=[model],
-        num_microbatches=n_mb,
-        seq_length=max(b.num_tokens for b in batches),
+        num_microbatches=len(batches),
+        seq_length=max(b.num_tokens for b, _, _ in batches),
         micro_batch_size=1,
         forward_only=False,
     )
@@ -451,7 +480,7 @@ def train_step(cfg, mode, model, optimizer, step, rollouts, data, device) -> dic
 
     # 5. report: sum micro-batch vectors, all-reduce over DP x CP, divide by the step divisor
     report = reduce_step_report([o["values"] for o in outputs], mode=mode, norm=norm,
-                                cp_size=cfg.cp)
+                                cp_size=norm.reference_cp)
     walls = torch.tensor([wall], dtype=torch.float64, device=device)
     gathered = [torch.zeros_like(walls) for _ in range(world)]
     dist.all_gather(gathered, walls)
@@ -459,7 +488,14 @@ def train_step(cfg, mode, model, optimizer, step, rollouts, data, device) -> dic
     busy, straggler = busy_and_straggler(timings)
 
     tokens = rollouts.total_len
-    per_rank = step.ranks
+    per_rank = step.ranks  # dynamic CP: per world rank, the micro-batches it takes part in
+    cp_of = ([[step.placements[b].degree for b in bins] for bins in step.rank_bins]
+             if dynamic else None)
+    dyn = {} if not dynamic else {
+        "cp_mode": "dynamic", "num_rounds": step.num_rounds, "cp_degrees": cp_of,
+        "tokens_per_rank": [int(round(sum(int(tokens[mb].sum()) / c for mb, c in zip(mbs, cs))))
+                            for mbs, cs in zip(per_rank, cp_of)],
+    }
     return {
         "rollouts": step.num_rollouts,
         "samples": step.num_samples,
@@ -469,6 +505,7 @@ def train_step(cfg, mode, model, optimizer, step, rollouts, data, device) -> dic
         "samples_per_rank": [int(sum(mb.size for mb in mbs)) for mbs in per_rank],
         "tokens_per_rank": [int(sum(tokens[mb].sum() for mb in mbs)) for mbs in per_rank],
         "micro_batch_tokens": [[int(tokens[mb].sum()) for mb in mbs] for mbs in per_rank],
+        **dyn,
         **report,
         "reward": _reward(data, step),
         "grad_norm": float(grad_norm) if grad_norm is not None else float("nan"),

@@ -41,6 +41,7 @@ PACKING_CONTROLS = {
     "distribution": "distribution",
     "dp": "dp",
     "cp": "cp",
+    "cp_mode": "cp_mode",
     "vpp": "vpp",
     "mb_group": "mb_group",
     "global_batch_size": "global_batch_size",
@@ -84,6 +85,17 @@ def _follow_required_distribution(explorer: Explorer) -> None:
             explorer._suspend = False
 
 
+def _degree_counts(schedule: Schedule, step: int) -> dict[int, int]:
+    """Micro-batches of the step per CP degree (fixed CP: all at ``cp``)."""
+    st = schedule.steps[step]
+    if st.placements is None:
+        return {schedule.config.cp: len(st.micro_batches)}
+    out: dict[int, int] = {}
+    for p in st.placements:
+        out[p.degree] = out.get(p.degree, 0) + 1
+    return dict(sorted(out.items()))
+
+
 def _cap_range(rollouts: Rollouts) -> tuple[int, int]:
     longest = int(rollouts.total_len.max())
     hi = max(65536, 1 << math.ceil(math.log2(2 * longest)))
@@ -98,15 +110,26 @@ class PackingExplorer(Explorer):
     packing), ``micro_batch_size`` (IntSlider; static packing only),
     ``packing`` and ``distribution`` (Dropdowns listing the registered
     policies), ``dp``, ``cp``, ``vpp``, ``mb_group`` (Dropdowns),
+    ``cp_mode`` (ToggleButtons ``fixed`` / ``dynamic``: one CP degree for
+    every micro-batch, or a degree and a CP group per micro-batch),
     ``global_batch_size`` (BoundedIntText, rollouts per step) and ``step``
     (Dropdown of the schedule's steps).
+
+    Below the packing figure, :attr:`cp_figure` shows the step's CP plan
+    (:func:`varbatch_kit.ui.viz.cp_plan`: world ranks x rounds, each
+    micro-batch over its CP group, coloured by degree). Under dynamic CP the
+    packing figure shows the fixed-CP plan of the same settings (the one the
+    planner compares against) and the CP plan figure the dynamic one.
 
     ``state`` keys (the shown step): ``step, micro_batches`` (= bars of the
     figure's ``micro-batches`` trace), ``mb_lower_bound, over_cap`` (▼
     markers: every micro-batch over the cap), ``cap_violations`` (those with
     two or more samples), ``oversize_alone`` (a single sample longer than the
     cap), ``flops_imbalance, makespan_ratio, token_imbalance, samples,
-    tokens``; and over the schedule ``steps, total_micro_batches`` (plus
+    tokens``, ``cp_mode, rounds, fixed_rounds, degrees`` (micro-batches per
+    CP degree), under dynamic CP with a model ``fixed_s, dynamic_s, speedup``
+    (simulated seconds of all steps, :func:`varbatch_kit.analysis.simulate.simulate`
+    on its default H100 profile); and over the schedule ``steps, total_micro_batches`` (plus
     ``error`` while one is shown).
     """
 
@@ -128,6 +151,12 @@ class PackingExplorer(Explorer):
         self._initial = config
         self._initial_step = step
         super().__init__(debounce_s=debounce_s, background=background)
+        first = getattr(self, "cp_figure", None)
+        self.cp_figure = go.FigureWidget(first if first is not None else go.Figure())
+        self.cp_figure.add_class("vbk-cp-figure")
+        children = list(self.widget.children)
+        children.insert(children.index(self.figure) + 1, self.cp_figure)
+        self.widget.children = tuple(children)
 
     @property
     def schedule(self) -> Schedule | None:
@@ -163,6 +192,10 @@ class PackingExplorer(Explorer):
                                W.Layout(width="230px")),
             "dp": dd("dp", DP_CHOICES, c.dp, W.Layout(width="140px")),
             "cp": dd("cp", CP_CHOICES, c.cp, W.Layout(width="110px")),
+            "cp_mode": W.ToggleButtons(options=["fixed", "dynamic"], value=c.cp_mode,
+                                       description="cp_mode", style={
+                                           "description_width": "initial",
+                                           "button_width": "70px"}),
             "vpp": dd("vpp", VPP_CHOICES, c.vpp, W.Layout(width="110px")),
             "mb_group": dd("mb_group", MB_GROUP_CHOICES, c.mb_group, W.Layout(width="150px")),
             "global_batch_size": W.BoundedIntText(
@@ -178,8 +211,8 @@ class PackingExplorer(Explorer):
         return W.VBox([
             W.HBox([c["packing"], c["distribution"], c["max_tokens_per_gpu"],
                     c["micro_batch_size"]], layout=W.Layout(flex_flow="row wrap")),
-            W.HBox([c["dp"], c["cp"], c["vpp"], c["mb_group"], c["global_batch_size"],
-                    c["step"]], layout=W.Layout(flex_flow="row wrap")),
+            W.HBox([c["dp"], c["cp"], c["cp_mode"], c["vpp"], c["mb_group"],
+                    c["global_batch_size"], c["step"]], layout=W.Layout(flex_flow="row wrap")),
         ])
 
     def _skeleton(self) -> go.Figure:
@@ -201,7 +234,7 @@ class PackingExplorer(Explorer):
             v["packing"], v["distribution"], int(v["dp"]), int(v["cp"]), int(v["vpp"]),
             int(v["mb_group"]), int(v["global_batch_size"]),
             int(v["max_tokens_per_gpu"]) if dynamic else None,
-            None if dynamic else int(v["micro_batch_size"]),
+            None if dynamic else int(v["micro_batch_size"]), v["cp_mode"],
         )
 
     def _params(self) -> tuple:
@@ -213,20 +246,34 @@ class PackingExplorer(Explorer):
 
     @staticmethod
     def _make_config(p: tuple) -> ScheduleConfig:
-        packing, distribution, dp, cp, vpp, mb_group, gbs, mtpg, mbs = p
+        packing, distribution, dp, cp, vpp, mb_group, gbs, mtpg, mbs, cp_mode = p
         return ScheduleConfig(dp=dp, cp=cp, vpp=vpp, mb_group=mb_group, global_batch_size=gbs,
                               max_tokens_per_gpu=mtpg, micro_batch_size=mbs, packing=packing,
-                              distribution=distribution)
+                              distribution=distribution, cp_mode=cp_mode)
 
     def _compute(self, params: tuple) -> tuple[dict, dict[str, float]]:
         from varbatch_kit.analysis.quality import step_quality
 
         t0 = time.perf_counter()
-        schedule = build_schedule(self.rollouts, self._make_config(params), self.model)
+        config = self._make_config(params)
+        schedule = build_schedule(self.rollouts, config, self.model)
+        # dynamic CP: the packing view and its quality numbers come from the fixed-CP plan of
+        # the same settings (a dynamic plan has no DP ranks); the CP plan view shows both
+        fixed = (schedule if config.cp_mode == "fixed" else
+                 build_schedule(self.rollouts, config.with_(cp_mode="fixed"), self.model))
+        simulated = None
+        if config.cp_mode == "dynamic" and self.model is not None:
+            from varbatch_kit.analysis.simulate import simulate
+
+            # the whole schedule on the default profile (H100), the one the planner's default
+            # cost model describes
+            simulated = {k: simulate(s, timelines=False).total_time_s
+                         for k, s in (("fixed", fixed), ("dynamic", schedule))}
         t1 = time.perf_counter()
-        quality = step_quality(schedule)
+        quality = step_quality(fixed)
         t2 = time.perf_counter()
-        return ({"schedule": schedule, "quality": quality},
+        return ({"schedule": schedule, "fixed": fixed, "quality": quality,
+                 "simulated": simulated},
                 {"schedule_ms": 1e3 * (t1 - t0), "stats_ms": 1e3 * (t2 - t1)})
 
     def _render(self, result: dict) -> None:
@@ -242,9 +289,16 @@ class PackingExplorer(Explorer):
                 step_ctl.value = step
             finally:
                 self._suspend = False
-        data = viz.packing_traces(schedule, step)
+        fixed: Schedule = result.get("fixed", schedule)
+        data = viz.packing_traces(fixed, step)
+        dynamic = schedule.config.cp_mode == "dynamic"
+        if dynamic:
+            data["layout"]["title"]["text"] = (
+                "fixed-CP plan of these settings (dynamic plan below) — "
+                + data["layout"]["title"]["text"])
         with self.figure.batch_update():
             viz.apply_traces(self.figure, data)
+        self._render_cp_plan(schedule, step)
         row = q.iloc[step]
         info = data["info"]
         bound = row["mb_lower_bound"]
@@ -260,7 +314,15 @@ class PackingExplorer(Explorer):
             "makespan_ratio": float(row["makespan_ratio"]),
             "token_imbalance": float(row["token_imbalance"]),
             "steps": schedule.num_steps, "total_micro_batches": int(q["micro_batches"].sum()),
+            "cp_mode": schedule.config.cp_mode,
+            "rounds": schedule.steps[step].num_rounds,
+            "fixed_rounds": fixed.steps[step].num_rounds,
+            "degrees": _degree_counts(schedule, step),
         }
+        sim = result.get("simulated")
+        if sim is not None:
+            self.state.update(fixed_s=sim["fixed"], dynamic_s=sim["dynamic"],
+                              speedup=sim["fixed"] / sim["dynamic"])
         s = self.state
         imb = s["flops_imbalance"]
         lb = s["mb_lower_bound"] if s["mb_lower_bound"] is not None else "n/a (static)"
@@ -279,7 +341,33 @@ class PackingExplorer(Explorer):
             (f"{s['samples']} samples · {s['steps']} steps, {s['total_micro_batches']} "
              "micro-batches in all"),
         ]
+        if dynamic:
+            degrees = ", ".join(f"c={c}: {n}" for c, n in s["degrees"].items())
+            parts.append(f"dynamic CP: {span('vbk-rounds', s['rounds'])} rounds "
+                         f"(fixed {s['fixed_rounds']}), micro-batches per degree {degrees}")
+            if "speedup" in s:
+                parts.append(f"simulated (H100, all steps): fixed {s['fixed_s']:.2f} s, dynamic "
+                             f"{s['dynamic_s']:.2f} s, "
+                             f"{span('vbk-cp-speedup', format(s['speedup'], '.2f'))}× faster")
         self.summary.value = " · ".join(parts)
+
+    def close(self) -> None:
+        """Close the widgets (the CP plan figure too) and stop the worker thread."""
+        if isinstance(getattr(self, "cp_figure", None), go.FigureWidget):
+            self.cp_figure.close()
+        super().close()
+
+    def _render_cp_plan(self, schedule: Schedule, step: int) -> None:
+        """Redraw :attr:`cp_figure` (its traces depend on the degrees present)."""
+        new = viz.cp_plan(schedule, step, max_ranks=64)
+        fig = getattr(self, "cp_figure", None)
+        if fig is None:  # first render, before the widget exists
+            self.cp_figure = new
+            return
+        with fig.batch_update():
+            fig.data = ()
+            fig.add_traces(list(new.data))
+            fig.layout = new.layout
 
 
 # ================================================================== balance
