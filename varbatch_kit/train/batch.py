@@ -187,10 +187,43 @@ def pack(
     )
 
 
-def response_token_stats(logits: torch.Tensor, batch: PackedBatch) -> dict[str, torch.Tensor]:
+def _unwrap(model):
+    """The ``GPTModel`` inside megatron's DDP (or other ``.module``) wrappers."""
+    while not hasattr(model, "output_layer") and hasattr(model, "module"):
+        model = model.module
+    return model
+
+
+def response_logits(model, batch: PackedBatch) -> torch.Tensor:
+    """``model``'s logits at the rows that predict response tokens only: ``[1, R, V]``.
+
+    The loss reads the logits of response tokens alone, so the output layer
+    (``hidden x vocab`` per token: the largest matmul of a small model with a
+    large vocabulary, e.g. SmolLM2's 576 x 49152) runs on those rows only: a
+    forward pre-hook on megatron-core's ``output_layer`` selects them from the
+    decoder's ``[T, 1, H]`` hidden states. Each row's logits are the same
+    computation as in the full forward; prompt rows are skipped.
+    """
+    rows = batch.response_positions()
+    layer = _unwrap(model).output_layer
+
+    def keep_response_rows(_module, args, kwargs):
+        return (args[0].index_select(0, rows), *args[1:]), kwargs
+
+    handle = layer.register_forward_pre_hook(keep_response_rows, with_kwargs=True)
+    try:
+        return model(batch.tokens, batch.position_ids, **batch.model_inputs())
+    finally:
+        handle.remove()
+
+
+def response_token_stats(logits: torch.Tensor, batch: PackedBatch, *,
+                         at_response_rows: bool = False) -> dict[str, torch.Tensor]:
     """Per-response-token values of a packed batch, samples concatenated (float64).
 
-    ``logits`` has shape ``[1, T, V]`` (or ``[T, V]``). The log-softmax runs in
+    ``logits`` has shape ``[1, T, V]`` (or ``[T, V]``); with
+    ``at_response_rows=True`` only the rows that predict response tokens, as
+    :func:`response_logits` gives them (``[1, R, V]``). The log-softmax runs in
     float64: the loss and report sums that follow add many signed terms whose
     float32 rounding would otherwise show at the 1e-5 level when packing
     changes the summation order. Returns
@@ -203,7 +236,12 @@ def response_token_stats(logits: torch.Tensor, batch: PackedBatch) -> dict[str, 
         logits = logits[0]
     pos = batch.response_positions()
     targets = batch.tokens[0, pos + 1]
-    logp_all = torch.log_softmax(logits[pos].double(), dim=-1)
+    if at_response_rows:
+        if logits.shape[0] != pos.numel():
+            raise ValueError(f"{logits.shape[0]} logit rows for {pos.numel()} response tokens")
+        logp_all = torch.log_softmax(logits.double(), dim=-1)
+    else:
+        logp_all = torch.log_softmax(logits[pos].double(), dim=-1)
     logprob = logp_all.gather(-1, targets[:, None])[:, 0]
     with torch.no_grad():
         entropy = -(logp_all.exp() * logp_all).sum(-1)

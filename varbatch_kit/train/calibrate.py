@@ -260,7 +260,7 @@ def _sweep(cfg, dev, fit_set, out_set, longest, repeats, warmup, seed, progress)
     from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
     from tqdm.auto import tqdm
 
-    from varbatch_kit.train.batch import pack, response_token_stats
+    from varbatch_kit.train.batch import pack, response_logits, response_token_stats
     from varbatch_kit.train.loss import policy_gradient_loss
     from varbatch_kit.train.model import build_gpt
     from varbatch_kit.train.timing import MicroBatchTimer
@@ -275,8 +275,8 @@ def _sweep(cfg, dev, fit_set, out_set, longest, repeats, warmup, seed, progress)
         seqs = [rng.integers(0, cfg.vocab_size, n) for n in lengths]
         batch = pack(seqs, [1] * len(lengths), device=dev)
         timer.forward_start(batch.lengths)
-        logits = gpt(batch.tokens, batch.position_ids, **batch.model_inputs())
-        stats = response_token_stats(logits, batch)
+        logits = response_logits(gpt, batch)  # as the training engine does
+        stats = response_token_stats(logits, batch, at_response_rows=True)
         adv = torch.ones_like(stats["logprob"])
         loss = policy_gradient_loss(stats["logprob"], adv).sum() / max(1, stats["logprob"].numel())
         timer.forward_end()

@@ -365,7 +365,7 @@ def train_step(cfg, mode, model, optimizer, step, rollouts, data, device) -> dic
 
     from varbatch_kit.core.placement import RankWork
     from varbatch_kit.report.cp import slice_flat_responses_for_cp
-    from varbatch_kit.train.batch import pack, response_token_stats
+    from varbatch_kit.train.batch import pack, response_logits, response_token_stats
     from varbatch_kit.train.loss import policy_gradient_loss
     from varbatch_kit.train.timing import MicroBatchTimer, busy_and_straggler, gather_timings
 
@@ -415,7 +415,7 @@ def train_step(cfg, mode, model, optimizer, step, rollouts, data, device) -> dic
 
     def loss_func(batch, cp_size, cp_rank, logits):
         idx = [int(g) for g in batch.sample_indices]
-        stats = response_token_stats(logits, batch)
+        stats = response_token_stats(logits, batch, at_response_rows=True)
         adv = torch.cat([torch.full((int(rollouts.response_len[g]),),
                                     float(data.sample_advantage[g]), dtype=torch.float64)
                          for g in idx]).to(device)
@@ -456,7 +456,7 @@ def train_step(cfg, mode, model, optimizer, step, rollouts, data, device) -> dic
     def forward_step(data_iterator, model):
         batch, cp_size, cp_rank = next(data_iterator)
         timer.forward_start(batch.lengths)
-        logits = model(batch.tokens, batch.position_ids, **batch.model_inputs())
+        logits = response_logits(model, batch)  # the output layer on response rows only
         return logits, timer.wrap_loss(partial(loss_func, batch, cp_size, cp_rank))
 
     # 3. megatron-core's forward/backward schedule (no pipelining), DDP grad sync at the end

@@ -320,3 +320,34 @@ def test_local_layer_spec_and_its_refusals(megatron_process):
     bad = type("P", (), {"qkv_format": "sbhd", "cu_seqlens_q": torch.tensor([0, 4])})()
     with pytest.raises(ValueError, match="qkv_format='sbhd'"):
         attn(x, x, x, None, packed_seq_params=bad)
+
+
+def test_response_logits_are_the_full_logits_at_response_rows(twin):
+    """The engine's output layer on response rows only (:func:`response_logits`) gives the
+    full forward's logits at those rows, and the same log-probs and gradients."""
+    from varbatch_kit.train.batch import response_logits
+
+    name, fast, _, device = twin
+    rng = np.random.default_rng(4)
+    lengths, prompts = [9, 17, 2, 5], [3, 6, 1, 4]
+    batch = pack([rng.integers(0, VOCAB, n) for n in lengths], prompts, device=device)
+    full = fast(batch.tokens, batch.position_ids, **batch.model_inputs())
+    rows = response_logits(fast, batch)
+    assert rows.shape == (1, int(sum(batch.response_lens)), VOCAB)
+    assert torch.allclose(rows[0], full[0, batch.response_positions()], rtol=1e-6, atol=1e-6)
+    # the hook is gone afterwards: a plain forward gives every row again
+    assert fast(batch.tokens, batch.position_ids, **batch.model_inputs()).shape == full.shape
+    w = torch.as_tensor(rng.normal(size=rows.shape[1]), device=device)
+    g_rows = _grads_of(fast, lambda: (response_token_stats(
+        response_logits(fast, batch), batch, at_response_rows=True)["logprob"] * w).sum())
+    g_full = _grads_of(fast, lambda: (_logprobs(fast, batch) * w).sum())
+    for n in g_full:
+        assert _max_rel(g_rows[n], g_full[n]) < TOL, (name, n)
+    with pytest.raises(ValueError, match="logit rows"):
+        response_token_stats(full, batch, at_response_rows=True)
+
+
+def _grads_of(model, loss_fn):
+    model.zero_grad(set_to_none=True)
+    loss_fn().backward()
+    return {n: p.grad.detach().clone() for n, p in model.named_parameters()}
