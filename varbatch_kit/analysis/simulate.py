@@ -360,6 +360,61 @@ class SimulationResult:
                     "bubble_s": float(st["bubble_s"].mean())}
 
 
+def _run_steps(schedule: Schedule, stage_times, bound_of, *, pp: int, step_overhead_s: float,
+               order, timelines: bool):
+    """The step loop of :func:`simulate` and :func:`simulate_with_cost_model` (fixed CP).
+
+    ``stage_times(step, arrays, grid, ordering)`` gives the ``(dp, m)`` per-stage forward
+    and backward seconds of the micro-batches at ``grid`` (``ordering=True``: the times the
+    ``order`` is chosen on); ``bound_of(step, arrays)`` the step's bound. Each rank runs 1F1B
+    on ``pp`` stages; the step ends with its slowest rank, plus ``step_overhead_s``.
+    Returns the step, rank and timeline tables.
+    """
+    import pandas as pd
+
+    dp = schedule.config.dp
+    step_rows, rank_frames, tl_frames = [], [], []
+    clock = 0.0
+    for step in schedule.steps:
+        a = micro_batch_arrays(schedule, step)
+        m = len(step.micro_batches) // dp
+        grid = np.empty((dp, m), dtype=np.int64)  # bin at (rank, position)
+        grid[a["rank"], a["pos"]] = np.arange(len(step.micro_batches))
+        if order is not None:
+            tf, tb = stage_times(step, a, grid, True)
+            for r in range(dp):
+                grid[r] = grid[r][apply_order(order, tf[r], tb[r], pp)]
+        tf, tb = stage_times(step, a, grid, False)
+        start, end, finish = one_f_one_b(tf, tb, pp)
+        busy = (tf + tb).sum(axis=1)
+        slow = int(np.argmax(finish))
+        span = float(finish[slow])
+        time_s = span + step_overhead_s
+        wait = span - finish
+        bound = bound_of(step, a)
+        step_rows.append({
+            "step": step.index, "start_s": clock, "time_s": time_s, "bound_s": bound,
+            "ratio": time_s / bound, "busiest_rank_s": span, "compute_s": float(busy[slow]),
+            "bubble_s": span - float(busy[slow]),
+            "straggler_wait_s": float(wait.mean()), "max_straggler_wait_s": float(wait.max()),
+            "micro_batches_per_rank": m})
+        rank_frames.append(pd.DataFrame({"step": step.index, "rank": np.arange(dp),
+                                         "busy_s": busy, "end_s": finish, "wait_s": wait}))
+        if timelines:
+            tl_frames.append(pd.DataFrame({
+                "step": step.index,
+                "rank": np.repeat(np.arange(dp), m),
+                "micro_batch": np.tile(np.arange(m), dp),
+                "start_s": start.ravel(), "end_s": end.ravel(), "compute_s": (tf + tb).ravel(),
+                "flops": a["flops"][grid].ravel(), "tokens": a["tokens"][grid].ravel(),
+                "samples": a["samples"][grid].ravel()}))
+        clock += time_s
+    tl_cols = ["step", "rank", "micro_batch", "start_s", "end_s", "compute_s", "flops", "tokens",
+               "samples"]
+    return (pd.DataFrame(step_rows), pd.concat(rank_frames, ignore_index=True),
+            pd.concat(tl_frames, ignore_index=True) if tl_frames else pd.DataFrame(columns=tl_cols))
+
+
 def simulate(
     schedule: Schedule,
     hardware: str | HardwareProfile = "H100",
@@ -410,8 +465,6 @@ def simulate(
         only: the schedule is not changed (``ScheduleConfig.microbatch_order``
         changes it).
     """
-    import pandas as pd
-
     if isinstance(hardware, MicroBatchCostModel):  # measured seconds instead of FLOPs
         return simulate_with_cost_model(schedule, hardware, pp=pp, step_overhead_s=step_overhead_s,
                                         timelines=timelines, order=order)
@@ -425,53 +478,19 @@ def simulate(
     if cfg.cp_mode == "dynamic":
         return _simulate_dynamic(schedule, p, timelines)
     cost = _cost(schedule.model, p) if cfg.cp > 1 and schedule.model is not None else None
-    dp = cfg.dp
-    step_rows, rank_frames, tl_frames = [], [], []
-    clock = 0.0
-    for step in schedule.steps:
-        a = micro_batch_arrays(schedule, step)
-        m = len(step.micro_batches) // dp
-        grid = np.empty((dp, m), dtype=np.int64)  # bin at (rank, position)
-        grid[a["rank"], a["pos"]] = np.arange(len(step.micro_batches))
+
+    def stage_times(step, a, grid, ordering):
         tf, tb = _stage_times(a["flops"][grid], p, cfg.cp)
-        if order is not None:
-            for r in range(dp):
-                grid[r] = grid[r][apply_order(order, tf[r], tb[r], p.pp)]
-            tf, tb = _stage_times(a["flops"][grid], p, cfg.cp)
-        if cost is not None:  # the ring's exposed seconds: 1/3 forward, 2/3 backward
+        if cost is not None and not ordering:  # the ring's exposed seconds: 1/3 fwd, 2/3 bwd
             comm = _fixed_cp_comm(schedule, step, a, p, cost)[grid] / p.pp
             tf, tb = tf + comm / 3.0, tb + 2.0 * comm / 3.0
-        start, end, finish = one_f_one_b(tf, tb, p.pp)
-        busy = (tf + tb).sum(axis=1)
-        slow = int(np.argmax(finish))
-        span = float(finish[slow])
-        time_s = span + p.step_overhead_s
-        wait = span - finish
-        bound = _bound_for_step(schedule, step, a, p)
-        step_rows.append({
-            "step": step.index, "start_s": clock, "time_s": time_s, "bound_s": bound,
-            "ratio": time_s / bound, "busiest_rank_s": span, "compute_s": float(busy[slow]),
-            "bubble_s": span - float(busy[slow]),
-            "straggler_wait_s": float(wait.mean()), "max_straggler_wait_s": float(wait.max()),
-            "micro_batches_per_rank": m})
-        rank_frames.append(pd.DataFrame({"step": step.index, "rank": np.arange(dp), "busy_s": busy,
-                                             "end_s": finish, "wait_s": wait}))
-        if timelines:
-            tl_frames.append(pd.DataFrame({
-                "step": step.index,
-                "rank": np.repeat(np.arange(dp), m),
-                "micro_batch": np.tile(np.arange(m), dp),
-                "start_s": start.ravel(), "end_s": end.ravel(), "compute_s": (tf + tb).ravel(),
-                "flops": a["flops"][grid].ravel(), "tokens": a["tokens"][grid].ravel(),
-                "samples": a["samples"][grid].ravel()}))
-        clock += time_s
-    tl_cols = ["step", "rank", "micro_batch", "start_s", "end_s", "compute_s", "flops", "tokens",
-               "samples"]
+        return tf, tb
+
+    step_times, rank_times, tl = _run_steps(
+        schedule, stage_times, lambda step, a: _bound_for_step(schedule, step, a, p),
+        pp=p.pp, step_overhead_s=p.step_overhead_s, order=order, timelines=timelines)
     return SimulationResult(
-        step_times=pd.DataFrame(step_rows),
-        rank_times=pd.concat(rank_frames, ignore_index=True),
-        timelines=(pd.concat(tl_frames, ignore_index=True) if tl_frames
-                   else pd.DataFrame(columns=tl_cols)),
+        step_times=step_times, rank_times=rank_times, timelines=tl,
         params={"hardware": p.profile.name, "peak_flops": p.profile.peak_flops,
                     "efficiency": p.efficiency, "microbatch_overhead_s": p.microbatch_overhead_s,
                     "pp": p.pp, "tp": p.tp, "cp": cfg.cp, "step_overhead_s": p.step_overhead_s,
@@ -645,7 +664,6 @@ def simulate_with_cost_model(
     as :func:`simulate` (the timelines' ``flops`` column is NaN when the
     schedule has no FLOPs). Fixed CP only (``cp_mode="fixed"``).
     """
-    import pandas as pd
 
     if not isinstance(schedule, Schedule):
         raise ValueError(  # noqa: TRY004 - the project reports bad input as ValueError
@@ -666,51 +684,17 @@ def simulate_with_cost_model(
     if order is not None:
         apply_order(order, np.zeros(0), np.zeros(0), int(pp))  # validates the name
     pp, cfg = int(pp), schedule.config
-    dp = cfg.dp
-    step_rows, rank_frames, tl_frames = [], [], []
-    clock = 0.0
-    for step in schedule.steps:
-        a = micro_batch_arrays(schedule, step)
-        m = len(step.micro_batches) // dp
-        grid = np.empty((dp, m), dtype=np.int64)  # bin at (rank, position)
-        grid[a["rank"], a["pos"]] = np.arange(len(step.micro_batches))
+
+    def stage_times(step, a, grid, ordering):
         secs = _cost_micro_batch_seconds(schedule, step, model, cfg.cp)
-        tf, tb = _cost_stage_times(secs[grid], model, pp)
-        if order is not None:
-            for r in range(dp):
-                grid[r] = grid[r][apply_order(order, tf[r], tb[r], pp)]
-            tf, tb = _cost_stage_times(secs[grid], model, pp)
-        start, end, finish = one_f_one_b(tf, tb, pp)
-        busy = (tf + tb).sum(axis=1)
-        slow = int(np.argmax(finish))
-        span = float(finish[slow])
-        time_s = span + step_overhead_s
-        wait = span - finish
-        bound = _cost_bound(schedule, step, model, pp) + step_overhead_s
-        step_rows.append({
-            "step": step.index, "start_s": clock, "time_s": time_s, "bound_s": bound,
-            "ratio": time_s / bound, "busiest_rank_s": span, "compute_s": float(busy[slow]),
-            "bubble_s": span - float(busy[slow]),
-            "straggler_wait_s": float(wait.mean()), "max_straggler_wait_s": float(wait.max()),
-            "micro_batches_per_rank": m})
-        rank_frames.append(pd.DataFrame({"step": step.index, "rank": np.arange(dp),
-                                         "busy_s": busy, "end_s": finish, "wait_s": wait}))
-        if timelines:
-            tl_frames.append(pd.DataFrame({
-                "step": step.index,
-                "rank": np.repeat(np.arange(dp), m),
-                "micro_batch": np.tile(np.arange(m), dp),
-                "start_s": start.ravel(), "end_s": end.ravel(), "compute_s": (tf + tb).ravel(),
-                "flops": a["flops"][grid].ravel(), "tokens": a["tokens"][grid].ravel(),
-                "samples": a["samples"][grid].ravel()}))
-        clock += time_s
-    tl_cols = ["step", "rank", "micro_batch", "start_s", "end_s", "compute_s", "flops", "tokens",
-               "samples"]
+        return _cost_stage_times(secs[grid], model, pp)
+
+    step_times, rank_times, tl = _run_steps(
+        schedule, stage_times,
+        lambda step, a: _cost_bound(schedule, step, model, pp) + step_overhead_s,
+        pp=pp, step_overhead_s=step_overhead_s, order=order, timelines=timelines)
     return SimulationResult(
-        step_times=pd.DataFrame(step_rows),
-        rank_times=pd.concat(rank_frames, ignore_index=True),
-        timelines=(pd.concat(tl_frames, ignore_index=True) if tl_frames
-                   else pd.DataFrame(columns=tl_cols)),
+        step_times=step_times, rank_times=rank_times, timelines=tl,
         params={"hardware": "cost_model", "c0": model.c0, "c1": model.c1, "c2": model.c2,
                 "forward_share": model.forward_share, "device": model.device,
                 "source": model.source, "pp": pp, "cp": cfg.cp,
