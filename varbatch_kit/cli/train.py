@@ -11,7 +11,7 @@ Examples::
         --steps 3 --csv comparison.csv
 
 Both commands take the same options; ``compare`` accepts several values for
-``--dp``, ``--cp``, ``--packing``, ``--distribution`` and ``--mode`` and runs
+``--dp``, ``--cp``, ``--cp-mode``, ``--packing``, ``--distribution`` and ``--mode`` and runs
 every combination on the same rollouts and seed (static packings use
 ``--micro-batch-size``, token-capped ones ``--max-tokens-per-gpu``). The
 rollouts come from ``--trace`` (a file or a bundled trace name) or from the
@@ -72,6 +72,11 @@ def _common(p: argparse.ArgumentParser, many: bool) -> None:
                    help="packing policy (default: from the size given)" + several)
     s.add_argument("--distribution", nargs=nargs, default=None,
                    help="distribution policy (default: ScheduleConfig's, strided)" + several)
+    s.add_argument("--cp-mode", nargs=nargs, default=["fixed"] if many else "fixed",
+                   choices=["fixed", "dynamic"],
+                   help="fixed: every micro-batch over all cp ranks of its replica; dynamic: a "
+                        "CP degree and group per micro-batch (needs --cp >= 2 and "
+                        "--max-tokens-per-gpu)" + several)
 
     m = p.add_argument_group("model and optimisation (defaults: TrainConfig's)")
     m.add_argument("--model", default=None, metavar="DIR",
@@ -177,8 +182,8 @@ def configs_from_args(args: argparse.Namespace):
             raise ValueError("a static packing needs --micro-batch-size")
         mtpg = 256
     configs = []
-    for dp, cp, packing, dist, mode in itertools.product(
-            _as_list(args.dp), _as_list(args.cp), packings,
+    for dp, cp, cp_mode, packing, dist, mode in itertools.product(
+            _as_list(args.dp), _as_list(args.cp), _as_list(args.cp_mode), packings,
             _as_list(args.distribution) if args.distribution else [None], _as_list(args.mode)):
         if packing is None:
             if mbs is not None and mtpg is not None:
@@ -194,8 +199,9 @@ def configs_from_args(args: argparse.Namespace):
         sizes = {"max_tokens_per_gpu": mtpg} if dynamic else {"micro_batch_size": mbs}
         if dist is not None:
             sizes["distribution"] = dist
-        schedule = ScheduleConfig(dp=dp, cp=cp, global_batch_size=args.global_batch_size,
-                                  packing=packing, **sizes)
+        schedule = ScheduleConfig(dp=dp, cp=cp, cp_mode=cp_mode,
+                                  global_batch_size=args.global_batch_size, packing=packing,
+                                  **sizes)
         configs.append(TrainConfig(
             schedule=schedule, mode=mode, model=args.model, num_layers=args.layers,
             hidden_size=args.hidden,

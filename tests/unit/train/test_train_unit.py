@@ -230,6 +230,12 @@ def test_cli_builds_every_combination():
     (c,) = cli.configs_from_args(a)
     assert c.dp == 2 and c.schedule.max_tokens_per_gpu == 256
     assert len(cli.rollouts_from_args(a).rollout_order()[0]) == 16
+    a = p.parse_args(["compare", "--dp", "2", "--cp", "2", "--cp-mode", "fixed", "dynamic",
+                      "--max-tokens-per-gpu", "64"])
+    assert [c.schedule.cp_mode for c in cli.configs_from_args(a)] == ["fixed", "dynamic"]
+    a = p.parse_args(["train", "--cp-mode", "dynamic"])  # cp=1: nothing to choose
+    with pytest.raises(ValueError, match="cp >= 2"):
+        cli.configs_from_args(a)
 
 
 def test_schedule_fields_routed_by_with_are_the_init_fields():
