@@ -41,6 +41,17 @@ def _check_layout(layout: Layout, num_samples: int) -> tuple[int, int]:
     return len(layout), counts.pop()
 
 
+def _check_step(values, total_lengths, response_lengths, loss_masks):
+    """The samples' (total, response) lengths, checked, and ``values`` checked against them."""
+    totals, responses = check_samples(total_lengths, response_lengths, loss_masks)
+    if values.dim() != 1 or values.shape[0] != sum(responses):
+        raise ValueError(
+            f"values has shape {tuple(values.shape)} but sum(response_lengths) = "
+            f"{sum(responses)}; pass the samples' full response values concatenated"
+        )
+    return totals, responses
+
+
 def report_under_layout(
     mode: str | ReportMode,
     values: torch.Tensor,
@@ -62,12 +73,7 @@ def report_under_layout(
     training loop would, and :func:`reduce_train_step_metrics` reduces them.
     """
     mode = resolve_mode(mode)
-    totals, responses = check_samples(total_lengths, response_lengths, loss_masks)
-    if values.dim() != 1 or values.shape[0] != sum(responses):
-        raise ValueError(
-            f"values has shape {tuple(values.shape)} but sum(response_lengths) = "
-            f"{sum(responses)}; pass the samples' full response values concatenated"
-        )
+    totals, responses = _check_step(values, total_lengths, response_lengths, loss_masks)
     n = len(totals)
     layout = [[list(range(n))]] if layout is None else layout
     dp_size, num_mb = _check_layout(layout, n)
@@ -210,12 +216,7 @@ def report_under_plan(
     :func:`report_under_layout`'s value bit for bit.
     """
     mode = resolve_mode(mode)
-    totals, responses = check_samples(total_lengths, response_lengths, loss_masks)
-    if values.dim() != 1 or values.shape[0] != sum(responses):
-        raise ValueError(
-            f"values has shape {tuple(values.shape)} but sum(response_lengths) = "
-            f"{sum(responses)}; pass the samples' full response values concatenated"
-        )
+    totals, responses = _check_step(values, total_lengths, response_lengths, loss_masks)
     n = len(totals)
     degrees, rank_of = plan_sample_cp(programs, n, cp_size)
     dp_size = len(programs) // cp_size

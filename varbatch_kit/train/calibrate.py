@@ -27,11 +27,8 @@ like a training worker with ``threads_per_worker=1``) and restores it.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
-import os
-import socket
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -128,49 +125,6 @@ class Calibration:
         return t
 
 
-@contextlib.contextmanager
-def _megatron_process(device: str, threads: int):
-    """A one-process torch.distributed group and megatron-core parallel state (if none yet)."""
-    import torch
-    import torch.distributed as dist
-    from megatron.core import parallel_state
-
-    from varbatch_kit.train import cpu_shim
-    from varbatch_kit.train.loop import setup_process
-
-    saved_threads = torch.get_num_threads()
-    if dist.is_initialized():
-        if device == "cpu":
-            torch.set_num_threads(threads)
-        try:
-            yield torch.device("cuda", torch.cuda.current_device()) if device == "cuda" \
-                else torch.device("cpu")
-        finally:
-            torch.set_num_threads(saved_threads)
-        return
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": "0", "WORLD_SIZE": "1",
-           "LOCAL_RANK": "0"}
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    try:
-        yield setup_process(device, threads=threads)
-    finally:
-        parallel_state.destroy_model_parallel()
-        if dist.is_initialized():
-            dist.destroy_process_group()
-        if device != "cuda":
-            cpu_shim.deactivate()
-        torch.set_num_threads(saved_threads)
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-
-
 def _device_name(dev) -> str:
     import torch
 
@@ -241,8 +195,10 @@ def calibrate(
         raise ValueError(f"{len(fit_set)} compositions to fit: need at least 3")
     longest = max(max(c) for c in fit_set + out_set)
 
+    from varbatch_kit.train.loop import single_process
+
     t_start = time.perf_counter()
-    with _megatron_process(device, threads) as dev:
+    with single_process(device, threads) as dev:
         rows = _sweep(cfg, dev, fit_set, out_set, longest, repeats, warmup, seed, progress)
         dev_name = _device_name(dev)
     mask = np.array([r["heldout"] for r in rows])

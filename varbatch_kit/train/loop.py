@@ -47,11 +47,13 @@ One training step, top to bottom (:func:`train_step`)
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import json
 import os
 import pickle
 import signal
+import socket
 import sys
 import time
 import traceback
@@ -68,7 +70,7 @@ from varbatch_kit.core.rollouts import Rollouts
 from varbatch_kit.train.config import TrainConfig
 from varbatch_kit.train.steplog import append_record, write_atomic
 
-__all__ = ["CP_NOTE", "Job", "main", "setup_process", "train", "train_step"]
+__all__ = ["CP_NOTE", "Job", "main", "setup_process", "single_process", "train", "train_step"]
 
 CP_NOTE = (
     "context parallelism is emulated at the loss level: every CP rank runs the full forward "
@@ -125,6 +127,50 @@ def setup_process(device: str, threads: int = 1) -> torch.device:
         # tp = pp = cp = 1: megatron's data-parallel group spans all dp * cp ranks
         parallel_state.initialize_model_parallel(1, 1)
     return dev
+
+
+@contextlib.contextmanager
+def single_process(device: str, threads: int = 1):
+    """Yield the torch device of a one-process torch.distributed group with megatron-core's
+    parallel state (for work outside torchrun: calibration, tests); torn down afterwards.
+
+    If a group already exists it is reused (and left alone); ``threads`` CPU threads.
+    """
+    from megatron.core import parallel_state
+
+    from varbatch_kit.train import cpu_shim
+
+    saved_threads = torch.get_num_threads()
+    if dist.is_initialized():
+        if device == "cpu":
+            torch.set_num_threads(threads)
+        try:
+            yield torch.device("cuda", torch.cuda.current_device()) if device == "cuda" \
+                else torch.device("cpu")
+        finally:
+            torch.set_num_threads(saved_threads)
+        return
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": "0", "WORLD_SIZE": "1",
+           "LOCAL_RANK": "0"}
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        yield setup_process(device, threads=threads)
+    finally:
+        parallel_state.destroy_model_parallel()
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        if device != "cuda":
+            cpu_shim.deactivate()
+        torch.set_num_threads(saved_threads)
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 # --------------------------------------------------------------------------- one run
