@@ -36,7 +36,7 @@ test-fast: $(STAMP)
 	echo "make test-fast: $$(( $$(date +%s) - start )) s"; exit $$rc
 
 lab: $(STAMP)
-	$(VENV)/bin/jupyter lab --no-browser --ip 127.0.0.1 $(ALLOW_ROOT) varbatch_kit/notebooks/
+	$(VENV)/bin/jupyter lab --no-browser --ip 127.0.0.1 $(ALLOW_ROOT) notebooks/
 
 # the peers' released packages for `benchmarks.peers` (bench only, never imported by the
 # package): --no-deps into their own folder, with just the modules their balancing code imports

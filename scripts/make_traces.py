@@ -11,7 +11,7 @@ from varbatch_kit import Rollouts
 from varbatch_kit.core.traces import write_trace
 
 #: the package data folder the traces are written to
-HERE = Path(__file__).resolve().parents[1] / "varbatch_kit" / "data" / "traces"
+HERE = Path(__file__).resolve().parents[1] / "data" / "traces"
 
 TRACES = {
     # math-style RL: one sample per rollout, long tail truncated at 8k

@@ -5,5 +5,6 @@ from pathlib import Path
 TESTS = Path(__file__).resolve().parent
 REPO = TESTS.parent
 PACKAGE = REPO / "varbatch_kit"
-NOTEBOOKS_DIR = PACKAGE / "notebooks"
+NOTEBOOKS_DIR = REPO / "notebooks"
+DATA_DIR = REPO / "data"
 GOLDEN = TESTS / "golden"

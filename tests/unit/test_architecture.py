@@ -17,20 +17,20 @@ PKG = PACKAGE
 
 #: layer -> the layers it may import (itself included)
 ALLOWED = {
-    "data": {"data"},
+    "resources": {"resources"},
     "policies": {"policies"},
-    "core": {"core", "policies", "data"},
+    "core": {"core", "policies", "resources"},
     "report": {"report"},
-    "analysis": {"analysis", "core", "policies", "report", "data"},
-    "ui": {"ui", "analysis", "core", "policies", "report", "data"},
-    "compat": {"compat", "core", "policies", "report", "data"},
-    "train": {"train", "core", "policies", "report", "analysis", "data"},
-    "cli": {"cli", "ui", "train", "compat", "analysis", "core", "policies", "report", "data"},
+    "analysis": {"analysis", "core", "policies", "report", "resources"},
+    "ui": {"ui", "analysis", "core", "policies", "report", "resources"},
+    "compat": {"compat", "core", "policies", "report", "resources"},
+    "train": {"train", "core", "policies", "report", "analysis", "resources"},
+    "cli": {"cli", "ui", "train", "compat", "analysis", "core", "policies", "report", "resources"},
 }
 #: third-party packages a pure layer must never import
 SHELL_LIBRARIES = {"plotly", "ipywidgets", "anywidget", "megatron", "nbclient", "nbconvert",
                    "jupyterlab", "playwright"}
-PURE = {"data", "policies", "core", "report", "analysis"}
+PURE = {"resources", "policies", "core", "report", "analysis"}
 #: the stable import paths at the top (``varbatch_kit.viz`` is ``varbatch_kit.ui.viz``, ...)
 ALIASES = {"__init__", "io", "viz", "widgets", "quality", "simulate", "sweeps", "optimal",
            "demo"}

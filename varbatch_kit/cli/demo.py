@@ -35,13 +35,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from varbatch_kit.data import notebooks as packaged_notebooks
+from varbatch_kit.resources import notebooks_dir
 
 __all__ = ["NOTEBOOKS_DIR", "SUMMARIES", "NotebookRun", "export_html", "invariance_summary",
            "main", "notebook_title", "policy_summary", "run_notebook", "write_index"]
 
 #: the tutorial notebooks shipped with the package
-NOTEBOOKS_DIR = Path(str(packaged_notebooks()))
+NOTEBOOKS_DIR = Path(str(notebooks_dir()))
 #: where the demo writes, relative to the current directory unless --out says otherwise
 DEFAULT_OUT = Path("build") / "demo"
 

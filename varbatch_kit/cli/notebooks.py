@@ -12,7 +12,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from varbatch_kit.data import notebooks as packaged_notebooks
+from varbatch_kit.resources import notebooks_dir
 
 __all__ = ["add_parser", "copy_notebooks"]
 
@@ -22,7 +22,7 @@ def copy_notebooks(dest: str | Path, *, force: bool = False) -> list[Path]:
     out = Path(dest)
     out.mkdir(parents=True, exist_ok=True)
     written = []
-    for src in sorted(packaged_notebooks().iterdir(), key=lambda p: p.name):
+    for src in sorted(notebooks_dir().iterdir(), key=lambda p: p.name):
         if not src.name.endswith(".ipynb"):
             continue
         target = out / src.name

@@ -16,12 +16,12 @@ from typing import Any
 
 import numpy as np
 
-from varbatch_kit.data import files as data_files
+from varbatch_kit.resources import data_dir
 
 __all__ = ["ModelShape", "MODELS_DIR", "available_presets"]
 
-#: the model presets shipped with the package (``varbatch_kit/data/models``)
-MODELS_DIR = Path(str(data_files("models")))
+#: the model presets shipped with the package (``data/models``)
+MODELS_DIR = Path(str(data_dir("models")))
 
 
 @dataclass(frozen=True)

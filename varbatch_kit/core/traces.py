@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from varbatch_kit.core.rollouts import Rollouts
-from varbatch_kit.data import files as data_files
+from varbatch_kit.resources import data_dir
 
 __all__ = [
     "read_trace",
@@ -41,8 +41,8 @@ __all__ = [
     "slime_train_data",
 ]
 
-#: the rollout traces shipped with the package (``varbatch_kit/data/traces``)
-TRACES_DIR = Path(str(data_files("traces")))
+#: the rollout traces shipped with the package (``data/traces``)
+TRACES_DIR = Path(str(data_dir("traces")))
 REQUIRED = ("prompt_len", "response_len")
 CORE_COLUMNS = ("prompt_len", "response_len", "rollout_id", "loss_mask")
 
