@@ -4,6 +4,15 @@
 micro-batches go to DP ranks (see :mod:`varbatch_kit.policies.packers` and
 :mod:`varbatch_kit.policies.distributions` for the registered names). slime's flags map
 onto these two knobs in :mod:`varbatch_kit.compat.slime.flags`.
+
+Which batching path is in force, ``"static"`` (``micro_batch_size`` samples
+per micro-batch) or ``"dynamic"`` (micro-batches under the token cap
+``max_tokens_per_gpu``), is decided in one place, :func:`decide_batching`;
+:func:`batching_fields` gives the two size fields for a fresh config,
+:meth:`ScheduleConfig.with_batching` switches an existing one, and
+:attr:`ScheduleConfig.batching` says which path a config is on. The
+front ends (``varbatch-kit schedule``/``train``, the explorers) call these
+instead of deciding for themselves.
 """
 
 from __future__ import annotations
@@ -11,7 +20,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-__all__ = ["ALIGNMENT_FALLBACKS", "CP_MODES", "CP_SIZES", "ScheduleConfig"]
+__all__ = ["ALIGNMENT_FALLBACKS", "BATCHINGS", "CP_MODES", "CP_SIZES", "ScheduleConfig",
+           "batching_fields", "decide_batching", "packing_batching"]
+
+#: the two batching paths, the values of ``ScheduleConfig.batching``
+BATCHINGS = ("static", "dynamic")
 
 #: the values of ``ScheduleConfig.alignment_fallback``
 ALIGNMENT_FALLBACKS = ("error", "drop_rollouts")
@@ -25,6 +38,69 @@ def _positive_int(name: str, value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(f"{name} must be a positive integer, got {value!r}")
     return value
+
+
+def packing_batching(packing: str) -> str:
+    """The batching path the registered packing ``packing`` runs on: ``"static"`` or ``"dynamic"``.
+
+    An unknown name is a ``ValueError`` listing the registered ones.
+    """
+    from varbatch_kit.policies.registry import get_packer
+
+    return "dynamic" if get_packer(packing).dynamic else "static"
+
+
+def decide_batching(*, micro_batch_size: int | None = None,
+                    max_tokens_per_gpu: int | None = None, packing: str | None = None) -> str:
+    """Which batching path these settings ask for: ``"static"`` or ``"dynamic"``.
+
+    The one place that decides it (``None`` = not given):
+
+    - no ``packing``: ``micro_batch_size`` alone -> ``"static"``,
+      ``max_tokens_per_gpu`` alone -> ``"dynamic"``, both or neither -> ``ValueError``;
+    - a ``packing`` (a registered name): its own path (:func:`packing_batching`),
+      the other path's size is ignored; its own size missing -> ``ValueError``.
+
+    A named packing decides on its own, so a caller holding both sizes (an
+    explorer's two sliders) passes both with the packing.
+    """
+    if packing is None:
+        if (micro_batch_size is None) == (max_tokens_per_gpu is None):
+            raise ValueError(
+                "set exactly one of micro_batch_size (static batching) and max_tokens_per_gpu "
+                f"(dynamic batching); got micro_batch_size={micro_batch_size!r}, "
+                f"max_tokens_per_gpu={max_tokens_per_gpu!r}")
+        return "static" if micro_batch_size is not None else "dynamic"
+    batching = packing_batching(packing)
+    if batching == "dynamic" and max_tokens_per_gpu is None:
+        raise ValueError(
+            f"packing={packing!r} packs under a token cap: set max_tokens_per_gpu (dynamic "
+            "batching)" + ("" if micro_batch_size is None else
+                           " instead of micro_batch_size, or use packing='static'"))
+    if batching == "static" and micro_batch_size is None:
+        raise ValueError(
+            f"packing={packing!r} needs micro_batch_size (static batching)"
+            + ("" if max_tokens_per_gpu is None else
+               "; with max_tokens_per_gpu use a dynamic packing such as 'first_fit'"))
+    return batching
+
+
+def batching_fields(*, micro_batch_size: int | None = None,
+                    max_tokens_per_gpu: int | None = None,
+                    packing: str | None = None) -> dict[str, int | None]:
+    """The two size fields of a config on the path :func:`decide_batching` picks.
+
+    ``{"micro_batch_size": ..., "max_tokens_per_gpu": ...}`` with the other
+    path's field ``None``; pass it to :class:`ScheduleConfig` (``**fields``)::
+
+        ScheduleConfig(dp=8, packing=p, **batching_fields(micro_batch_size=mbs,
+                                                          max_tokens_per_gpu=cap, packing=p))
+    """
+    batching = decide_batching(micro_batch_size=micro_batch_size,
+                               max_tokens_per_gpu=max_tokens_per_gpu, packing=packing)
+    if batching == "static":
+        return {"micro_batch_size": micro_batch_size, "max_tokens_per_gpu": None}
+    return {"micro_batch_size": None, "max_tokens_per_gpu": max_tokens_per_gpu}
 
 
 @dataclass(frozen=True)
@@ -41,7 +117,7 @@ class ScheduleConfig:
         Rollouts per training step (not samples).
     micro_batch_size:
         Static path: samples per micro-batch. Exactly one of this and
-        ``max_tokens_per_gpu`` is set.
+        ``max_tokens_per_gpu`` is set (:func:`decide_batching`).
     max_tokens_per_gpu:
         Dynamic path: token cap per GPU; a micro-batch holds up to
         ``max_tokens_per_gpu * cp`` tokens (it is split over CP ranks).
@@ -96,6 +172,9 @@ class ScheduleConfig:
         ... up to ``cp``; ``cp`` itself is allowed even when it is not a
         power of two) or ``"divisors"`` (every divisor of ``cp``). Only read
         with ``cp_mode="dynamic"``.
+
+    The config is frozen, hashable and equal by value (``defaulted`` is not
+    compared): the explorers key their caches on it.
     """
 
     dp: int = 1
@@ -122,13 +201,10 @@ class ScheduleConfig:
 
         for name in ("dp", "cp", "vpp", "mb_group", "global_batch_size", "pp"):
             _positive_int(name, getattr(self, name))
-        if (self.micro_batch_size is None) == (self.max_tokens_per_gpu is None):
-            raise ValueError(
-                "set exactly one of micro_batch_size (static batching) and max_tokens_per_gpu "
-                f"(dynamic batching); got micro_batch_size={self.micro_batch_size!r}, "
-                f"max_tokens_per_gpu={self.max_tokens_per_gpu!r}"
-            )
-        if self.micro_batch_size is not None:
+        sizes = {"micro_batch_size": self.micro_batch_size,
+                 "max_tokens_per_gpu": self.max_tokens_per_gpu}
+        batching = decide_batching(**sizes)  # exactly one of the two
+        if batching == "static":
             _positive_int("micro_batch_size", self.micro_batch_size)
         else:
             _positive_int("max_tokens_per_gpu", self.max_tokens_per_gpu)
@@ -137,16 +213,7 @@ class ScheduleConfig:
         if self.packing is None:
             object.__setattr__(self, "packing", "first_fit" if self.dynamic else "static")
         spec = get_packer(self.packing)
-        if spec.dynamic and not self.dynamic:
-            raise ValueError(
-                f"packing={self.packing!r} packs under a token cap: set max_tokens_per_gpu "
-                "(dynamic batching) instead of micro_batch_size"
-            )
-        if not spec.dynamic and self.dynamic:
-            raise ValueError(
-                f"packing={self.packing!r} needs micro_batch_size (static batching); with "
-                "max_tokens_per_gpu use a dynamic packing such as 'first_fit'"
-            )
+        decide_batching(**sizes, packing=self.packing)  # the packing runs on this path
         self._check_cp_mode()
         if self.distribution is None:
             object.__setattr__(self, "distribution", spec.requires_distribution or "strided")
@@ -218,9 +285,14 @@ class ScheduleConfig:
 
     # ------------------------------------------------------------- derived
     @property
+    def batching(self) -> str:
+        """The batching path in force: ``"static"`` or ``"dynamic"`` (see :func:`decide_batching`)."""
+        return "dynamic" if self.max_tokens_per_gpu is not None else "static"
+
+    @property
     def dynamic(self) -> bool:
-        """True on the dynamic (token-capped) path."""
-        return self.max_tokens_per_gpu is not None
+        """True on the dynamic (token-capped) path: ``batching == "dynamic"``."""
+        return self.batching == "dynamic"
 
     @property
     def cap(self) -> int | None:
@@ -241,17 +313,22 @@ class ScheduleConfig:
 
         Fields left at their default follow the change: switching between
         ``micro_batch_size`` and ``max_tokens_per_gpu`` picks the new path's
-        default packing, and a defaulted distribution follows a new packing
-        (``with_(packing="balanced")`` gets ``distribution="balanced"``).
+        default packing (and switching to static clears
+        ``log_probs_max_tokens_per_gpu``, a dynamic-only cap), and a defaulted
+        distribution follows a new packing (``with_(packing="balanced")`` gets
+        ``distribution="balanced"``). Every other field is kept. To let a
+        packing choose the path, use :meth:`with_batching`.
         """
         if changes.get("micro_batch_size") is not None:
             changes.setdefault("max_tokens_per_gpu", None)
+            changes.setdefault("log_probs_max_tokens_per_gpu", None)
         if changes.get("max_tokens_per_gpu") is not None:
             changes.setdefault("micro_batch_size", None)
         path_change = "micro_batch_size" in changes or "max_tokens_per_gpu" in changes
         if path_change and "packing" not in changes:
             new_dynamic = changes.get("max_tokens_per_gpu", self.max_tokens_per_gpu) is not None
-            if "packing" in self.defaulted or _packer_is_dynamic(self.packing) != new_dynamic:
+            if "packing" in self.defaulted or (
+                    packing_batching(self.packing) == "dynamic") != new_dynamic:
                 changes["packing"] = None
         if "distribution" not in changes and "distribution" in self.defaulted and (
                 "packing" in changes):
@@ -260,8 +337,29 @@ class ScheduleConfig:
             changes["packing"] = None
         return replace(self, **changes)
 
+    def with_batching(self, *, micro_batch_size: int | None = None,
+                      max_tokens_per_gpu: int | None = None, packing: str | None = None,
+                      **changes: Any) -> ScheduleConfig:
+        """A copy on the batching path :func:`decide_batching` picks, other fields as in :meth:`with_`.
 
-def _packer_is_dynamic(name: str) -> bool:
-    from varbatch_kit.policies.registry import get_packer
-
-    return get_packer(name).dynamic
+        With ``packing`` the packing decides the path: its size is the one
+        given here, else this config's own (``with_batching(packing="static")``
+        on a dynamic config is a ``ValueError`` naming ``micro_batch_size``);
+        the other path's size is cleared. Without it exactly one size may be
+        given and picks the path (``micro_batch_size`` -> static, the cap ->
+        dynamic), the packing follows as in :meth:`with_`; with neither only
+        ``changes`` apply. Every field not named (``pp``,
+        ``microbatch_order``, ``alignment_fallback``, ``cp_sizes``, ...) is
+        kept; switching to static clears ``log_probs_max_tokens_per_gpu``.
+        """
+        if packing is not None:
+            if micro_batch_size is None:
+                micro_batch_size = self.micro_batch_size
+            if max_tokens_per_gpu is None:
+                max_tokens_per_gpu = self.max_tokens_per_gpu
+            changes["packing"] = packing
+        elif micro_batch_size is None and max_tokens_per_gpu is None:
+            return self.with_(**changes)
+        changes.update(batching_fields(micro_batch_size=micro_batch_size,
+                                       max_tokens_per_gpu=max_tokens_per_gpu, packing=packing))
+        return self.with_(**changes)

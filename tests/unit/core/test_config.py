@@ -3,6 +3,7 @@
 import pytest
 
 from varbatch_kit import ScheduleConfig
+from varbatch_kit.core.config import batching_fields, decide_batching, packing_batching
 
 
 def test_derived_values():
@@ -41,3 +42,97 @@ def test_with_keeps_explicit_fields():
         c.with_(packing="balanced")
     # an explicit dynamic packing is kept when only the cap changes
     assert c.with_(max_tokens_per_gpu=50).packing == "ffd"
+
+
+# ------------------------------------------------ the one batching decision
+@pytest.mark.parametrize("kwargs, batching", [
+    ({"micro_batch_size": 4}, "static"),
+    ({"max_tokens_per_gpu": 4096}, "dynamic"),
+    # a named packing decides; the other path's size is ignored
+    ({"micro_batch_size": 4, "max_tokens_per_gpu": 4096, "packing": "static"}, "static"),
+    ({"micro_batch_size": 4, "max_tokens_per_gpu": 4096, "packing": "first_fit"}, "dynamic"),
+    ({"micro_batch_size": 4, "packing": "static"}, "static"),
+    ({"max_tokens_per_gpu": 4096, "packing": "flops_kk"}, "dynamic"),
+])
+def test_decide_batching_truth_table(kwargs, batching):
+    assert decide_batching(**kwargs) == batching
+    fields = batching_fields(**kwargs)
+    if batching == "static":
+        assert fields == {"micro_batch_size": 4, "max_tokens_per_gpu": None}
+    else:
+        assert fields == {"micro_batch_size": None, "max_tokens_per_gpu": 4096}
+    config = ScheduleConfig(packing=kwargs.get("packing"), **fields)
+    assert config.batching == batching and config.dynamic == (batching == "dynamic")
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({}, r"set exactly one of micro_batch_size .* got micro_batch_size=None, "
+         r"max_tokens_per_gpu=None"),
+    ({"micro_batch_size": 4, "max_tokens_per_gpu": 4096},
+     r"set exactly one of micro_batch_size .* got micro_batch_size=4, max_tokens_per_gpu=4096"),
+    ({"max_tokens_per_gpu": 4096, "packing": "static"},
+     r"packing='static' needs micro_batch_size \(static batching\); with max_tokens_per_gpu "
+     r"use a dynamic packing such as 'first_fit'"),
+    ({"packing": "static"}, r"packing='static' needs micro_batch_size \(static batching\)$"),
+    ({"micro_batch_size": 4, "packing": "first_fit"},
+     r"packing='first_fit' packs under a token cap: set max_tokens_per_gpu \(dynamic "
+     r"batching\) instead of micro_batch_size"),
+    ({"packing": "ffd"}, r"packing='ffd' packs under a token cap: set max_tokens_per_gpu"),
+    ({"micro_batch_size": 4, "packing": "nope"}, "unknown packing 'nope'; choose one of"),
+])
+def test_decide_batching_errors(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        decide_batching(**kwargs)
+    with pytest.raises(ValueError, match=match):
+        batching_fields(**kwargs)
+    if "packing" not in kwargs:  # the constructor decides with the same function
+        with pytest.raises(ValueError, match=match):
+            ScheduleConfig(**kwargs)
+
+
+def test_packing_batching_follows_the_registry():
+    assert packing_batching("static") == "static"
+    assert {packing_batching(n) for n in ("first_fit", "ffd", "flops_kk", "balanced")} == {
+        "dynamic"}
+    with pytest.raises(ValueError, match="unknown packing 'x'"):
+        packing_batching("x")
+
+
+def test_with_batching_switches_paths_and_keeps_every_other_field():
+    kept = {"dp": 2, "cp": 2, "pp": 4, "microbatch_order": "min_bubble",
+            "alignment_fallback": "drop_rollouts", "cp_sizes": "divisors",
+            "distribution": "flops_kk", "global_batch_size": 8}
+    dyn = ScheduleConfig(max_tokens_per_gpu=1000, log_probs_max_tokens_per_gpu=3000, **kept)
+    static = dyn.with_batching(packing="static", micro_batch_size=2, max_tokens_per_gpu=1000)
+    assert (static.batching, static.micro_batch_size, static.max_tokens_per_gpu) == (
+        "static", 2, None)
+    assert static.log_probs_max_tokens_per_gpu is None  # a dynamic-only cap is cleared
+    assert all(getattr(static, k) == v for k, v in kept.items())
+    back = static.with_batching(packing="first_fit", max_tokens_per_gpu=500, micro_batch_size=2)
+    assert (back.batching, back.max_tokens_per_gpu, back.micro_batch_size, back.packing) == (
+        "dynamic", 500, None, "first_fit")
+    assert all(getattr(back, k) == v for k, v in kept.items())
+    # a size alone picks the path; the packing follows as in with_
+    assert dyn.with_batching(micro_batch_size=3).packing == "static"
+    assert static.with_batching(max_tokens_per_gpu=64).packing == "first_fit"
+    # the packing's size falls back to the config's own; none there is an error
+    assert dyn.with_batching(packing="ffd").max_tokens_per_gpu == 1000
+    with pytest.raises(ValueError, match="packing='static' needs micro_batch_size"):
+        dyn.with_batching(packing="static")
+    with pytest.raises(ValueError, match="set exactly one of micro_batch_size"):
+        dyn.with_batching(micro_batch_size=2, max_tokens_per_gpu=100)
+    assert dyn.with_batching(dp=4) == dyn.with_(dp=4)  # no size, no packing: plain with_
+    # a static switch through with_ clears the log-prob cap as well
+    assert dyn.with_(micro_batch_size=2).log_probs_max_tokens_per_gpu is None
+
+
+def test_config_is_hashable_and_equal_by_value():
+    a = ScheduleConfig(dp=4, max_tokens_per_gpu=2048, pp=2, microbatch_order="small_ends")
+    b = ScheduleConfig(dp=4, max_tokens_per_gpu=2048, pp=2, microbatch_order="small_ends",
+                       packing="first_fit", distribution="strided")  # the defaults, named
+    assert a == b and hash(a) == hash(b) and len({a, b}) == 1
+    assert {a: 1}[b] == 1
+    for change in ({"pp": 4}, {"microbatch_order": "arrival"}, {"cp_sizes": "divisors"},
+                   {"alignment_fallback": "drop_rollouts"}, {"max_tokens_per_gpu": 1024}):
+        other = a.with_(**change)
+        assert other != a and other not in {a}
