@@ -3,7 +3,11 @@
 :class:`Explorer` holds the controls, a ``plotly`` ``FigureWidget`` updated in
 place, the summary line and the error box; a subclass says which controls it
 has (``_make_controls``), what a setting computes (``_compute``) and how the
-result is drawn (``_render``). See :mod:`varbatch_kit.ui.widgets` for the
+result is drawn (``_render``). What a compute depends on is a
+:class:`ComputeKey`: the :class:`~varbatch_kit.core.config.ScheduleConfig` the
+controls describe (``config()``, built from the config the user passed, so the
+fields no control shows are kept) plus any other named inputs (``_inputs()``);
+the cache is keyed on it. See :mod:`varbatch_kit.ui.widgets` for the
 behaviour users see (debouncing, caching, errors, CSS hooks).
 """
 
@@ -14,13 +18,18 @@ import html
 import time
 import traceback
 from collections import OrderedDict
+from collections.abc import Hashable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import ipywidgets as W
 import plotly.graph_objects as go
 
-__all__ = ["Explorer", "measure_latency", "running_loop", "span"]
+if TYPE_CHECKING:
+    from varbatch_kit.core.config import ScheduleConfig
+
+__all__ = ["ComputeKey", "Explorer", "measure_latency", "running_loop", "span"]
 
 
 _CACHE_SIZE = 8
@@ -39,13 +48,44 @@ def span(cls: str, text: Any) -> str:
     return f'<span class="{cls}">{html.escape(str(text))}</span>'
 
 
+@dataclass(frozen=True)
+class ComputeKey:
+    """What one explorer compute depends on; the cache key (hashable, equal by value).
+
+    Attributes
+    ----------
+    config : ScheduleConfig
+        The config the controls describe (a frozen, hashable dataclass).
+    inputs : tuple of (name, value)
+        The other inputs of the compute by name (a model preset, a hardware
+        profile), sorted by name; read one with ``key["name"]``.
+    """
+
+    config: ScheduleConfig
+    inputs: tuple[tuple[str, Hashable], ...] = ()
+
+    @classmethod
+    def of(cls, config: ScheduleConfig, **inputs: Hashable) -> ComputeKey:
+        """The key of ``config`` and the named ``inputs``."""
+        return cls(config, tuple(sorted(inputs.items())))
+
+    def __getitem__(self, name: str) -> Any:
+        for key, value in self.inputs:
+            if key == name:
+                return value
+        raise KeyError(f"no input {name!r}; the inputs are {[k for k, _ in self.inputs]}")
+
+
 class Explorer:
     """Shared machinery: controls → (debounced, threaded) compute → figure + summary.
 
-    Subclasses define ``_make_controls()``, ``_params()`` (control values →
-    a hashable compute key), ``_compute(params)`` (pure; may raise
-    ``ValueError``) and ``_render(result)`` (writes the figure and summary
-    in place, returns the figure time).
+    Subclasses define ``_make_controls()``, ``config()`` (control values →
+    the :class:`~varbatch_kit.core.config.ScheduleConfig`, changed from the
+    user's with ``with_``/``with_batching``; ``ValueError`` if the controls
+    describe no valid config), ``_inputs()`` (the other named inputs of a
+    compute; none by default), ``_compute(key)`` (pure, given the
+    :class:`ComputeKey`; may raise ``ValueError``) and ``_render(result)``
+    (writes the figure and summary in place).
 
     Attributes
     ----------
@@ -126,10 +166,15 @@ class Explorer:
     def _skeleton(self) -> go.Figure:
         raise NotImplementedError
 
-    def _params(self) -> Any:
+    def config(self) -> ScheduleConfig:
+        """The config the controls describe (``ValueError`` if they describe none)."""
         raise NotImplementedError
 
-    def _compute(self, params: Any) -> tuple[Any, dict[str, float]]:
+    def _inputs(self) -> dict[str, Hashable]:
+        """The compute's inputs besides the config, by name (hashable values)."""
+        return {}
+
+    def _compute(self, params: ComputeKey) -> tuple[Any, dict[str, float]]:
         raise NotImplementedError
 
     def _render(self, result: Any) -> None:
@@ -162,9 +207,8 @@ class Explorer:
         arrays and the in-place figure update) and ``total_ms``.
         """
         t0 = time.perf_counter()
-        params = self._params()
         try:
-            result, timing = self._cached_compute(params)
+            result, timing = self._cached_compute(self._key())
         except Exception as e:  # noqa: BLE001 - shown in the UI, never raised at the user
             self._show_error(e)
             timing = {"schedule_ms": 0.0, "stats_ms": 0.0}
@@ -192,16 +236,28 @@ class Explorer:
             .format(**self.timings))
         return self.timings
 
-    def _cached_compute(self, params: Any) -> tuple[Any, dict[str, float]]:
-        key = params
+    def _key(self) -> ComputeKey:
+        """The cache key of the current controls (``ValueError`` if they describe no config)."""
+        return ComputeKey.of(self.config(), **self._inputs())
+
+    def _key_or_none(self) -> ComputeKey | None:
+        try:
+            return self._key()
+        except Exception:  # noqa: BLE001 - update() shows it
+            return None
+
+    def _cached_compute(self, key: ComputeKey) -> tuple[Any, dict[str, float]]:
         if key in self._cache:
             self._cache.move_to_end(key)
             return self._cache[key], {"schedule_ms": 0.0, "stats_ms": 0.0, "cached": True}
-        result, timing = self._compute(params)
+        result, timing = self._compute(key)
+        self._store(key, result)
+        return result, timing
+
+    def _store(self, key: ComputeKey, result: Any) -> None:
         self._cache[key] = result
         while len(self._cache) > _CACHE_SIZE:
             self._cache.popitem(last=False)
-        return result, timing
 
     # --------------------------------------------------- live-kernel path
     def _on_change(self, change: dict) -> None:
@@ -224,9 +280,9 @@ class Explorer:
         if self._busy:
             self._dirty = True
             return
-        params = self._params()
+        params = self._key_or_none()
         t0 = time.perf_counter()
-        if params in self._cache or not self.background:
+        if params is None or params in self._cache or not self.background:
             self.update()
             return
         self._busy = True
@@ -238,21 +294,21 @@ class Explorer:
         fut = loop.run_in_executor(self._executor, self._safe_compute, params)
         fut.add_done_callback(lambda f: self._done(f, params, t0, loop))
 
-    def _safe_compute(self, params: Any) -> tuple[Any, Any, dict[str, float]]:
+    def _safe_compute(self, params: ComputeKey) -> tuple[Any, Any, dict[str, float]]:
         try:
             result, timing = self._compute(params)
             return result, None, timing
         except Exception as e:  # noqa: BLE001
             return None, e, {"schedule_ms": 0.0, "stats_ms": 0.0}
 
-    def _done(self, fut: asyncio.Future, params: Any, t0: float,
+    def _done(self, fut: asyncio.Future, params: ComputeKey, t0: float,
               loop: asyncio.AbstractEventLoop) -> None:
         self._busy = False
         result, err, timing = fut.result()
-        if self._dirty or params != self._params():
+        if self._dirty or params != self._key_or_none():
             # the controls moved while we computed: cache this one, compute the latest
             if result is not None:
-                self._cache[params] = result
+                self._store(params, result)
             self._dirty = False
             self._kick(loop)
             return
@@ -260,9 +316,7 @@ class Explorer:
             self._show_error(err)
             self._finish(None, timing, t0)
             return
-        self._cache[params] = result
-        while len(self._cache) > _CACHE_SIZE:
-            self._cache.popitem(last=False)
+        self._store(params, result)
         self._finish(result, timing, t0)
 
     # -------------------------------------------------------------- errors

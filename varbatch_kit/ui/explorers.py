@@ -3,6 +3,14 @@
 Built on :class:`~varbatch_kit.ui.explorer_engine.Explorer`; the figures come
 from :mod:`varbatch_kit.ui.viz`. See :mod:`varbatch_kit.ui.widgets` for how
 to drive them.
+
+An explorer's :meth:`~PackingExplorer.config` is the config the user passed,
+changed by the controls with :meth:`ScheduleConfig.with_batching` (the
+packing control picks static or dynamic batching through
+:func:`varbatch_kit.core.config.decide_batching`); every field no control
+shows (``pp``, ``microbatch_order``, ``alignment_fallback``, ``cp_sizes``,
+``log_probs_max_tokens_per_gpu`` on the dynamic path, ...) is kept. The
+cache is keyed on that config (:class:`~varbatch_kit.ui.explorer_engine.ComputeKey`).
 """
 
 from __future__ import annotations
@@ -15,13 +23,13 @@ import ipywidgets as W
 import numpy as np
 import plotly.graph_objects as go
 
-from varbatch_kit.core.config import ScheduleConfig
+from varbatch_kit.core.config import ScheduleConfig, packing_batching
 from varbatch_kit.core.flops import ModelShape, available_presets
 from varbatch_kit.core.rollouts import Rollouts
 from varbatch_kit.core.schedule import Schedule, build_schedule
 from varbatch_kit.policies.registry import DISTRIBUTIONS, PACKERS
 from varbatch_kit.ui import viz
-from varbatch_kit.ui.explorer_engine import Explorer, span
+from varbatch_kit.ui.explorer_engine import ComputeKey, Explorer, span
 
 __all__ = [
     "BALANCE_CONTROLS",
@@ -72,6 +80,14 @@ def _hardware_profiles() -> list[str]:
     return list(HARDWARE)
 
 
+def _packing_is_dynamic(name: str) -> bool:
+    """Whether the packing ``name`` runs on the dynamic path (an unknown name: assume so)."""
+    try:
+        return packing_batching(name) == "dynamic"
+    except ValueError:  # config() then reports the unknown name
+        return True
+
+
 def _follow_required_distribution(explorer: Explorer) -> None:
     """A packing that works with one distribution only selects it (without a second update)."""
     spec = PACKERS.get(explorer.controls["packing"].value)
@@ -96,10 +112,13 @@ def _degree_counts(schedule: Schedule, step: int) -> dict[int, int]:
     return dict(sorted(out.items()))
 
 
-def _cap_range(rollouts: Rollouts) -> tuple[int, int]:
+def _cap_range(rollouts: Rollouts, cap: int | None = None) -> tuple[int, int]:
+    """The cap slider's range: 512 to twice the longest sample (and the config's cap, kept)."""
     longest = int(rollouts.total_len.max())
     hi = max(65536, 1 << math.ceil(math.log2(2 * longest)))
-    return 512, hi
+    if cap is None:
+        return 512, hi
+    return min(512, cap), max(hi, cap)
 
 
 class PackingExplorer(Explorer):
@@ -165,8 +184,8 @@ class PackingExplorer(Explorer):
 
     def _make_controls(self) -> dict[str, W.Widget]:
         c = self._initial
-        lo, hi = _cap_range(self.rollouts)
         cap = c.max_tokens_per_gpu or 16384
+        lo, hi = _cap_range(self.rollouts, cap)  # the config's values stay reachable
         style = {"description_width": "initial"}
         wide = W.Layout(width="420px")
         small = W.Layout(width="150px")
@@ -181,11 +200,12 @@ class PackingExplorer(Explorer):
         n_roll = self.rollouts.num_rollouts
         controls = {
             "max_tokens_per_gpu": W.IntSlider(
-                value=min(max(cap, lo), hi), min=lo, max=hi, step=512,
+                value=cap, min=lo, max=hi, step=512,
                 description="max_tokens_per_gpu", continuous_update=True, style=style,
                 layout=wide, disabled=not c.dynamic),
             "micro_batch_size": W.IntSlider(
-                value=c.micro_batch_size or 4, min=1, max=64, description="micro_batch_size",
+                value=c.micro_batch_size or 4, min=1, max=max(64, c.micro_batch_size or 4),
+                description="micro_batch_size",
                 style=style, layout=W.Layout(width="300px"), disabled=c.dynamic),
             "packing": dd("packing", PACKERS, c.packing, W.Layout(width="210px")),
             "distribution": dd("distribution", DISTRIBUTIONS, c.distribution,
@@ -220,42 +240,31 @@ class PackingExplorer(Explorer):
 
     def _sync_controls(self, change: dict) -> None:
         if change.get("owner") is self.controls["packing"]:
-            spec = PACKERS.get(self.controls["packing"].value)
-            dynamic = True if spec is None else spec.dynamic
+            dynamic = _packing_is_dynamic(self.controls["packing"].value)
             self.controls["max_tokens_per_gpu"].disabled = not dynamic
             self.controls["micro_batch_size"].disabled = dynamic
             _follow_required_distribution(self)
 
-    def _config_params(self) -> tuple:
-        v = {k: w.value for k, w in self.controls.items()}
-        spec = PACKERS.get(v["packing"])
-        dynamic = True if spec is None else spec.dynamic
-        return (
-            v["packing"], v["distribution"], int(v["dp"]), int(v["cp"]), int(v["vpp"]),
-            int(v["mb_group"]), int(v["global_batch_size"]),
-            int(v["max_tokens_per_gpu"]) if dynamic else None,
-            None if dynamic else int(v["micro_batch_size"]), v["cp_mode"],
-        )
-
-    def _params(self) -> tuple:
-        return self._config_params()
-
     def config(self) -> ScheduleConfig:
-        """The :class:`ScheduleConfig` the controls describe (raises ``ValueError`` if invalid)."""
-        return self._make_config(self._config_params())
+        """The config the controls describe: the one passed, changed by the controls.
 
-    @staticmethod
-    def _make_config(p: tuple) -> ScheduleConfig:
-        packing, distribution, dp, cp, vpp, mb_group, gbs, mtpg, mbs, cp_mode = p
-        return ScheduleConfig(dp=dp, cp=cp, vpp=vpp, mb_group=mb_group, global_batch_size=gbs,
-                              max_tokens_per_gpu=mtpg, micro_batch_size=mbs, packing=packing,
-                              distribution=distribution, cp_mode=cp_mode)
+        The packing control picks the batching path and with it the size
+        slider that counts (:meth:`ScheduleConfig.with_batching`); the fields
+        no control shows are the passed config's. ``ValueError`` if the
+        controls describe no valid config.
+        """
+        v = {k: w.value for k, w in self.controls.items()}
+        return self._initial.with_batching(
+            packing=v["packing"], micro_batch_size=int(v["micro_batch_size"]),
+            max_tokens_per_gpu=int(v["max_tokens_per_gpu"]), distribution=v["distribution"],
+            dp=int(v["dp"]), cp=int(v["cp"]), vpp=int(v["vpp"]), mb_group=int(v["mb_group"]),
+            global_batch_size=int(v["global_batch_size"]), cp_mode=v["cp_mode"])
 
-    def _compute(self, params: tuple) -> tuple[dict, dict[str, float]]:
+    def _compute(self, params: ComputeKey) -> tuple[dict, dict[str, float]]:
         from varbatch_kit.analysis.quality import step_quality
 
         t0 = time.perf_counter()
-        config = self._make_config(params)
+        config = params.config
         schedule = build_schedule(self.rollouts, config, self.model)
         # dynamic CP: the packing view and its quality numbers come from the fixed-CP plan of
         # the same settings (a dynamic plan has no DP ranks); the CP plan view shows both
@@ -402,9 +411,10 @@ class BalanceExplorer(Explorer):
         if config is None:
             config = ScheduleConfig(dp=16, global_batch_size=max(1, rollouts.num_rollouts // 4),
                                     max_tokens_per_gpu=16384, distribution="flops_kk")
-        if not config.dynamic:
+        if config.batching != "dynamic":
             raise ValueError("balance_explorer explores token-capped (dynamic) packings: pass a "
-                             "config with max_tokens_per_gpu")
+                             f"config with max_tokens_per_gpu, got batching={config.batching!r} "
+                             f"(micro_batch_size={config.micro_batch_size})")
         self._initial = config
         super().__init__(debounce_s=debounce_s, background=background)
 
@@ -421,9 +431,9 @@ class BalanceExplorer(Explorer):
 
     def _make_controls(self) -> dict[str, W.Widget]:
         c = self._initial
-        lo, hi = _cap_range(self.rollouts)
+        lo, hi = _cap_range(self.rollouts, c.max_tokens_per_gpu)
         style = {"description_width": "initial"}
-        dynamic_packers = [n for n, s in PACKERS.items() if s.dynamic]
+        dynamic_packers = [n for n in PACKERS if _packing_is_dynamic(n)]
         hardware = _hardware_profiles()
         extra = {} if not hardware else {
             "hardware": W.Dropdown(options=hardware, value=hardware[0], description="hardware",
@@ -433,7 +443,7 @@ class BalanceExplorer(Explorer):
                                 description="model", style=style,
                                 layout=W.Layout(width="230px")),
             "max_tokens_per_gpu": W.IntSlider(
-                value=min(max(c.max_tokens_per_gpu, lo), hi), min=lo, max=hi, step=512,
+                value=c.max_tokens_per_gpu, min=lo, max=hi, step=512,
                 description="max_tokens_per_gpu", style=style, layout=W.Layout(width="420px")),
             "packing": W.Dropdown(options=dynamic_packers, value=c.packing,
                                   description="packing", style=style,
@@ -457,34 +467,37 @@ class BalanceExplorer(Explorer):
         if change.get("owner") is self.controls["packing"]:
             _follow_required_distribution(self)
 
-    def _params(self) -> tuple:
-        v = {k: w.value for k, w in self.controls.items()}
-        return (v["model"], v["packing"], v["distribution"], int(v["dp"]),
-                int(v["global_batch_size"]), int(v["max_tokens_per_gpu"]), v.get("hardware"))
-
     def config(self) -> ScheduleConfig:
-        """The :class:`ScheduleConfig` the controls describe."""
-        return self._make_config(self._params())
+        """The config the controls describe: the one passed, changed by the controls.
 
-    def _make_config(self, p: tuple) -> ScheduleConfig:
-        _model, packing, distribution, dp, gbs, mtpg, _hardware = p
-        return self._initial.with_(packing=packing, distribution=distribution, dp=dp,
-                                   global_batch_size=gbs, max_tokens_per_gpu=mtpg)
+        Every field without a control (``cp``, ``pp``, ``microbatch_order``,
+        ``alignment_fallback``, ``cp_sizes``, ...) is the passed config's.
+        """
+        v = {k: w.value for k, w in self.controls.items()}
+        return self._initial.with_batching(
+            packing=v["packing"], max_tokens_per_gpu=int(v["max_tokens_per_gpu"]),
+            distribution=v["distribution"], dp=int(v["dp"]),
+            global_batch_size=int(v["global_batch_size"]))
 
-    def _compute(self, params: tuple) -> tuple[dict, dict[str, float]]:
+    def _inputs(self) -> dict[str, str | None]:
+        return {"model": self.controls["model"].value,
+                "hardware": self.controls["hardware"].value if "hardware" in self.controls
+                else None}
+
+    def _compute(self, params: ComputeKey) -> tuple[dict, dict[str, float]]:
         from varbatch_kit.analysis.quality import step_quality
 
         t0 = time.perf_counter()
-        model = self.model_shape(params[0])
-        schedule = build_schedule(self.rollouts, self._make_config(params), model)
+        model = self.model_shape(params["model"])
+        schedule = build_schedule(self.rollouts, params.config, model)
         t1 = time.perf_counter()
         quality = step_quality(schedule)
         data = viz.balance_traces(schedule)
         predicted = None
-        if params[-1] is not None:
+        if params["hardware"] is not None:
             from varbatch_kit.analysis.simulate import simulate
 
-            sim = simulate(schedule, hardware=params[-1], timelines=False)
+            sim = simulate(schedule, hardware=params["hardware"], timelines=False)
             predicted = (float(sim.step_times["time_s"].sum()),
                          float(sim.step_times["bound_s"].sum()))
         t2 = time.perf_counter()
