@@ -78,7 +78,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     size.add_argument("--micro-batch-size", type=int, default=None,
                       help="samples per micro-batch: static batching")
     p.add_argument("--packing", default=None,
-                   help="one packing (default: compare every registered one)")
+                   help="one packing (default: compare every registered one); it picks the "
+                        "batching path: 'static' uses --micro-batch-size, the others the token "
+                        "cap")
     p.add_argument("--distribution", default=None,
                    help="one distribution (default: compare every registered one)")
     p.add_argument("--slime-args", default=None, metavar="FLAGS",
@@ -115,24 +117,31 @@ def load_model(spec: str) -> ModelShape:
                      "nor a config.json path")
 
 
+#: the layout when neither the flags nor ``--slime-args`` give one (the cap: dynamic batching)
+DEFAULT_DP = 16
+DEFAULT_MAX_TOKENS_PER_GPU = 16384
+
+
 def _config(args: argparse.Namespace, rollouts: Rollouts) -> ScheduleConfig:
+    """The config the options describe: ``--slime-args`` (or the defaults) changed by the flags.
+
+    The batching path is decided by :meth:`ScheduleConfig.with_batching`:
+    ``--micro-batch-size`` -> static, ``--max-tokens-per-gpu`` -> dynamic, a
+    ``--packing`` its own path (with the base's size when no size flag is
+    given); none of them keeps the base's path (dynamic, cap 16384, without
+    ``--slime-args``). Every field no flag names is the base's.
+    """
     if args.slime_args is not None:
         base = schedule_config_from_slime_args(args.slime_args, dp=args.dp or None)
     else:
-        gbs = args.global_batch_size or max(1, rollouts.num_rollouts // 4)
-        if args.micro_batch_size is not None:
-            base = ScheduleConfig(dp=args.dp or 16, global_batch_size=gbs,
-                                  micro_batch_size=args.micro_batch_size)
-        else:
-            base = ScheduleConfig(dp=args.dp or 16, global_batch_size=gbs,
-                                  max_tokens_per_gpu=args.max_tokens_per_gpu or 16384)
-    changes: dict[str, Any] = {}
-    for name in ("dp", "cp", "vpp", "mb_group", "global_batch_size", "max_tokens_per_gpu",
-                 "micro_batch_size"):
-        value = getattr(args, name)
-        if value is not None and value != getattr(base, name):
-            changes[name] = value
-    return base.with_(**changes) if changes else base
+        base = ScheduleConfig(dp=DEFAULT_DP, global_batch_size=max(1, rollouts.num_rollouts // 4),
+                              max_tokens_per_gpu=DEFAULT_MAX_TOKENS_PER_GPU)
+    layout = {name: getattr(args, name)
+              for name in ("dp", "cp", "vpp", "mb_group", "global_batch_size")
+              if getattr(args, name) is not None}
+    return base.with_batching(micro_batch_size=args.micro_batch_size,
+                              max_tokens_per_gpu=args.max_tokens_per_gpu, packing=args.packing,
+                              **layout)
 
 
 def format_table(table) -> str:
@@ -174,19 +183,17 @@ def check_step(step: int, num_steps: int) -> int:
 
 def run(args: argparse.Namespace) -> int:
     """Run the subcommand; ``ValueError`` for anything the user can fix."""
-    from varbatch_kit.policies.registry import get_distribution, get_packer
+    from varbatch_kit.policies.registry import get_distribution
 
     name, rollouts = load_trace(args.trace)
     model = load_model(args.model)
-    config = _config(args, rollouts)
-    if args.packing is not None:
-        get_packer(args.packing)
+    config = _config(args, rollouts)  # holds --packing (checked there)
     if args.distribution is not None:
         get_distribution(args.distribution)
     if args.packing is not None or args.distribution is not None or args.slime_args:
-        pairs = [(args.packing or config.packing, args.distribution or config.distribution)]
+        pairs = [(config.packing, args.distribution or config.distribution)]
     else:
-        pairs = sweeps.policy_pairs(model, dynamic=config.dynamic)
+        pairs = sweeps.policy_pairs(model, dynamic=config.batching == "dynamic")
     table = sweeps.policy_table(rollouts, config, model, pairs, flag_names=SLIME_FLAGS)
     ok = table[table["error"] == ""]
     if ok.empty:
@@ -196,7 +203,8 @@ def run(args: argparse.Namespace) -> int:
     layout = (f"dp={config.dp} cp={config.cp} vpp={config.vpp} mb_group={config.mb_group} "
               f"global_batch_size={config.global_batch_size} "
               + (f"max_tokens_per_gpu={config.max_tokens_per_gpu} (cap {config.cap})"
-                 if config.dynamic else f"micro_batch_size={config.micro_batch_size}"))
+                 if config.batching == "dynamic"
+                 else f"micro_batch_size={config.micro_batch_size}"))
     header = f"trace {name}: {rollouts!r}\nlayout: {layout}; model {model.name}"
     text = format_table(table) + "\n\n" + format_legend()
     print(header)

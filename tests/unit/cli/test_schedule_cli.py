@@ -226,3 +226,60 @@ def test_console_script_end_to_end(trace_file):
     assert step.returncode == 2 and step.stdout == ""
     assert step.stderr == ("varbatch-kit schedule: error: --step 99 is out of range: the "
                            "schedule has 4 steps, 0..3\n")
+
+
+# ------------------------------------------- the batching path (decide_batching)
+def layout_line(out: str) -> str:
+    return next(line for line in out.splitlines() if line.startswith("layout: "))
+
+
+def test_packing_flag_picks_the_batching_path(trace_file, capsys):
+    path, r = trace_file
+    assert main(["schedule", str(path), "--dp", "1", "--global-batch-size", "16",
+                 "--packing", "static", "--micro-batch-size", "2"]) == 0
+    out = capsys.readouterr().out
+    assert layout_line(out).startswith("layout: dp=1 cp=1 vpp=1 mb_group=1 "
+                                       "global_batch_size=16 micro_batch_size=2;")
+    s = build_schedule(r, ScheduleConfig(dp=1, global_batch_size=16, micro_batch_size=2),
+                       ModelShape.preset("qwen3-8b"))
+    cells = row_of(out, "static", "strided")
+    assert int(cells[3]) == sum(len(st.micro_batches) for st in s.steps)
+
+
+def test_packing_flag_whose_path_lacks_its_size_is_an_error(trace_file, capsys):
+    path, _ = trace_file
+    assert main(["schedule", str(path), "--dp", "2", "--packing", "static"]) == 2
+    err = capsys.readouterr().err
+    assert "packing='static' needs micro_batch_size (static batching)" in err
+
+
+def test_a_packing_that_needs_a_distribution_gets_it(trace_file, capsys):
+    path, _ = trace_file
+    assert main(["schedule", str(path), "--dp", "2", "--packing", "balanced"]) == 0
+    cells = row_of(capsys.readouterr().out, "balanced", "balanced")
+    assert int(cells[2]) == 4
+
+
+def test_a_size_flag_switches_the_slime_path_and_keeps_the_rest(capsys):
+    slime = ("--slime-args=--global-batch-size 1024 --use-dynamic-batch-size "
+             "--max-tokens-per-gpu 8192 --log-probs-max-tokens-per-gpu 16384 --balance-data")
+    assert main(["schedule", "math", "--dp", "2", slime, "--micro-batch-size", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "global_batch_size=1024 micro_batch_size=2;" in layout_line(out)
+    row_of(out, "static", "flops_kk")  # the slime distribution is kept
+    assert main(["schedule", "math", "--dp", "2", slime, "--max-tokens-per-gpu", "4096"]) == 0
+    assert "max_tokens_per_gpu=4096 (cap 4096)" in layout_line(capsys.readouterr().out)
+
+
+def test_config_from_the_flags_is_the_with_batching_of_the_base(trace_file):
+    from varbatch_kit.cli.main import build_parser
+    from varbatch_kit.cli.schedule import _config
+
+    path, r = trace_file
+    parser = build_parser()
+    base = ScheduleConfig(dp=16, global_batch_size=16, max_tokens_per_gpu=16384)
+    assert _config(parser.parse_args(["schedule", str(path)]), r) == base
+    got = _config(parser.parse_args(["schedule", str(path), "--cp", "2", "--vpp", "2",
+                                     "--micro-batch-size", "4"]), r)
+    assert got == base.with_batching(micro_batch_size=4, cp=2, vpp=2)
+    assert (got.batching, got.packing, got.cp, got.vpp) == ("static", "static", 2, 2)
