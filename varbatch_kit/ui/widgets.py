@@ -29,6 +29,10 @@ once, synchronously, returning the timings. ``explorer.update()`` recomputes
 from the current control values. ``explorer.timings`` holds the last
 update's split (``schedule_ms``, ``stats_ms``, ``figure_ms``, ``total_ms``)
 and ``explorer.state`` the numbers the summary line shows.
+``explorer.config()`` is the ``config`` passed, changed by the controls
+(:meth:`~varbatch_kit.core.config.ScheduleConfig.with_batching`): the fields
+no control shows (``pp``, ``microbatch_order``, ``alignment_fallback``,
+``cp_sizes``, ...) are kept, and the cache is keyed on that config.
 
 Stable hooks for browser tests
 ------------------------------
