@@ -286,7 +286,7 @@ class ScheduleConfig:
     # ------------------------------------------------------------- derived
     @property
     def batching(self) -> str:
-        """The batching path in force: ``"static"`` or ``"dynamic"`` (see :func:`decide_batching`)."""
+        """The batching path in force, ``"static"`` or ``"dynamic"`` (:func:`decide_batching`)."""
         return "dynamic" if self.max_tokens_per_gpu is not None else "static"
 
     @property
@@ -340,7 +340,7 @@ class ScheduleConfig:
     def with_batching(self, *, micro_batch_size: int | None = None,
                       max_tokens_per_gpu: int | None = None, packing: str | None = None,
                       **changes: Any) -> ScheduleConfig:
-        """A copy on the batching path :func:`decide_batching` picks, other fields as in :meth:`with_`.
+        """A copy on the path :func:`decide_batching` picks; other changes as in :meth:`with_`.
 
         With ``packing`` the packing decides the path: its size is the one
         given here, else this config's own (``with_batching(packing="static")``
