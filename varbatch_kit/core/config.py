@@ -69,7 +69,9 @@ def decide_batching(*, micro_batch_size: int | None = None,
             raise ValueError(
                 "set exactly one of micro_batch_size (static batching) and max_tokens_per_gpu "
                 f"(dynamic batching); got micro_batch_size={micro_batch_size!r}, "
-                f"max_tokens_per_gpu={max_tokens_per_gpu!r}")
+                f"max_tokens_per_gpu={max_tokens_per_gpu!r}"
+                + ("; to let a packing pick, pass both with packing= to batching_fields"
+                   if micro_batch_size is not None else ""))
         return "static" if micro_batch_size is not None else "dynamic"
     batching = packing_batching(packing)
     if batching == "dynamic" and max_tokens_per_gpu is None:

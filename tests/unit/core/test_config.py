@@ -69,7 +69,8 @@ def test_decide_batching_truth_table(kwargs, batching):
     ({}, r"set exactly one of micro_batch_size .* got micro_batch_size=None, "
          r"max_tokens_per_gpu=None"),
     ({"micro_batch_size": 4, "max_tokens_per_gpu": 4096},
-     r"set exactly one of micro_batch_size .* got micro_batch_size=4, max_tokens_per_gpu=4096"),
+     r"set exactly one of micro_batch_size .* got micro_batch_size=4, max_tokens_per_gpu=4096; "
+     r"to let a packing pick, pass both with packing= to batching_fields"),
     ({"max_tokens_per_gpu": 4096, "packing": "static"},
      r"packing='static' needs micro_batch_size \(static batching\); with max_tokens_per_gpu "
      r"use a dynamic packing such as 'first_fit'"),
