@@ -11,7 +11,8 @@ compared in seconds rather than FLOPs ratios:
   its backward pass: many small micro-batches are not free;
 - with ``pp > 1`` stages a DP rank runs the non-interleaved 1F1B schedule
   (each stage: warm-up forwards, then one-forward-one-backward, then
-  cool-down backwards), simulated operation by operation, so the pipeline
+  cool-down backwards), simulated operation by operation
+  (:func:`varbatch_kit.policies.pipeline.one_f_one_b`), so the pipeline
   bubble grows with unequal micro-batches and with few micro-batches;
 - all DP ranks synchronise at the end of the step (gradient all-reduce):
   the step takes as long as the slowest rank; the others wait
@@ -62,6 +63,7 @@ from varbatch_kit.core.schedule import Schedule, build_schedule
 from varbatch_kit.policies.dynamic_cp import CPCostModel, group_timeline
 from varbatch_kit.policies.order import apply_order
 from varbatch_kit.policies.packers import aligned_count
+from varbatch_kit.policies.pipeline import one_f_one_b
 
 __all__ = [
     "HARDWARE",
@@ -69,7 +71,6 @@ __all__ = [
     "SimulationResult",
     "compare_cp_modes",
     "cp_cost_model_for",
-    "one_f_one_b",
     "simulate",
     "simulate_with_cost_model",
     "simulated_step_time_bound",
@@ -152,76 +153,6 @@ def _params(hardware, efficiency, microbatch_overhead_s, pp, tp, step_overhead_s
         raise ValueError(f"backward_factor must be >= 0, got {backward_factor!r}")
     return _Params(prof, float(efficiency), float(microbatch_overhead_s), int(pp), int(tp),
                    float(step_overhead_s), float(backward_factor))
-
-
-def one_f_one_b(t_fwd: np.ndarray, t_bwd: np.ndarray, pp: int):
-    """Simulate non-interleaved 1F1B on ``pp`` stages for many ranks at once.
-
-    Parameters
-    ----------
-    t_fwd, t_bwd:
-        ``(ranks, m)`` per-stage forward and backward times of each rank's
-        micro-batches, in training order (every stage holds an equal share of
-        the layers).
-    pp:
-        Pipeline stages.
-
-    Returns
-    -------
-    ``(start, end, finish)``: ``(ranks, m)`` start of each micro-batch's
-    first-stage forward and end of its first-stage backward, and
-    ``(ranks,)`` the time the rank's last operation ends.
-    """
-    t_fwd = np.asarray(t_fwd, dtype=np.float64)
-    t_bwd = np.asarray(t_bwd, dtype=np.float64)
-    ranks, m = t_fwd.shape
-    if pp == 1 or m == 0:
-        ends = np.cumsum(t_fwd + t_bwd, axis=1)
-        starts = ends - (t_fwd + t_bwd)
-        finish = ends[:, -1] if m else np.zeros(ranks)
-        return starts, ends, finish
-    ops = []
-    for s in range(pp):
-        w = min(pp - s - 1, m)
-        seq = [("F", j) for j in range(w)]
-        for i in range(m - w):
-            seq += [("F", w + i), ("B", i)]
-        seq += [("B", j) for j in range(m - w, m)]
-        ops.append(seq)
-    f_end = [[None] * m for _ in range(pp)]
-    b_end = [[None] * m for _ in range(pp)]
-    f_start0 = np.zeros((ranks, m))
-    free = [np.zeros(ranks) for _ in range(pp)]
-    ptr = [0] * pp
-    remaining = sum(len(o) for o in ops)
-    while remaining:
-        progressed = False
-        for s in range(pp):
-            while ptr[s] < len(ops[s]):
-                kind, j = ops[s][ptr[s]]
-                if kind == "F":
-                    dep = np.zeros(ranks) if s == 0 else f_end[s - 1][j]
-                else:
-                    dep = f_end[s][j] if s == pp - 1 else b_end[s + 1][j]
-                if dep is None:
-                    break
-                start = np.maximum(free[s], dep)
-                if kind == "F":
-                    end = start + t_fwd[:, j]
-                    f_end[s][j] = end
-                    if s == 0:
-                        f_start0[:, j] = start
-                else:
-                    end = start + t_bwd[:, j]
-                    b_end[s][j] = end
-                free[s] = end
-                ptr[s] += 1
-                remaining -= 1
-                progressed = True
-        assert progressed, "1F1B simulation deadlocked"
-    end0 = np.stack(b_end[0], axis=1)
-    finish = np.max(np.stack(free, axis=0), axis=0)
-    return f_start0, end0, finish
 
 
 def cp_cost_model_for(model: ModelShape, hardware: str | HardwareProfile = "H100",
