@@ -17,6 +17,7 @@ import plotly.graph_objects as go
 
 from varbatch_kit.core.config import ScheduleConfig
 from varbatch_kit.core.flops import ModelShape, available_presets
+from varbatch_kit.core.hardware import HARDWARE
 from varbatch_kit.core.rollouts import Rollouts
 from varbatch_kit.core.schedule import Schedule, build_schedule
 from varbatch_kit.policies.registry import DISTRIBUTIONS, PACKERS
@@ -64,11 +65,7 @@ MB_GROUP_CHOICES = [1, 2, 4, 8]
 
 
 def _hardware_profiles() -> list[str]:
-    """Hardware profile names of the step-time simulator, or [] when it is not installed."""
-    try:
-        from varbatch_kit.analysis.simulate import HARDWARE
-    except ImportError:
-        return []
+    """Hardware profile names of the step-time simulator."""
     return list(HARDWARE)
 
 
