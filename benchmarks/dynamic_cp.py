@@ -33,7 +33,8 @@ from pathlib import Path
 import numpy as np
 
 from varbatch_kit import ModelShape, Rollouts, ScheduleConfig, build_schedule
-from varbatch_kit.analysis.simulate import HARDWARE, cp_cost_model_for, simulate
+from varbatch_kit.analysis.simulate import simulate
+from varbatch_kit.core.hardware import HARDWARE, cp_cost_model
 from varbatch_kit.core.traces import bundled_traces, read_trace
 
 LAYOUTS = [(8, 4), (16, 8)]
@@ -75,7 +76,7 @@ def one(rollouts: Rollouts, gbs: int, dp: int, cp: int, model: ModelShape, hw) -
     cfg = ScheduleConfig(dp=dp, cp=cp, max_tokens_per_gpu=CAP, global_batch_size=gbs,
                          packing="balanced", cp_mode="dynamic")
     t0 = time.perf_counter()
-    dyn = build_schedule(rollouts, cfg, model, cp_cost=cp_cost_model_for(model, hw)).check()
+    dyn = build_schedule(rollouts, cfg, model, cp_cost=cp_cost_model(model, hw)).check()
     row["plan_s"] = time.perf_counter() - t0
     sim = simulate(dyn, hardware=hw, timelines=False)
     row["dynamic_s"] = sim.total_time_s

@@ -56,6 +56,11 @@ import pandas as pd
 
 from varbatch_kit import ModelShape, ScheduleConfig, build_schedule
 from varbatch_kit.analysis.quality import plan_quality
+from varbatch_kit.core.hardware import (
+    DEFAULT_EFFICIENCY,
+    DEFAULT_MICROBATCH_OVERHEAD_S,
+    HARDWARE,
+)
 from varbatch_kit.core.schedule import step_rollout_groups
 from varbatch_kit.core.traces import bundled_traces, read_trace
 from varbatch_kit.policies.peers import PEER_SCHEDULERS, PEER_SOURCES, PeerRefusal
@@ -83,11 +88,13 @@ class _InlineCost:
                                                                                       float)
 
 
-def uncalibrated(model: ModelShape = MODEL, peak_flops: float = 989e12, efficiency: float = 0.45,
-                 overhead_s: float = 0.004) -> _InlineCost:
+def uncalibrated(model: ModelShape = MODEL, peak_flops: float = HARDWARE["H100"].peak_flops,
+                 efficiency: float = DEFAULT_EFFICIENCY,
+                 overhead_s: float = DEFAULT_MICROBATCH_OVERHEAD_S) -> _InlineCost:
     """Coefficients from the FLOPs estimate: forward + backward = 3x forward at
-    ``peak * efficiency`` (H100 dense bf16, 0.45: the bench's simulator settings),
-    plus 4 ms per micro-batch. ``forward_flops(L) = a L + b L^2`` is read off two lengths.
+    ``peak * efficiency`` (the H100 profile's dense bf16 peak at the simulator's default
+    efficiency, 0.45), plus its default 4 ms per micro-batch. ``forward_flops(L) = a L + b L^2``
+    is read off two lengths.
     """
     f1, f2 = (float(x) for x in model.forward_flops(np.array([1000, 2000])))
     b = (f2 - 2 * f1) / (2000.0**2 - 2 * 1000.0**2)

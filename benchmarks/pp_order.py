@@ -33,7 +33,8 @@ import numpy as np
 from varbatch_kit import ModelShape, Rollouts, ScheduleConfig, build_schedule
 from varbatch_kit.analysis.simulate import simulate
 from varbatch_kit.core.traces import bundled_traces, read_trace
-from varbatch_kit.policies.order import min_bubble, pipeline_makespan
+from varbatch_kit.policies.order import min_bubble
+from varbatch_kit.policies.pipeline import pipeline_makespan
 
 OUT = Path("build/bench/pp_order.json")
 ORDERS = ("arrival", "small_ends", "min_bubble")

@@ -11,7 +11,8 @@ compared in seconds rather than FLOPs ratios:
   its backward pass: many small micro-batches are not free;
 - with ``pp > 1`` stages a DP rank runs the non-interleaved 1F1B schedule
   (each stage: warm-up forwards, then one-forward-one-backward, then
-  cool-down backwards), simulated operation by operation, so the pipeline
+  cool-down backwards), simulated operation by operation
+  (:func:`varbatch_kit.policies.pipeline.one_f_one_b`), so the pipeline
   bubble grows with unequal micro-batches and with few micro-batches;
 - all DP ranks synchronise at the end of the step (gradient all-reduce):
   the step takes as long as the slowest rank; the others wait
@@ -56,67 +57,29 @@ from varbatch_kit.analysis.cost_model import MicroBatchCostModel
 from varbatch_kit.analysis.quality import micro_batch_arrays
 from varbatch_kit.core.config import ScheduleConfig
 from varbatch_kit.core.flops import ModelShape
-from varbatch_kit.core.placement import cp_cost_model
+from varbatch_kit.core.hardware import (
+    DEFAULT_BACKWARD_FACTOR,
+    DEFAULT_EFFICIENCY,
+    DEFAULT_HARDWARE,
+    DEFAULT_MICROBATCH_OVERHEAD_S,
+    HardwareProfile,
+    cp_cost_model,
+    hardware_profile,
+)
 from varbatch_kit.core.rollouts import Rollouts
 from varbatch_kit.core.schedule import Schedule, build_schedule
 from varbatch_kit.policies.dynamic_cp import CPCostModel, group_timeline
 from varbatch_kit.policies.order import apply_order
 from varbatch_kit.policies.packers import aligned_count
+from varbatch_kit.policies.pipeline import one_f_one_b
 
 __all__ = [
-    "HARDWARE",
-    "HardwareProfile",
     "SimulationResult",
     "compare_cp_modes",
-    "cp_cost_model_for",
-    "one_f_one_b",
     "simulate",
     "simulate_with_cost_model",
     "simulated_step_time_bound",
 ]
-
-
-@dataclass(frozen=True)
-class HardwareProfile:
-    """One accelerator: dense BF16 peak (FLOP/s per GPU) and memory.
-
-    Context parallelism: ``cp_bandwidth_Bps`` is the bandwidth a rank's
-    ring sends and receives KV chunks at (within a node), ``cp_latency_s``
-    the fixed cost of one ring step in one layer (launch and synchronisation),
-    ``cp_overlap`` the share of the attention time that hides the ring.
-    """
-
-    name: str
-    peak_flops: float
-    memory_gib: float
-    description: str = ""
-    cp_bandwidth_Bps: float = 200e9
-    cp_latency_s: float = 20e-6
-    cp_overlap: float = 1.0
-
-
-#: Built-in profiles (dense BF16 tensor-core peaks from the vendors' data sheets).
-HARDWARE: dict[str, HardwareProfile] = {
-    "H100": HardwareProfile("H100", 989e12, 80,
-                            "NVIDIA H100 SXM: ~989 TFLOP/s dense BF16, 80 GB HBM3"),
-    "H200": HardwareProfile("H200", 989e12, 141,
-                            "NVIDIA H200 SXM: same compute as H100 (~989 TFLOP/s dense BF16), "
-                            "141 GB HBM3e"),
-    "A100": HardwareProfile("A100", 312e12, 80,
-                            "NVIDIA A100 SXM: 312 TFLOP/s dense BF16, 80 GB HBM2e",
-                            cp_bandwidth_Bps=120e9),
-}
-# H100/H200: NVLink 4 (450 GB/s per direction), of which a P2P ring reaches ~200 GB/s;
-# A100: NVLink 3 (300 GB/s per direction), ~120 GB/s.
-
-
-def _profile(hardware: str | HardwareProfile) -> HardwareProfile:
-    if isinstance(hardware, HardwareProfile):
-        return hardware
-    if hardware not in HARDWARE:
-        raise ValueError(f"unknown hardware {hardware!r}; choose one of {sorted(HARDWARE)} "
-                         "or pass a HardwareProfile")
-    return HARDWARE[hardware]
 
 
 @dataclass(frozen=True)
@@ -137,7 +100,7 @@ class _Params:
 
 def _params(hardware, efficiency, microbatch_overhead_s, pp, tp, step_overhead_s,
             backward_factor) -> _Params:
-    prof = _profile(hardware)
+    prof = hardware_profile(hardware)
     if not (isinstance(efficiency, (int, float)) and 0 < efficiency <= 1):
         raise ValueError(
             f"efficiency must be in (0, 1] (share of peak reached), got {efficiency!r}")
@@ -154,95 +117,9 @@ def _params(hardware, efficiency, microbatch_overhead_s, pp, tp, step_overhead_s
                    float(step_overhead_s), float(backward_factor))
 
 
-def one_f_one_b(t_fwd: np.ndarray, t_bwd: np.ndarray, pp: int):
-    """Simulate non-interleaved 1F1B on ``pp`` stages for many ranks at once.
-
-    Parameters
-    ----------
-    t_fwd, t_bwd:
-        ``(ranks, m)`` per-stage forward and backward times of each rank's
-        micro-batches, in training order (every stage holds an equal share of
-        the layers).
-    pp:
-        Pipeline stages.
-
-    Returns
-    -------
-    ``(start, end, finish)``: ``(ranks, m)`` start of each micro-batch's
-    first-stage forward and end of its first-stage backward, and
-    ``(ranks,)`` the time the rank's last operation ends.
-    """
-    t_fwd = np.asarray(t_fwd, dtype=np.float64)
-    t_bwd = np.asarray(t_bwd, dtype=np.float64)
-    ranks, m = t_fwd.shape
-    if pp == 1 or m == 0:
-        ends = np.cumsum(t_fwd + t_bwd, axis=1)
-        starts = ends - (t_fwd + t_bwd)
-        finish = ends[:, -1] if m else np.zeros(ranks)
-        return starts, ends, finish
-    ops = []
-    for s in range(pp):
-        w = min(pp - s - 1, m)
-        seq = [("F", j) for j in range(w)]
-        for i in range(m - w):
-            seq += [("F", w + i), ("B", i)]
-        seq += [("B", j) for j in range(m - w, m)]
-        ops.append(seq)
-    f_end = [[None] * m for _ in range(pp)]
-    b_end = [[None] * m for _ in range(pp)]
-    f_start0 = np.zeros((ranks, m))
-    free = [np.zeros(ranks) for _ in range(pp)]
-    ptr = [0] * pp
-    remaining = sum(len(o) for o in ops)
-    while remaining:
-        progressed = False
-        for s in range(pp):
-            while ptr[s] < len(ops[s]):
-                kind, j = ops[s][ptr[s]]
-                if kind == "F":
-                    dep = np.zeros(ranks) if s == 0 else f_end[s - 1][j]
-                else:
-                    dep = f_end[s][j] if s == pp - 1 else b_end[s + 1][j]
-                if dep is None:
-                    break
-                start = np.maximum(free[s], dep)
-                if kind == "F":
-                    end = start + t_fwd[:, j]
-                    f_end[s][j] = end
-                    if s == 0:
-                        f_start0[:, j] = start
-                else:
-                    end = start + t_bwd[:, j]
-                    b_end[s][j] = end
-                free[s] = end
-                ptr[s] += 1
-                remaining -= 1
-                progressed = True
-        assert progressed, "1F1B simulation deadlocked"
-    end0 = np.stack(b_end[0], axis=1)
-    finish = np.max(np.stack(free, axis=0), axis=0)
-    return f_start0, end0, finish
-
-
-def cp_cost_model_for(model: ModelShape, hardware: str | HardwareProfile = "H100",
-                      efficiency: float = 0.45, microbatch_overhead_s: float = 0.004, *,
-                      tp: int = 1, backward_factor: float = 2.0) -> CPCostModel:
-    """The CP cost model :func:`simulate` uses with these settings.
-
-    Pass it as ``build_schedule(..., cp_cost=...)`` so that a dynamic-CP plan
-    is made for the settings it is simulated with (the defaults agree).
-    """
-    p = _params(hardware, efficiency, microbatch_overhead_s, 1, tp, 0.0, backward_factor)
-    return _cost(model, p)
-
-
 def _cost(model: ModelShape, p: _Params) -> CPCostModel:
-    prof = p.profile
-    return cp_cost_model(model, peak_flops=prof.peak_flops, efficiency=p.efficiency,
-                         microbatch_overhead_s=p.microbatch_overhead_s,
-                         backward_factor=p.backward_factor,
-                         cp_bandwidth_Bps=prof.cp_bandwidth_Bps, cp_latency_s=prof.cp_latency_s,
-                         cp_overlap=prof.cp_overlap, tp=p.tp)
+    return cp_cost_model(model, p.profile, p.efficiency, p.microbatch_overhead_s, tp=p.tp,
+                         backward_factor=p.backward_factor)
 
 
 def _mb_sq_tokens(schedule: Schedule, step) -> np.ndarray:
@@ -291,14 +168,14 @@ def _check_schedule(schedule: Schedule) -> None:
 
 def simulated_step_time_bound(
     schedule: Schedule,
-    hardware: str | HardwareProfile = "H100",
-    efficiency: float = 0.45,
-    microbatch_overhead_s: float = 0.004,
+    hardware: str | HardwareProfile = DEFAULT_HARDWARE,
+    efficiency: float = DEFAULT_EFFICIENCY,
+    microbatch_overhead_s: float = DEFAULT_MICROBATCH_OVERHEAD_S,
     pp: int | None = None,
     *,
     tp: int = 1,
     step_overhead_s: float = 0.0,
-    backward_factor: float = 2.0,
+    backward_factor: float = DEFAULT_BACKWARD_FACTOR,
 ) -> np.ndarray:
     """Per step, the simulated time of a perfect schedule of the same step (see module doc)."""
     _check_schedule(schedule)
@@ -417,14 +294,14 @@ def _run_steps(schedule: Schedule, stage_times, bound_of, *, pp: int, step_overh
 
 def simulate(
     schedule: Schedule,
-    hardware: str | HardwareProfile = "H100",
-    efficiency: float = 0.45,
-    microbatch_overhead_s: float = 0.004,
+    hardware: str | HardwareProfile = DEFAULT_HARDWARE,
+    efficiency: float = DEFAULT_EFFICIENCY,
+    microbatch_overhead_s: float = DEFAULT_MICROBATCH_OVERHEAD_S,
     pp: int | None = None,
     *,
     tp: int = 1,
     step_overhead_s: float = 0.0,
-    backward_factor: float = 2.0,
+    backward_factor: float = DEFAULT_BACKWARD_FACTOR,
     timelines: bool = True,
     order: str | None = None,
 ) -> SimulationResult:
@@ -435,8 +312,9 @@ def simulate(
     schedule:
         Built with a model shape (its FLOPs drive the model).
     hardware:
-        A key of :data:`HARDWARE` (``"H100"``, ``"H200"``, ``"A100"``), a
-        :class:`HardwareProfile`, or a measured
+        A key of :data:`varbatch_kit.core.hardware.HARDWARE` (``"H100"``,
+        ``"H200"``, ``"A100"``), a :class:`~varbatch_kit.core.hardware.HardwareProfile`,
+        or a measured
         :class:`~varbatch_kit.analysis.cost_model.MicroBatchCostModel`
         (then ``efficiency``, ``microbatch_overhead_s``, ``tp`` and
         ``backward_factor`` do not apply: :func:`simulate_with_cost_model`).
@@ -572,14 +450,15 @@ def _simulate_dynamic(schedule: Schedule, p: _Params, timelines: bool) -> Simula
 
 
 def compare_cp_modes(rollouts: Rollouts, config: ScheduleConfig, model: ModelShape,
-                     hardware: str | HardwareProfile = "H100", efficiency: float = 0.45,
-                     microbatch_overhead_s: float = 0.004, *, tp: int = 1,
-                     backward_factor: float = 2.0):
+                     hardware: str | HardwareProfile = DEFAULT_HARDWARE,
+                     efficiency: float = DEFAULT_EFFICIENCY,
+                     microbatch_overhead_s: float = DEFAULT_MICROBATCH_OVERHEAD_S, *, tp: int = 1,
+                     backward_factor: float = DEFAULT_BACKWARD_FACTOR):
     """Fixed vs dynamic CP for one layout: a pandas table indexed ``fixed``, ``dynamic``.
 
     Both schedules use ``config`` (its ``cp_mode`` replaced); the dynamic one is
     planned with the cost model of these simulator settings
-    (:func:`cp_cost_model_for`). Columns: ``time_s``, ``bound_s``, ``ratio``
+    (:func:`varbatch_kit.core.hardware.cp_cost_model`). Columns: ``time_s``, ``bound_s``, ``ratio``
     (time / bound), ``micro_batches`` (all steps), ``rounds`` (per step, mean),
     ``share_c1`` (share of samples trained without CP), ``speedup`` (fixed
     time / this time).
@@ -590,7 +469,7 @@ def compare_cp_modes(rollouts: Rollouts, config: ScheduleConfig, model: ModelSha
         raise ValueError(f"config must be a ScheduleConfig, got {type(config).__name__}")
     kw = dict(hardware=hardware, efficiency=efficiency, microbatch_overhead_s=microbatch_overhead_s,
               tp=tp, backward_factor=backward_factor)
-    cost = cp_cost_model_for(model, **kw)
+    cost = cp_cost_model(model, **kw)
     rows = {}
     for mode in ("fixed", "dynamic"):
         sched = build_schedule(rollouts, config.with_(cp_mode=mode), model,

@@ -31,6 +31,7 @@ import numpy as np
 
 from varbatch_kit.core.config import ScheduleConfig
 from varbatch_kit.core.flops import ModelShape
+from varbatch_kit.core.hardware import DEFAULT_HARDWARE
 from varbatch_kit.core.rollouts import Rollouts
 from varbatch_kit.core.schedule import build_schedule
 
@@ -265,7 +266,8 @@ class SimulatedComparison:
 
 def simulated_comparison(rollouts: Rollouts, config: ScheduleConfig, model: ModelShape,
                          policies: Sequence[tuple[str, str]] | None = None, *,
-                         hardware: str = "H100", **simulate_kwargs: Any) -> SimulatedComparison:
+                         hardware: str = DEFAULT_HARDWARE,
+                         **simulate_kwargs: Any) -> SimulatedComparison:
     """Simulated step times of several policies on one layout, against a perfect schedule.
 
     Every policy (default :func:`policy_pairs` for the config's path) is

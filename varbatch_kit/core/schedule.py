@@ -24,7 +24,8 @@ import numpy as np
 
 from varbatch_kit.core.config import ScheduleConfig
 from varbatch_kit.core.flops import ModelShape
-from varbatch_kit.core.placement import Placement, RankWork, cp_cost_model
+from varbatch_kit.core.hardware import cp_cost_model
+from varbatch_kit.core.placement import Placement, RankWork
 from varbatch_kit.core.rollouts import Rollouts
 from varbatch_kit.policies.distributions import BinWeights
 from varbatch_kit.policies.dynamic_cp import CPCostModel, plan_dynamic_cp
@@ -572,10 +573,10 @@ def build_schedule(
     cp_cost:
         ``cp_mode="dynamic"`` only: the cost model the plans minimise the
         step's makespan under; defaults to
-        :func:`~varbatch_kit.core.placement.cp_cost_model` of ``model`` (the
-        simulator's default H100 figures). Pass
-        ``analysis.simulate.cp_cost_model_for(model, hardware, ...)`` to plan
-        for other simulator settings.
+        :func:`~varbatch_kit.core.hardware.cp_cost_model` of ``model`` (the
+        simulator's defaults: the H100 profile). Pass
+        ``cp_cost_model(model, hardware, efficiency, ...)`` to plan for other
+        simulator settings.
 
     Raises
     ------

@@ -57,6 +57,9 @@ __all__ = ["CPCostModel", "DynamicCPPlan", "group_timeline", "plan_dynamic_cp"]
 class CPCostModel:
     """Seconds a micro-batch keeps each rank of its CP group busy (forward + backward).
 
+    :func:`varbatch_kit.core.hardware.cp_cost_model` builds it from a model
+    shape and a hardware profile.
+
     Attributes
     ----------
     linear_s:
@@ -88,34 +91,6 @@ class CPCostModel:
                 raise ValueError(f"CPCostModel.{name} must be a finite number >= 0, got {v!r}")
         if not (isinstance(self.overlap, (int, float)) and 0 <= self.overlap <= 1):
             raise ValueError(f"CPCostModel.overlap must be in [0, 1], got {self.overlap!r}")
-
-    @classmethod
-    def from_flops(cls, linear_flops: float, attention_flops: float, *, rate: float,
-                   backward_factor: float = 2.0, kv_bytes_per_token: float = 0.0,
-                   num_layers: int = 1, bandwidth_Bps: float = math.inf,
-                   ring_latency_s: float = 0.0, microbatch_overhead_s: float = 0.0,
-                   overlap: float = 1.0, tp: int = 1) -> CPCostModel:
-        """From the forward FLOPs ``linear_flops * L + attention_flops * L**2`` of a sample.
-
-        ``rate``: effective FLOP/s of one GPU; ``kv_bytes_per_token``: K and V
-        bytes of one token in one layer (split over ``tp`` ranks); the ring
-        passes them once forward and twice backward (K, V and their
-        gradients) at ``bandwidth_Bps``, and pays ``ring_latency_s`` per ring
-        step and layer, forward and backward.
-        """
-        if not (rate > 0 and math.isfinite(rate)):
-            raise ValueError(f"rate must be a positive FLOP/s figure, got {rate!r}")
-        if not bandwidth_Bps > 0:
-            raise ValueError(f"bandwidth_Bps must be > 0, got {bandwidth_Bps!r}")
-        passes = 1.0 + backward_factor
-        return cls(
-            linear_s=linear_flops * passes / (tp * rate),
-            attention_s=attention_flops * passes / (tp * rate),
-            comm_s=3.0 * num_layers * kv_bytes_per_token / (tp * bandwidth_Bps),
-            latency_s=2.0 * num_layers * ring_latency_s,
-            microbatch_overhead_s=microbatch_overhead_s,
-            overlap=overlap,
-        )
 
     def compute(self, tokens, sq_tokens, c):
         """Linear plus attention seconds per rank (no overhead, no communication)."""

@@ -28,9 +28,10 @@ Orders (:data:`ORDERS`, chosen by name):
     Never longer than ``arrival`` or ``small_ends`` under the model; ties go
     to the arrival order.
 
-:func:`pipeline_makespan` is the objective: an evaluator of the 1F1B
-dependency graph (longest path, communication free, every stage holding an
-equal share of the layers), vectorised over many candidate orders.
+:func:`~varbatch_kit.policies.pipeline.pipeline_makespan` is the objective:
+the makespan of the 1F1B simulator (:mod:`varbatch_kit.policies.pipeline`:
+communication free, every stage holding an equal share of the layers),
+vectorised over many candidate orders.
 """
 
 from __future__ import annotations
@@ -41,13 +42,14 @@ from functools import lru_cache
 
 import numpy as np
 
+from varbatch_kit.policies.pipeline import pipeline_makespan
+
 __all__ = [
     "EXACT_MAX",
     "ORDERS",
     "apply_order",
     "get_order",
     "min_bubble",
-    "pipeline_makespan",
     "small_ends",
 ]
 
@@ -56,79 +58,6 @@ EXACT_MAX = 8
 
 #: ``order(fwd, bwd, pp) -> perm``
 OrderFn = Callable[[np.ndarray, np.ndarray, int], np.ndarray]
-
-
-@lru_cache(maxsize=256)
-def _ops(pp: int, m: int) -> tuple[tuple[tuple[int, int, int, int, int], ...], tuple[int, ...]]:
-    """The 1F1B operations in a dependency-respecting order, and each stage's last one.
-
-    Each operation is ``(stage, kind, mb, same_stage_pred, cross_pred)``:
-    ``kind`` 0 = forward, 1 = backward; the predecessors are indices into
-    the list (-1: none). Built once per ``(pp, m)``: the graph does not
-    depend on the durations.
-    """
-    seqs = []
-    for s in range(pp):
-        warm = min(pp - s - 1, m)
-        seq = [(0, j) for j in range(warm)]
-        for i in range(m - warm):
-            seq += [(0, warm + i), (1, i)]
-        seq += [(1, j) for j in range(m - warm, m)]
-        seqs.append(seq)
-    index: dict[tuple[int, int, int], int] = {}
-    out: list[tuple[int, int, int, int, int]] = []
-    ptr = [0] * pp
-    total = sum(len(q) for q in seqs)
-    while len(out) < total:
-        moved = False
-        for s in range(pp):
-            while ptr[s] < len(seqs[s]):
-                kind, j = seqs[s][ptr[s]]
-                if kind == 0:
-                    dep = None if s == 0 else (s - 1, 0, j)
-                else:
-                    dep = (s, 0, j) if s == pp - 1 else (s + 1, 1, j)
-                if dep is not None and dep not in index:
-                    break
-                prev = index[(s, *seqs[s][ptr[s] - 1])] if ptr[s] else -1
-                index[(s, kind, j)] = len(out)
-                out.append((s, kind, j, prev, -1 if dep is None else index[dep]))
-                ptr[s] += 1
-                moved = True
-        if not moved:  # pragma: no cover - the 1F1B graph is acyclic
-            raise AssertionError("1F1B graph has a cycle")
-    finals = tuple(index[(s, *seqs[s][-1])] for s in range(pp))
-    return tuple(out), finals
-
-
-def pipeline_makespan(fwd: np.ndarray, bwd: np.ndarray, pp: int) -> np.ndarray:
-    """Makespan of non-interleaved 1F1B on ``pp`` stages, for one or many orders.
-
-    ``fwd``, ``bwd``: ``(..., m)`` per-stage forward and backward times of the
-    micro-batches *in training order* (each row one candidate). Returns the
-    ``(...)`` times at which the last operation ends. With ``pp = 1`` this is
-    the plain sum.
-    """
-    fwd = np.asarray(fwd, dtype=np.float64)
-    bwd = np.asarray(bwd, dtype=np.float64)
-    if fwd.shape != bwd.shape or fwd.ndim < 1:
-        raise ValueError(f"fwd and bwd must have the same shape (..., m); got {fwd.shape} "
-                         f"and {bwd.shape}")
-    pp = _check_pp(pp)
-    m = fwd.shape[-1]
-    if pp == 1 or m == 0:
-        return (fwd + bwd).sum(axis=-1)
-    dur = (np.moveaxis(fwd, -1, 0), np.moveaxis(bwd, -1, 0))
-    ops, finals = _ops(pp, m)
-    zero = np.zeros(fwd.shape[:-1])
-    ends: list[np.ndarray] = []
-    for _, kind, j, prev, dep in ops:
-        if prev < 0:
-            start = zero if dep < 0 else ends[dep]
-        else:
-            start = ends[prev] if dep < 0 else np.maximum(ends[prev], ends[dep])
-        ends.append(start + dur[kind][j])
-    return np.max(np.stack([ends[i] for i in finals]), axis=0)
 
 
 def _check_pp(pp) -> int:
@@ -228,7 +157,7 @@ def min_bubble(fwd, bwd, pp: int, *, exact_max: int = EXACT_MAX,
     none improves or ``max_rounds`` moves were made (default ``min(2 m,
     64)``, fewer for very long pipelines so that a search stays within about
     a second). The result is never worse than ``arrival`` or ``small_ends``
-    under :func:`pipeline_makespan`.
+    under :func:`~varbatch_kit.policies.pipeline.pipeline_makespan`.
     """
     fwd, bwd = _check_costs(fwd, bwd)
     pp = _check_pp(pp)

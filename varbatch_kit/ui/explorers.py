@@ -25,6 +25,7 @@ import plotly.graph_objects as go
 
 from varbatch_kit.core.config import ScheduleConfig, packing_batching
 from varbatch_kit.core.flops import ModelShape, available_presets
+from varbatch_kit.core.hardware import DEFAULT_HARDWARE, HARDWARE
 from varbatch_kit.core.rollouts import Rollouts
 from varbatch_kit.core.schedule import Schedule, build_schedule
 from varbatch_kit.policies.registry import DISTRIBUTIONS, PACKERS
@@ -72,11 +73,7 @@ MB_GROUP_CHOICES = [1, 2, 4, 8]
 
 
 def _hardware_profiles() -> list[str]:
-    """Hardware profile names of the step-time simulator, or [] when it is not installed."""
-    try:
-        from varbatch_kit.analysis.simulate import HARDWARE
-    except ImportError:
-        return []
+    """Hardware profile names of the step-time simulator."""
     return list(HARDWARE)
 
 
@@ -148,7 +145,7 @@ class PackingExplorer(Explorer):
     tokens``, ``cp_mode, rounds, fixed_rounds, degrees`` (micro-batches per
     CP degree), under dynamic CP with a model ``fixed_s, dynamic_s, speedup``
     (simulated seconds of all steps, :func:`varbatch_kit.analysis.simulate.simulate`
-    on its default H100 profile); and over the schedule ``steps, total_micro_batches`` (plus
+    on its default profile, H100); and over the schedule ``steps, total_micro_batches`` (plus
     ``error`` while one is shown).
     """
 
@@ -274,7 +271,7 @@ class PackingExplorer(Explorer):
         if config.cp_mode == "dynamic" and self.model is not None:
             from varbatch_kit.analysis.simulate import simulate
 
-            # the whole schedule on the default profile (H100), the one the planner's default
+            # the whole schedule on the default profile, the one the planner's default
             # cost model describes
             simulated = {k: simulate(s, timelines=False).total_time_s
                          for k, s in (("fixed", fixed), ("dynamic", schedule))}
@@ -355,8 +352,8 @@ class PackingExplorer(Explorer):
             parts.append(f"dynamic CP: {span('vbk-rounds', s['rounds'])} rounds "
                          f"(fixed {s['fixed_rounds']}), micro-batches per degree {degrees}")
             if "speedup" in s:
-                parts.append(f"simulated (H100, all steps): fixed {s['fixed_s']:.2f} s, dynamic "
-                             f"{s['dynamic_s']:.2f} s, "
+                parts.append(f"simulated ({DEFAULT_HARDWARE}, all steps): fixed "
+                             f"{s['fixed_s']:.2f} s, dynamic {s['dynamic_s']:.2f} s, "
                              f"{span('vbk-cp-speedup', format(s['speedup'], '.2f'))}× faster")
         self.summary.value = " · ".join(parts)
 

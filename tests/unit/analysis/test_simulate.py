@@ -4,39 +4,12 @@ import numpy as np
 import pytest
 
 from varbatch_kit import ModelShape, Rollouts, ScheduleConfig, build_schedule
-from varbatch_kit.analysis.simulate import (
-    HARDWARE,
-    HardwareProfile,
-    one_f_one_b,
-    simulate,
-    simulated_step_time_bound,
-)
+from varbatch_kit.analysis.simulate import simulate, simulated_step_time_bound
+from varbatch_kit.core.hardware import HardwareProfile
 
 TINY = ModelShape(num_layers=2, hidden_size=16, num_attention_heads=2, num_query_groups=2,
                   kv_channels=8, ffn_hidden_size=64, vocab_size=32)
 UNIT = HardwareProfile("unit", peak_flops=1.0, memory_gib=1.0)  # 1 FLOP/s: times = FLOPs
-
-
-def test_profiles():
-    assert HARDWARE["H100"].peak_flops == HARDWARE["H200"].peak_flops == 989e12
-    assert HARDWARE["H200"].memory_gib > HARDWARE["H100"].memory_gib
-
-
-def test_one_f_one_b_uniform_matches_formula():
-    # uniform micro-batches: (m + p - 1) * (t_fwd + t_bwd); traced by hand for m=4, p=2
-    start, end, finish = one_f_one_b(np.ones((1, 4)), 2 * np.ones((1, 4)), 2)
-    assert finish.tolist() == [15.0]
-    assert start.tolist() == [[0.0, 1.0, 6.0, 9.0]] and end.tolist() == [[6.0, 9.0, 12.0, 15.0]]
-    for m, p in ((1, 4), (3, 3), (8, 4)):
-        assert one_f_one_b(np.ones((2, m)), 2 * np.ones((2, m)), p)[2].tolist() == \
-            [3.0 * (m + p - 1)] * 2
-
-
-def test_one_f_one_b_single_stage_is_sequential():
-    tf = np.array([[1.0, 2.0, 3.0]])
-    start, end, finish = one_f_one_b(tf, 2 * tf, 1)
-    assert end.tolist() == [[3.0, 9.0, 18.0]] and start.tolist() == [[0.0, 3.0, 9.0]]
-    assert finish.tolist() == [18.0]
 
 
 def schedule_of(lengths, **cfg):

@@ -6,7 +6,7 @@ import pytest
 from varbatch_kit import ModelShape, ScheduleConfig, build_schedule
 from varbatch_kit.analysis.simulate import simulate
 from varbatch_kit.core.traces import bundled_traces, read_trace
-from varbatch_kit.policies.order import pipeline_makespan
+from varbatch_kit.policies.pipeline import pipeline_makespan
 
 MODEL = ModelShape.preset("qwen3-8b")
 

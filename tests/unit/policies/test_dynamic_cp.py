@@ -9,14 +9,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from varbatch_kit import ModelShape, Rollouts, ScheduleConfig, build_schedule
-from varbatch_kit.analysis.simulate import (
-    HARDWARE,
-    compare_cp_modes,
-    cp_cost_model_for,
-    simulate,
-    simulated_step_time_bound,
-)
-from varbatch_kit.core.placement import CP_DEFAULTS, cp_cost_model, kv_bytes_per_token
+from varbatch_kit.analysis.simulate import compare_cp_modes, simulate, simulated_step_time_bound
+from varbatch_kit.core.hardware import HARDWARE, HardwareProfile, cp_cost_model, kv_bytes_per_token
 from varbatch_kit.policies.dynamic_cp import CPCostModel, group_timeline, plan_dynamic_cp
 
 TINY = ModelShape(num_layers=2, hidden_size=16, num_attention_heads=2, num_query_groups=2,
@@ -45,27 +39,6 @@ def test_cost_model_by_hand():
     assert half.time(40, 400, 4) == pytest.approx(3 + 20 + 10 + (30 - 5) + 1.5)
     assert m.time1(40, 400, 4) == pytest.approx(float(m.time(40, 400, 4)))
     assert m.exposed_comm(40, 400, 1) == 0
-
-
-def test_cost_model_from_flops_and_shape():
-    m = CPCostModel.from_flops(10.0, 2.0, rate=4.0, backward_factor=2.0,
-                               kv_bytes_per_token=8.0, num_layers=3, bandwidth_Bps=2.0,
-                               ring_latency_s=0.1, microbatch_overhead_s=0.5, tp=2)
-    assert m.linear_s == pytest.approx(10 * 3 / 8) and m.attention_s == pytest.approx(2 * 3 / 8)
-    assert m.comm_s == pytest.approx(3 * 3 * 8 / (2 * 2)) and m.latency_s == pytest.approx(0.6)
-    # GQA: K and V of every group, bf16
-    assert kv_bytes_per_token(TINY) == 2 * 2 * 8 * 2
-    ds = ModelShape.preset("deepseek-v3")
-    assert kv_bytes_per_token(ds) == ds.num_attention_heads * (
-        ds.qk_head_dim + ds.qk_pos_emb_head_dim + ds.v_head_dim) * 2
-    c1, c2 = TINY.flops_coefficients()
-    cm = cp_cost_model(TINY)
-    rate = CP_DEFAULTS["peak_flops"] * CP_DEFAULTS["efficiency"]
-    assert cm.linear_s == pytest.approx(3 * c1 / rate) and cm.attention_s == pytest.approx(
-        3 * c2 / rate)
-    # the simulator's defaults give the same model as the planner's
-    assert cp_cost_model_for(TINY) == cm
-    assert HARDWARE["H100"].cp_bandwidth_Bps == CP_DEFAULTS["cp_bandwidth_Bps"]
 
 
 @pytest.mark.parametrize("kw, match", [
@@ -213,8 +186,6 @@ def test_simulated_dynamic_time_is_the_planned_makespan():
 def test_fixed_cp_simulation_pays_the_exposed_ring():
     # one micro-batch of two 40-token samples at cp=2 on a 1 FLOP/s GPU: the fixed
     # simulation adds the cost model's exposed ring seconds to the compute
-    from varbatch_kit.analysis.simulate import HardwareProfile
-
     slow = HardwareProfile("slow", peak_flops=1e6, memory_gib=1, cp_bandwidth_Bps=1.0,
                            cp_latency_s=0.0, cp_overlap=0.0)
     r = rollouts([40, 40])
