@@ -9,6 +9,7 @@ verl 0.9.1, areal 1.0.4 and openrlhf 0.11.2) are compared exactly.
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -112,3 +113,28 @@ def test_bench_step_time_is_the_slowest_rank_of_summed_micro_batches():
     u = uncalibrated()
     f = ModelShape.preset("qwen3-8b").forward_flops(np.array([3000]))[0]
     assert u.seconds(3000, 3000**2) == pytest.approx(0.004 + 3 * f / (989e12 * 0.45), rel=1e-9)
+
+
+def test_load_bare_skips_the_package_init(tmp_path, monkeypatch):
+    """The one loader of peer packages (the bench and scripts/record_peer_golden.py share it)."""
+    import sys
+
+    from benchmarks._peer_loading import load_bare
+
+    pkg = tmp_path / "fakepeer_vbk"
+    (pkg / "utils").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("raise RuntimeError('needs a GPU cluster')\n")
+    (pkg / "utils" / "__init__.py").write_text("raise RuntimeError('needs ray')\n")
+    (pkg / "utils" / "balancing.py").write_text("def twice(x):\n    return 2 * x\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    try:
+        mod = load_bare("fakepeer_vbk.utils.balancing")
+        assert mod.twice(21) == 42
+        assert mod.__file__ == str(pkg / "utils" / "balancing.py")
+        with pytest.raises(ModuleNotFoundError, match="package nopeer_vbk not found"):
+            load_bare("nopeer_vbk.utils.x")
+    finally:
+        for name in [n for n in sys.modules if n.startswith("fakepeer_vbk")]:
+            del sys.modules[name]
+    scripts = Path(__file__).resolve().parents[4] / "scripts" / "record_peer_golden.py"
+    assert "from benchmarks._peer_loading import load_bare" in scripts.read_text()
