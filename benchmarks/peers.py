@@ -40,20 +40,17 @@ needs ray and tensordict, AReaL's numba; OpenRLHF's needs only torch)::
 from __future__ import annotations
 
 import argparse
-import importlib
 import importlib.metadata
-import importlib.util
 import json
 import logging
-import os
 import sys
 import time
-import types
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
+from benchmarks._peer_loading import load_bare
 from varbatch_kit import ModelShape, ScheduleConfig, build_schedule
 from varbatch_kit.analysis.quality import plan_quality
 from varbatch_kit.core.hardware import (
@@ -135,23 +132,6 @@ def step_seconds(cm, rank_micro_batches, lengths) -> float:
 
 
 # ---------------------------------------------------------------------------- peer packages
-def _load_bare(module: str):
-    """Import ``module`` without running the ``__init__`` of the packages above it."""
-    parts = module.split(".")
-    if parts[0] in sys.modules:
-        root = Path(list(sys.modules[parts[0]].__path__)[0]).parent
-    else:
-        top = importlib.util.find_spec(parts[0])
-        root = Path(list(top.submodule_search_locations)[0]).parent
-    for i in range(1, len(parts)):
-        name = ".".join(parts[:i])
-        if name not in sys.modules:
-            m = types.ModuleType(name)
-            m.__path__ = [os.path.join(root, *parts[:i])]
-            sys.modules[name] = m
-    return importlib.import_module(module)
-
-
 def package_kernels(dirs: list[str]) -> tuple[dict, dict, list[str]]:
     """(kernels per peer, impl label per peer, notes) from the packages importable in ``dirs``."""
     for d in reversed(dirs):
@@ -166,13 +146,13 @@ def package_kernels(dirs: list[str]) -> tuple[dict, dict, list[str]]:
             return "?"
 
     try:
-        sb = _load_bare("verl.utils.seqlen_balancing")
+        sb = load_bare("verl.utils.seqlen_balancing")
         kernels["verl"] = {"kk": sb.get_seqlen_balanced_partitions}
         labels["verl"] = f"package verl=={version('verl')}"
     except Exception as e:  # noqa: BLE001 - any import failure means: use the transcription
         notes.append(f"verl package not importable ({type(e).__name__}: {e}); transcription")
     try:
-        sp = _load_bare("areal.utils.seqpack")
+        sp = load_bare("areal.utils.seqpack")
         sp.logger.setLevel(logging.ERROR)  # one warning line per KK fallback otherwise
         v = f"package areal=={version('areal')}"
         kernels["areal"] = {"dispatch": sp.balanced_greedy_partition,
@@ -183,7 +163,7 @@ def package_kernels(dirs: list[str]) -> tuple[dict, dict, list[str]]:
     except Exception as e:  # noqa: BLE001
         notes.append(f"areal package not importable ({type(e).__name__}: {e}); transcription")
     try:
-        ob = _load_bare("openrlhf.utils.seqlen_balancing")
+        ob = load_bare("openrlhf.utils.seqlen_balancing")
         kernels["openrlhf"] = {
             "count": lambda v, c: ob.get_minimum_num_micro_batch_size(v, c, 1, 1),
             "kk": ob.get_seqlen_balanced_partitions}

@@ -18,36 +18,21 @@ and everything they import are the packages' own, unchanged.
 from __future__ import annotations
 
 import argparse
-import importlib
 import importlib.metadata
 import json
-import os
 import sys
 import types
 from pathlib import Path
 
 import numpy as np
 
-OUT = Path(__file__).resolve().parents[1] / "tests" / "golden" / "peers"
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # benchmarks._peer_loading, run as a script from anywhere
+    sys.path.insert(0, str(ROOT))
 
+from benchmarks._peer_loading import load_bare  # noqa: E402
 
-def load(module: str):
-    """Import ``module`` without running the ``__init__`` of the packages above it."""
-    parts = module.split(".")
-    if parts[0] in sys.modules:
-        root = Path(list(sys.modules[parts[0]].__path__)[0]).parent
-    else:
-        top = importlib.util.find_spec(parts[0])
-        if top is None or not top.submodule_search_locations:
-            raise SystemExit(f"package {parts[0]} not found on PYTHONPATH")
-        root = Path(list(top.submodule_search_locations)[0]).parent
-    for i in range(1, len(parts)):
-        name = ".".join(parts[:i])
-        if name not in sys.modules:
-            m = types.ModuleType(name)
-            m.__path__ = [os.path.join(root, *parts[:i])]
-            sys.modules[name] = m
-    return importlib.import_module(module)
+OUT = ROOT / "tests" / "golden" / "peers"
 
 
 def lengths(rng, n, lo=16, hi=4000):
@@ -59,7 +44,7 @@ def lengths(rng, n, lo=16, hi=4000):
 
 
 def record_verl(rng, cases):
-    sb = load("verl.utils.seqlen_balancing")
+    sb = load_bare("verl.utils.seqlen_balancing")
     import torch
     from tensordict import TensorDict
 
@@ -88,7 +73,7 @@ def record_verl(rng, cases):
 
 
 def record_areal(rng, cases):
-    sp = load("areal.utils.seqpack")
+    sp = load_bare("areal.utils.seqpack")
     ffd, kk, greedy = [], [], []
     for _ in range(cases):
         n = int(rng.integers(1, 150))
@@ -116,7 +101,7 @@ def record_areal(rng, cases):
 
 
 def record_openrlhf(rng, cases):
-    sb = load("openrlhf.utils.seqlen_balancing")
+    sb = load_bare("openrlhf.utils.seqlen_balancing")
     kk, ff = [], []
     for _ in range(cases):
         n = int(rng.integers(1, 120))
@@ -129,7 +114,7 @@ def record_openrlhf(rng, cases):
                        "parts": sb.get_seqlen_balanced_partitions(vals, k, False)})
     import torch
 
-    ex = load("openrlhf.trainer.ppo_utils.experience")
+    ex = load_bare("openrlhf.trainer.ppo_utils.experience")
     inter = []
     for _ in range(cases):
         dp = int(rng.integers(1, 9))
@@ -165,7 +150,10 @@ def main(argv=None) -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     for i, peer in enumerate(args.peers.split(",")):
         rng = np.random.default_rng([args.seed, i])
-        data = RECORDERS[peer](rng, args.cases)
+        try:
+            data = RECORDERS[peer](rng, args.cases)
+        except ModuleNotFoundError as e:
+            raise SystemExit(f"{peer}: {e}") from None
         data["seed"] = [args.seed, i]
         path = args.out / f"{peer}.json"
         path.write_text(json.dumps(data, separators=(",", ":")) + "\n")

@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 
 from varbatch_kit import ModelShape
-from varbatch_kit.analysis import sweeps
+from varbatch_kit.analysis import invariance, sweeps
 from varbatch_kit.cli import demo
 from varbatch_kit.core.traces import bundled_traces, read_trace
 
@@ -134,7 +134,7 @@ def test_invariance_summary_trains_the_library_matrix_and_judges_it(monkeypatch)
 
     monkeypatch.setattr(train, "compare", fake_compare)
     text = demo.invariance_summary()
-    experiment = sweeps.invariance_experiment()
+    experiment = invariance.invariance_experiment()
     assert [(c.schedule, c.mode) for c in seen["configs"]] == experiment.runs()
     assert len(seen["rollouts"]) == len(experiment.rollouts)
     assert text.splitlines() == [

@@ -14,9 +14,9 @@ The summary is computed by the library, with the calls the notebooks make
 on the bundled traces (:func:`varbatch_kit.analysis.sweeps.policy_table_by_trace` and
 :func:`~varbatch_kit.analysis.sweeps.policy_pivot`, as notebook 02) when notebook 02
 ran, and the report-invariance verdict (the matrix of
-:func:`~varbatch_kit.analysis.sweeps.invariance_experiment` trained by
+:func:`~varbatch_kit.analysis.invariance.invariance_experiment` trained by
 :func:`varbatch_kit.train.compare`, judged by
-:func:`~varbatch_kit.analysis.sweeps.invariance_verdict`, as notebook 04; about half
+:func:`~varbatch_kit.analysis.invariance.invariance_verdict`, as notebook 04; about half
 a minute more on a 2-core CPU) when notebook 04 ran.
 
 Interactive explorers are shown in the HTML as static snapshots (their
@@ -109,16 +109,16 @@ def policy_summary(progress: bool = False) -> str:
 
 
 def invariance_summary(progress: bool = False) -> str:
-    """Train notebook 04's matrix (:func:`~varbatch_kit.analysis.sweeps.invariance_experiment`) and
-    give :func:`~varbatch_kit.analysis.sweeps.invariance_verdict`'s lines."""
-    from varbatch_kit.analysis import sweeps
+    """Train notebook 04's matrix (:func:`~varbatch_kit.analysis.invariance.invariance_experiment`)
+    and give :func:`~varbatch_kit.analysis.invariance.invariance_verdict`'s lines."""
+    from varbatch_kit.analysis import invariance
     from varbatch_kit.train import TrainConfig, compare
 
-    experiment = sweeps.invariance_experiment()
+    experiment = invariance.invariance_experiment()
     configs = [TrainConfig(schedule=s, mode=m, **experiment.train_kwargs)
                for s, m in experiment.runs()]
     table = compare(configs, experiment.rollouts, progress=progress)
-    return str(sweeps.invariance_verdict(table))
+    return str(invariance.invariance_verdict(table))
 
 
 #: the summary sections: (prefix of the notebook they go with, heading, text(progress=...))

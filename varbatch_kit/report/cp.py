@@ -39,11 +39,12 @@ of the degrees) that the per-token count uses (see
 from __future__ import annotations
 
 import math
-import operator
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
+
+from varbatch_kit.report.validation import as_int
 
 __all__ = [
     "ZigzagSlice",
@@ -92,29 +93,13 @@ class ZigzagSlice:
         return sum(end - start for start, end in self.response_ranges)
 
 
-def _as_int(name: str, value: object) -> int:
-    """``value`` as a Python int (numpy and 0-d torch integers accepted), else ValueError."""
-    integer = None
-    if isinstance(value, torch.Tensor):
-        if value.numel() == 1 and not value.is_floating_point() and value.dtype != torch.bool:
-            integer = int(value.item())
-    elif not isinstance(value, bool):
-        try:
-            integer = operator.index(value)  # type: ignore[arg-type]
-        except TypeError:
-            integer = None
-    if integer is None:
-        raise ValueError(f"{name}={value!r} is not an integer; pass an integer")
-    return integer
-
-
 def validate_cp(cp_rank: int, cp_size: int) -> tuple[int, int]:
     """Check ``cp_size >= 1`` and ``0 <= cp_rank < cp_size``; return both as ints.
 
     Raises ``ValueError`` naming the bad value otherwise.
     """
-    cp_size = _as_int("cp_size", cp_size)
-    cp_rank = _as_int("cp_rank", cp_rank)
+    cp_size = as_int("cp_size", cp_size)
+    cp_rank = as_int("cp_rank", cp_rank)
     if cp_size < 1:
         raise ValueError(f"cp_size={cp_size!r} is invalid; it must be an integer >= 1")
     if not 0 <= cp_rank < cp_size:
@@ -157,9 +142,9 @@ def per_sample_cp(
                     f"{name} has {len(items)} entries but there are {num_samples} samples; "
                     f"pass one int for every sample or one entry per sample"
                 )
-            out.append([_as_int(f"{name}[{i}]", v) for i, v in enumerate(items)])
+            out.append([as_int(f"{name}[{i}]", v) for i, v in enumerate(items)])
         else:
-            out.append([_as_int(name, value)] * num_samples)
+            out.append([as_int(name, value)] * num_samples)
     ranks, sizes = out
     for i, (r, c) in enumerate(zip(ranks, sizes)):
         try:
@@ -186,7 +171,7 @@ def reference_cp_size(cp_size: CpSizes) -> int:
         raise ValueError("cp_size is an empty sequence; pass an int or one degree per sample")
     k = 1
     for i, c in enumerate(items):
-        k = math.lcm(k, validate_cp(0, _as_int(f"cp_size[{i}]", c))[1])
+        k = math.lcm(k, validate_cp(0, as_int(f"cp_size[{i}]", c))[1])
     return k
 
 
@@ -199,8 +184,8 @@ def _check_response_fits(total_length: int, response_length: int) -> None:
 
 
 def _validate_lengths(total_length: int, response_length: int) -> tuple[int, int]:
-    total_length = _as_int("total_length", total_length)
-    response_length = _as_int("response_length", response_length)
+    total_length = as_int("total_length", total_length)
+    response_length = as_int("response_length", response_length)
     if total_length < 1:
         raise ValueError(f"total_length={total_length!r} is invalid; it must be an integer >= 1")
     if response_length < 0:
@@ -220,7 +205,7 @@ def _validate_lengths(total_length: int, response_length: int) -> tuple[int, int
 def zigzag_chunk_size(total_length: int, cp_size: int) -> int:
     """``ceil(total_length / (2 * cp_size))``: the length of each of the ``2*cp`` chunks."""
     _, cp_size = validate_cp(0, cp_size)
-    total_length = _as_int("total_length", total_length)
+    total_length = as_int("total_length", total_length)
     if total_length < 1:
         raise ValueError(f"total_length={total_length!r} is invalid; it must be an integer >= 1")
     return -(-total_length // (2 * cp_size))
@@ -271,8 +256,8 @@ def cp_local_response_length(
     """How many response tokens CP rank ``cp_rank`` sees (``response_length`` when cp=1)."""
     cp_rank, cp_size = validate_cp(cp_rank, cp_size)
     if cp_size == 1:
-        total_length = _as_int("total_length", total_length)
-        response_length = _as_int("response_length", response_length)
+        total_length = as_int("total_length", total_length)
+        response_length = as_int("response_length", response_length)
         _check_response_fits(total_length, response_length)
         return response_length
     return zigzag_slice(
@@ -318,7 +303,7 @@ def slice_response_for_cp(
     response_length = int(values.shape[0])
     cp_rank, cp_size = validate_cp(cp_rank, cp_size)
     if cp_size == 1:
-        _check_response_fits(_as_int("total_length", total_length), response_length)
+        _check_response_fits(as_int("total_length", total_length), response_length)
         return values
     s = zigzag_slice(total_length, response_length, cp_rank=cp_rank, cp_size=cp_size)
     (a0, a1), (b0, b1) = s.response_ranges

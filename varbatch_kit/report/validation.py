@@ -1,24 +1,44 @@
-"""Checks at the boundary of the report functions: per-sample lists, positive numbers."""
+"""Checks at the boundary of the report functions: integers, per-sample lists, positive numbers.
+
+:func:`as_int` is the one integer check of the report layer (also
+:mod:`varbatch_kit.report.cp`'s); each raises ``ValueError`` naming the argument.
+"""
 
 from __future__ import annotations
 
 import math
 import numbers
+import operator
 from collections.abc import Sequence
 
 import torch
-
-from varbatch_kit.report.cp import _as_int
 
 # ---------------------------------------------------------------------------
 # Validation at the boundary
 # ---------------------------------------------------------------------------
 
 
+def as_int(name: str, value: object) -> int:
+    """``value`` as a Python int (numpy and 0-d torch integers accepted), else ValueError."""
+    integer = None
+    if isinstance(value, torch.Tensor):
+        if value.numel() == 1 and not value.is_floating_point() and value.dtype != torch.bool:
+            integer = int(value.item())
+    elif not isinstance(value, bool):
+        try:
+            integer = operator.index(value)  # type: ignore[arg-type]
+        except TypeError:
+            integer = None
+    if integer is None:
+        raise ValueError(f"{name}={value!r} is not an integer; pass an integer")
+    return integer
+
+
 def int_list(name: str, values: Sequence[int] | torch.Tensor) -> list[int]:
+    """Every entry of ``values`` as a Python int (:func:`as_int`; ``name[i]`` in errors)."""
     if isinstance(values, torch.Tensor):
         values = values.tolist()
-    return [_as_int(f"{name}[{i}]", v) for i, v in enumerate(values)]
+    return [as_int(f"{name}[{i}]", v) for i, v in enumerate(values)]
 
 
 def check_samples(
@@ -51,6 +71,7 @@ def check_samples(
 
 
 def positive(name: str, value: float) -> float:
+    """``value`` as a positive finite float (a 1-element tensor accepted), else ValueError."""
     if isinstance(value, torch.Tensor) and value.numel() == 1:
         value = value.item()
     if isinstance(value, bool) or not isinstance(value, numbers.Real) or not value > 0:

@@ -3,7 +3,7 @@
 What slime's ``RolloutManager._convert_samples_to_train_data`` hands the
 trainer, for the fields that decide scheduling and loss normalisation
 (``docs/reference_semantics.md`` section 6). The conversion itself lives in
-the core (:func:`varbatch_kit.core.traces.slime_train_data`, which ``read_trace`` uses
+the core (:func:`varbatch_kit.core.slime_dumps.slime_train_data`, which ``read_trace`` uses
 for slime dumps); this adapter gives it slime's error type and wording.
 Checked against slime's own conversion on recorded dumps
 (``tests/golden/dumps/``).
@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from varbatch_kit.compat.slime.errors import SlimeCompatError
-from varbatch_kit.core.traces import SlimeSampleError, slime_train_data
+from varbatch_kit.core.slime_dumps import SlimeSampleError, slime_train_data
 
 __all__ = ["convert_samples_to_train_data"]
 

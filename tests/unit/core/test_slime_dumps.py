@@ -1,4 +1,4 @@
-"""slime debug rollout dumps read with the meaning slime's trainer gives them.
+"""slime debug rollout dumps (:mod:`varbatch_kit.core.slime_dumps`), read as slime's trainer does.
 
 The dumps in ``tests/golden/dumps/`` were written by slime's own
 ``save_debug_rollout_data`` from slime's real ``Sample`` objects, and each
@@ -29,7 +29,15 @@ from varbatch_kit.compat.slime import (
     build_dp_schedule,
     convert_samples_to_train_data,
 )
-from varbatch_kit.core.traces import TraceError, read_trace, slime_train_data, write_trace
+from varbatch_kit.core import traces
+from varbatch_kit.core.slime_dumps import (
+    SlimeSampleError,
+    flatten_slime_samples,
+    read_slime_dump,
+    slime_train_data,
+)
+from varbatch_kit.core.trace_errors import TraceError
+from varbatch_kit.core.traces import read_trace, write_trace
 from varbatch_kit.report import rollout_denominators
 
 GOLDEN = GOLDEN_ROOT / "dumps"
@@ -102,6 +110,33 @@ def test_read_trace_matches_slime(name):
     denoms = rollout_denominators(r.rollout_id.tolist(),
                                   [torch.as_tensor(m) for m in r.masks()])
     assert denoms.tolist() == [float(v) for v in td["rollout_mask_sums"]]
+
+
+@pytest.mark.parametrize("name", sorted(READABLE))
+def test_read_trace_hands_dumps_to_read_slime_dump(name):
+    path = GOLDEN / READABLE[name]["dump"]
+    direct, via = read_slime_dump(path), read_trace(path)
+    assert direct.total_len.tolist() == via.total_len.tolist()
+    assert direct.rollout_id.tolist() == via.rollout_id.tolist()
+    assert [m.tolist() for m in direct.masks()] == [m.tolist() for m in via.masks()]
+    pd.testing.assert_frame_equal(direct.extra, via.extra)
+
+
+def test_dump_module_names_stay_importable_from_traces(tmp_path):
+    assert traces.slime_train_data is slime_train_data
+    assert traces.SlimeSampleError is SlimeSampleError
+    assert traces.flatten_slime_samples is flatten_slime_samples
+    assert traces.TraceError is TraceError and issubclass(SlimeSampleError, TraceError)
+    with pytest.raises(TraceError, match="does not exist"):
+        read_slime_dump(tmp_path / "missing.pt")
+
+
+def test_flatten_keeps_the_nested_positions():
+    a, b, c = {"k": 0}, {"k": 1}, {"k": 2}
+    assert flatten_slime_samples([[a, b], [c]]) == ([a, b, c], [(0, 0), (0, 1), (1, 0)])
+    assert flatten_slime_samples([a, b]) == ([a, b], [(0,), (1,)])
+    with pytest.raises(SlimeSampleError, match="must be a list of sample dicts"):
+        flatten_slime_samples({"samples": []})
 
 
 @pytest.mark.parametrize("name", sorted(READABLE))
