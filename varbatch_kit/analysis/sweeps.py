@@ -29,10 +29,10 @@ from typing import Any
 
 import numpy as np
 
+from varbatch_kit.core.build import build_schedule
 from varbatch_kit.core.config import ScheduleConfig
 from varbatch_kit.core.flops import ModelShape
 from varbatch_kit.core.rollouts import Rollouts
-from varbatch_kit.core.schedule import build_schedule
 
 __all__ = [
     "REL_DIFF_COLUMNS",
