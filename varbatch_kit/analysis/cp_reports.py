@@ -1,7 +1,7 @@
 """Reports under no CP, fixed CP and dynamic CP of the same step: the invariance check.
 
 A step of a schedule becomes a *plan* (per world rank, per round: samples, CP
-degree, CP rank; :meth:`varbatch_kit.core.schedule.Step.rank_program`) and
+degree, CP rank; :meth:`varbatch_kit.core.step.Step.rank_program`) and
 :func:`varbatch_kit.report.report_under_plan` computes, in one process, the
 report every rank's micro-batch value vectors give. Under dynamic CP each
 sample is cut by the zigzag rule of its own degree; the sound report modes

@@ -7,7 +7,7 @@ runs them on seeded random inputs. Every vector is replayed here against
 - the slime-signature adapters of :mod:`varbatch_kit.compat.slime`;
 - the core they sit on (:mod:`varbatch_kit.policies.partition`,
   :mod:`varbatch_kit.policies.packers`, :mod:`varbatch_kit.core.flops`,
-  :func:`varbatch_kit.core.schedule.build_schedule`,
+  :func:`varbatch_kit.core.build.build_schedule`,
   :mod:`varbatch_kit.report.cp`, :mod:`varbatch_kit.report`);
 - the in-project plain-Python transcriptions
   (:func:`varbatch_kit.policies.partition.karmarkar_karp_reference` and
