@@ -123,7 +123,7 @@ def test_dynamic_hand_plan():
     with pytest.raises(ValueError, match="DP ranks"):
         sched.rank_layout()
     with pytest.raises(ValueError, match="has no DP ranks"):
-        st.dp_rank_bins
+        _ = st.dp_rank_bins
 
 
 def test_dynamic_idle_round_entries():

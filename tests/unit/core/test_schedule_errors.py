@@ -133,7 +133,7 @@ def test_check_catches_fixed_cp_plan_off_its_replicas():
     with pytest.raises(ScheduleInvariantError, match="not the fixed-CP shape"):
         sched.check()
     with pytest.raises(ValueError, match="has no DP ranks"):
-        sched.steps[0].dp_rank_bins
+        _ = sched.steps[0].dp_rank_bins
     with pytest.raises(ValueError, match="no DP ranks"):
         sched.rank_layout()
 
