@@ -23,7 +23,8 @@ from varbatch_kit.core.rollouts import Rollouts
 from varbatch_kit.core.step import Step
 from varbatch_kit.policies.registry import get_packer
 
-__all__ = ["RankLayout", "Schedule", "ScheduleInvariantError", "Step", "step_rollout_groups"]
+__all__ = ["RankLayout", "Schedule", "ScheduleInvariantError", "check_placements",
+           "step_rollout_groups"]
 
 
 class RankLayout(NamedTuple):
