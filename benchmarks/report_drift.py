@@ -92,7 +92,7 @@ def run(
             for step in schedule.steps:
                 idx = [int(i) for i in step.sample_indices]
                 local = {g: j for j, g in enumerate(idx)}
-                layout = [[[local[int(g)] for g in mb] for mb in rank] for rank in step.ranks]
+                layout = [[[local[int(g)] for g in mb] for mb in rank] for rank in step.dp_ranks]
                 args = (
                     torch.cat([values[i] for i in idx]),
                     [int(rollouts.total_len[i]) for i in idx],

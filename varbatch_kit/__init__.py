@@ -13,10 +13,12 @@ Main entry points::
 """
 
 from varbatch_kit._version import __version__
+from varbatch_kit.core.build import build_schedule
 from varbatch_kit.core.config import ScheduleConfig
 from varbatch_kit.core.flops import ModelShape, available_presets
 from varbatch_kit.core.rollouts import Rollouts
-from varbatch_kit.core.schedule import Schedule, ScheduleInvariantError, Step, build_schedule
+from varbatch_kit.core.schedule import Schedule, ScheduleInvariantError
+from varbatch_kit.core.step import Step
 
 __all__ = [
     "__version__",

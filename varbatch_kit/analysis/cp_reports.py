@@ -1,7 +1,7 @@
 """Reports under no CP, fixed CP and dynamic CP of the same step: the invariance check.
 
 A step of a schedule becomes a *plan* (per world rank, per round: samples, CP
-degree, CP rank; :meth:`varbatch_kit.core.schedule.Step.rank_program`) and
+degree, CP rank; :meth:`varbatch_kit.core.step.Step.rank_program`) and
 :func:`varbatch_kit.report.report_under_plan` computes, in one process, the
 report every rank's micro-batch value vectors give. Under dynamic CP each
 sample is cut by the zigzag rule of its own degree; the sound report modes
@@ -15,10 +15,11 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
+from varbatch_kit.core.build import build_schedule
 from varbatch_kit.core.config import ScheduleConfig
 from varbatch_kit.core.flops import ModelShape
 from varbatch_kit.core.rollouts import Rollouts
-from varbatch_kit.core.schedule import Step, build_schedule
+from varbatch_kit.core.step import Step
 from varbatch_kit.report import report_under_layout, report_under_plan
 
 __all__ = ["CP_CHECK_MODES", "cp_report_check", "step_programs"]
@@ -28,12 +29,11 @@ CP_CHECK_MODES = ("per_rollout_mean", "per_token", "token-mean", "seq-mean-token
                   "seq-mean-token-sum", "seq-mean-token-sum-norm")
 
 
-def step_programs(step: Step, cp: int) -> list[list[tuple[list[int], int, int]]]:
+def step_programs(step: Step) -> list[list[tuple[list[int], int, int]]]:
     """``programs[w][round] = (step-local samples, cp_size, cp_rank)`` for every world rank."""
     local = {int(g): i for i, g in enumerate(step.sample_indices)}
-    world = len(step.rank_bins) * (1 if step.placements is not None else int(cp))
     return [[([local[int(g)] for g in w.samples], int(w.cp_size), int(w.cp_rank))
-             for w in step.rank_program(r, cp)] for r in range(world)]
+             for w in step.rank_program(r)] for r in range(step.world_size)]
 
 
 def cp_report_check(rollouts: Rollouts, config: ScheduleConfig, model: ModelShape, *,
@@ -53,11 +53,7 @@ def cp_report_check(rollouts: Rollouts, config: ScheduleConfig, model: ModelShap
 
     plans = {}
     for kind in ("fixed", "dynamic"):
-        sched = build_schedule(rollouts, config.with_(cp_mode=kind), model)
-        if not 0 <= step < sched.num_steps:
-            raise ValueError(f"step={step!r} is out of range: the schedule has steps "
-                             f"0..{sched.num_steps - 1}")
-        plans[kind] = sched.steps[step]
+        plans[kind] = build_schedule(rollouts, config.with_(cp_mode=kind), model).step(step)
     st = plans["fixed"]
     idx = st.sample_indices
     if not np.array_equal(idx, plans["dynamic"].sample_indices):
@@ -69,10 +65,10 @@ def cp_report_check(rollouts: Rollouts, config: ScheduleConfig, model: ModelShap
     rids = [int(r) for r in rollouts.rollout_id[idx]]
     gen = torch.Generator().manual_seed(int(seed))
     values = torch.randn(sum(responses), generator=gen, dtype=torch.float64) * 10 + 1
-    programs = {k: step_programs(s, config.cp) for k, s in plans.items()}
+    programs = {k: step_programs(s) for k, s in plans.items()}
     args = (totals, responses, masks, rids)
     degrees: dict[int, int] = {}
-    for p in plans["dynamic"].placements or ():
+    for p in plans["dynamic"].placements:
         degrees[p.degree] = degrees.get(p.degree, 0) + 1
     rows = []
     for mode in modes:

@@ -11,9 +11,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from varbatch_kit.core.build import build_schedule
 from varbatch_kit.core.config import ScheduleConfig
 from varbatch_kit.core.rollouts import Rollouts
-from varbatch_kit.core.schedule import build_schedule
 from varbatch_kit.policies.optimal import MAX_SAMPLES, solve_min_max_rank_flops
 
 __all__ = ["SmallStep", "gap_to_optimal", "random_small_steps"]
@@ -69,14 +69,14 @@ def gap_to_optimal(step: SmallStep, model, policies=(("balanced", "balanced"),),
         sched = build_schedule(rollouts, cfg, model)
         st = sched.steps[0]
         m = st.num_microbatches
-        heur = max(float(sum(flops[mb].sum() for mb in rank)) for rank in st.ranks)
+        heur = max(float(sum(flops[mb].sum() for mb in rank)) for rank in st.dp_ranks)
         bins = [mb.tolist() for mb in st.micro_batches]
         key = m
         res = cache.get(key)
         if res is None or res.max_rank_flops > heur:
             res = solve_min_max_rank_flops(step.lengths, flops, step.cap, step.dp, m,
                                            time_limit_s=time_limit_s, relative_gap=relative_gap,
-                                           hint=(bins, st.rank_bins))
+                                           hint=(bins, st.dp_rank_bins))
             cache[key] = res
         best = min(res.max_rank_flops, heur)
         bound = min(max(res.lower_bound, float(flops.sum()) / step.dp, float(flops.max())), best)

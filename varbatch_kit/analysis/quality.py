@@ -41,11 +41,11 @@ def micro_batch_arrays(schedule: Schedule, step) -> dict[str, np.ndarray]:
     ``rank`` is the DP rank that trains it and ``pos`` its position in that
     rank's sequence; ``flops`` is NaN without a model shape.
     """
-    if step.placements is not None:
+    if not step.is_fixed_shape:
         raise ValueError(
             "micro_batch_arrays() gives each micro-batch one DP rank, and a dynamic-CP plan "
             "(cp_mode='dynamic') has none: use step.placements (round and CP group per "
-            "micro-batch) or step.rank_program(world_rank, cp)")
+            "micro-batch) or step.rank_program(world_rank)")
     lengths = schedule.rollouts.total_len
     mbs = step.micro_batches
     k = len(mbs)
@@ -61,7 +61,7 @@ def micro_batch_arrays(schedule: Schedule, step) -> dict[str, np.ndarray]:
         flops = np.full(k, np.nan)
     rank = np.empty(k, dtype=np.int64)
     pos = np.empty(k, dtype=np.int64)
-    for r, bins in enumerate(step.rank_bins):
+    for r, bins in enumerate(step.dp_rank_bins):
         rank[bins] = r
         pos[bins] = np.arange(len(bins))
     return {"tokens": tokens, "flops": flops, "samples": sizes, "max_len": max_len,

@@ -23,8 +23,9 @@ ring communication that the attention does not hide, plus a latency per
 ring step (:class:`~varbatch_kit.policies.dynamic_cp.CPCostModel`, with the
 profile's ``cp_bandwidth_Bps``, ``cp_latency_s`` and ``cp_overlap``): a third
 of it on the forward pass, two thirds on the backward pass, split over the
-pipeline stages. With ``cp = 1`` nothing changes. Dynamic-CP schedules
-(``cp_mode="dynamic"``, ``pp = 1``) are simulated on the pool of ``dp * cp``
+pipeline stages. With ``cp = 1`` nothing changes. A schedule with a step whose
+placements are not the fixed-CP shape (a dynamic-CP plan, ``cp_mode="dynamic"``;
+``pp = 1`` only) is simulated on the pool of ``dp * cp``
 ranks: each micro-batch keeps the ``c`` ranks of its group busy for
 ``CPCostModel.time``; a group starts when all its ranks are free (its
 collectives need every member), so a rank may idle waiting for its group;
@@ -55,6 +56,7 @@ import numpy as np
 
 from varbatch_kit.analysis.cost_model import MicroBatchCostModel
 from varbatch_kit.analysis.quality import micro_batch_arrays
+from varbatch_kit.core.build import build_schedule
 from varbatch_kit.core.config import ScheduleConfig
 from varbatch_kit.core.flops import ModelShape
 from varbatch_kit.core.hardware import (
@@ -67,7 +69,7 @@ from varbatch_kit.core.hardware import (
     hardware_profile,
 )
 from varbatch_kit.core.rollouts import Rollouts
-from varbatch_kit.core.schedule import Schedule, build_schedule
+from varbatch_kit.core.schedule import Schedule
 from varbatch_kit.policies.dynamic_cp import CPCostModel, group_timeline
 from varbatch_kit.policies.order import apply_order
 from varbatch_kit.policies.packers import aligned_count
@@ -166,6 +168,12 @@ def _check_schedule(schedule: Schedule) -> None:
                          "e.g. build_schedule(rollouts, config, ModelShape.preset('qwen3-8b'))")
 
 
+def _fixed_shape(schedule: Schedule) -> bool:
+    """Whether every step is the fixed-CP shape (DP ranks: the 1F1B model); any other plan
+    (dynamic CP) is simulated on the pool of ``dp * cp`` ranks, group by group."""
+    return all(st.is_fixed_shape for st in schedule.steps)
+
+
 def simulated_step_time_bound(
     schedule: Schedule,
     hardware: str | HardwareProfile = DEFAULT_HARDWARE,
@@ -182,7 +190,7 @@ def simulated_step_time_bound(
     pp = schedule.config.pp if pp is None else pp
     p = _params(hardware, efficiency, microbatch_overhead_s, pp, tp, step_overhead_s,
                 backward_factor)
-    if schedule.config.cp_mode == "dynamic":
+    if not _fixed_shape(schedule):
         return np.array([_dynamic_bound(schedule, st, _cost(schedule.model, p), p)
                          for st in schedule.steps])
     return np.array([_bound_for_step(schedule, st, micro_batch_arrays(schedule, st), p)
@@ -353,7 +361,7 @@ def simulate(
     if order is not None:
         apply_order(order, np.zeros(0), np.zeros(0), p.pp)  # validates the name
     cfg = schedule.config
-    if cfg.cp_mode == "dynamic":
+    if not _fixed_shape(schedule):
         return _simulate_dynamic(schedule, p, timelines)
     cost = _cost(schedule.model, p) if cfg.cp > 1 and schedule.model is not None else None
 
@@ -475,7 +483,7 @@ def compare_cp_modes(rollouts: Rollouts, config: ScheduleConfig, model: ModelSha
         sched = build_schedule(rollouts, config.with_(cp_mode=mode), model,
                                cp_cost=cost if mode == "dynamic" else None)
         sim = simulate(sched, timelines=False, **kw)
-        sizes = np.concatenate([s.sample_cp_sizes(config.cp) for s in sched.steps])
+        sizes = np.concatenate([s.sample_cp_sizes() for s in sched.steps])
         rows[mode] = {"time_s": sim.total_time_s, "bound_s": sim.total_bound_s,
                       "ratio": sim.total_time_s / sim.total_bound_s,
                       "micro_batches": int(sum(len(s.micro_batches) for s in sched.steps)),
@@ -550,9 +558,10 @@ def simulate_with_cost_model(
     if not isinstance(model, MicroBatchCostModel):
         raise ValueError(  # noqa: TRY004
             f"model must be a MicroBatchCostModel, got {type(model).__name__}")
-    if schedule.config.cp_mode != "fixed":
+    if not _fixed_shape(schedule):
         raise ValueError(f"cp_mode={schedule.config.cp_mode!r}: a MicroBatchCostModel simulates "
-                         "fixed-CP schedules only; use a hardware profile for dynamic CP")
+                         "fixed-CP plans only (every step's placements the fixed shape); use a "
+                         "hardware profile for dynamic CP")
     pp = schedule.config.pp if pp is None else pp
     if isinstance(pp, bool) or not isinstance(pp, (int, np.integer)) or pp < 1:
         raise ValueError(f"pp must be a positive integer, got {pp!r}")

@@ -29,23 +29,11 @@ from typing import Any
 
 import numpy as np
 
-# the invariance check moved to varbatch_kit.analysis.invariance; its names stay importable
-# from here (and from the stable path varbatch_kit.sweeps) for existing callers
-from varbatch_kit.analysis.invariance import (  # noqa: F401 (re-exported)
-    NAIVE_LABEL,
-    REL_DIFF_COLUMNS,
-    SOUND_LABEL,
-    InvarianceExperiment,
-    InvarianceVerdict,
-    invariance_experiment,
-    invariance_verdict,
-    worst_rel_diff,
-)
+from varbatch_kit.core.build import build_schedule
 from varbatch_kit.core.config import ScheduleConfig
 from varbatch_kit.core.flops import ModelShape
 from varbatch_kit.core.hardware import DEFAULT_HARDWARE
 from varbatch_kit.core.rollouts import Rollouts
-from varbatch_kit.core.schedule import build_schedule
 
 __all__ = [
     "SimulatedComparison",

@@ -234,7 +234,7 @@ def write_figures(out: Path, rollouts: Rollouts, config: ScheduleConfig, model: 
     is a ``ValueError``.
     """
     from varbatch_kit.cli.demo import write_index
-    from varbatch_kit.core.schedule import build_schedule
+    from varbatch_kit.core.build import build_schedule
     from varbatch_kit.ui import viz
 
     out.mkdir(parents=True, exist_ok=True)

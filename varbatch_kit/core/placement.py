@@ -1,14 +1,15 @@
-"""Where the micro-batches of a dynamic-CP step run, and what each rank does per round.
+"""Where the micro-batches of a step run, and what each rank does per round.
 
-Under ``ScheduleConfig(cp_mode="dynamic")`` a step's ``dp * cp`` ranks form one
-*pool* (world ranks ``0 .. dp*cp - 1``). The step runs in *rounds*: in each
-round the pool is split into disjoint CP groups, each running one
-micro-batch over its ``c`` ranks (ranks in no group are idle that round).
-Every rank runs the same number of rounds, so gradient synchronisation and
-pipeline schedules still line up.
+A step's ``dp * cp`` ranks form one *pool* (world ranks ``0 .. dp*cp - 1``).
+The step runs in *rounds*: in each round the pool is split into disjoint CP
+groups, each running one micro-batch over its ``c`` ranks (ranks in no group
+are idle that round). Every rank runs the same number of rounds, so gradient
+synchronisation and pipeline schedules still line up. Under fixed CP every
+micro-batch has degree ``cp`` and the CP replica of its DP rank as its group;
+under ``ScheduleConfig(cp_mode="dynamic")`` each has its own.
 
 :class:`Placement` says where one micro-batch runs; :class:`RankWork` is one
-entry of a rank's program (:meth:`varbatch_kit.core.schedule.Step.rank_program`).
+entry of a rank's program (:meth:`varbatch_kit.core.step.Step.rank_program`).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ __all__ = ["Placement", "RankWork"]
 
 @dataclass(frozen=True)
 class Placement:
-    """Where one micro-batch of a dynamic-CP step runs.
+    """Where one micro-batch of a step runs (its round and CP group).
 
     Attributes
     ----------

@@ -87,7 +87,7 @@ def _resolve_device(cfg: TrainConfig) -> str:
 
 def _validate(cfg: TrainConfig, rollouts: Rollouts) -> int:
     """Raise ValueError for a config that cannot train on ``rollouts``; return its step count."""
-    from varbatch_kit.core.schedule import build_schedule
+    from varbatch_kit.core.build import build_schedule
     from varbatch_kit.train.data import validate_rollout_data
 
     if not isinstance(cfg, TrainConfig):
@@ -426,7 +426,7 @@ def run_many(configs: Sequence[TrainConfig], rollouts: Rollouts, *, out_dir=None
 
 
 def _planned_steps(cfg: TrainConfig, rollouts: Rollouts) -> list:
-    from varbatch_kit.core.schedule import build_schedule
+    from varbatch_kit.core.build import build_schedule
 
     steps = build_schedule(rollouts, cfg.schedule, model=cfg.model_shape()).steps
     return steps[: cfg.max_steps] if cfg.max_steps else steps

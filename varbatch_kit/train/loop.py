@@ -19,7 +19,7 @@ slice of every response (:mod:`varbatch_kit.report.cp`). Gradients, losses and
 reports are what real CP computes; the compute and memory savings are not.
 
 Dynamic CP (``ScheduleConfig(cp_mode="dynamic")``): the ``dp * cp`` ranks are
-one pool and world rank ``w`` runs ``step.rank_program(w, cp)``: per round the
+one pool and world rank ``w`` runs ``step.rank_program(w)``: per round the
 micro-batch of the CP group holding it, sliced by that micro-batch's own degree
 and ``w``'s place in the group; idle rounds are skipped, so ranks run different
 micro-batch counts (the loss prescale uses the rank's own count, which Megatron
@@ -196,7 +196,7 @@ def train(cfg: TrainConfig, rollouts: Rollouts, out_dir: Path, device: torch.dev
     from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
     from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
 
-    from varbatch_kit.core.schedule import build_schedule
+    from varbatch_kit.core.build import build_schedule
     from varbatch_kit.report import get_report_mode
     from varbatch_kit.train.data import make_training_data
     from varbatch_kit.train.model import build_gpt
@@ -417,11 +417,11 @@ def train_step(cfg, mode, model, optimizer, step, rollouts, data, device) -> dic
 
     t0 = time.perf_counter()
     rank, world = dist.get_rank(), dist.get_world_size()
-    dynamic = step.placements is not None
+    dynamic = not step.is_fixed_shape
     # this world rank's rounds: fixed CP, DP rank rank // cp's micro-batches at cp_rank rank % cp;
     # dynamic CP, the micro-batch of the group holding it (own degree and CP rank), idle rounds
     # skipped (ranks may then run different micro-batch counts; Megatron divides by its own)
-    work = [w for w in step.rank_program(rank, cfg.cp) if not w.idle]
+    work = [w for w in step.rank_program(rank) if not w.idle]
     n_mb = len(work)
 
     # 1. step-wide normalisers over ALL samples of the step (before packing); dynamic CP: each
@@ -432,17 +432,12 @@ def train_step(cfg, mode, model, optimizer, step, rollouts, data, device) -> dic
     all_masks = rollouts.masks()
     masks = {int(g): torch.as_tensor(all_masks[g], dtype=torch.float64) for g in samples}
     rank_of_sample = np.empty(samples.size, dtype=np.int64)
-    if dynamic:
-        for mb, p in zip(step.micro_batches, step.placements):
-            rank_of_sample[[local_of[int(g)] for g in mb]] = min(p.ranks) // cfg.cp
-    else:
-        for r, mbs in enumerate(step.ranks):
-            for mb in mbs:
-                rank_of_sample[[local_of[int(g)] for g in mb]] = r
+    for mb, p in zip(step.micro_batches, step.placements):  # fixed CP: its DP rank
+        rank_of_sample[[local_of[int(g)] for g in mb]] = min(p.ranks) // cfg.cp
     norm = mode.step_normalizers(
         rollouts.rollout_id[samples], [masks[g] for g in samples],
         global_batch_size=step.num_rollouts, dp_size=cfg.dp,
-        cp_size=step.sample_cp_sizes(cfg.cp).tolist() if dynamic else cfg.cp,
+        cp_size=step.sample_cp_sizes().tolist() if dynamic else cfg.cp,
         num_microbatches=step.num_rounds, dp_rank_of_sample=rank_of_sample,
     )
     prescale = mode.loss_prescale(norm, num_microbatches=max(n_mb, 1), dp_size=cfg.dp,
@@ -534,7 +529,8 @@ def train_step(cfg, mode, model, optimizer, step, rollouts, data, device) -> dic
     busy, straggler = busy_and_straggler(timings)
 
     tokens = rollouts.total_len
-    per_rank = step.ranks  # dynamic CP: per world rank, the micro-batches it takes part in
+    # fixed CP: per DP rank; dynamic CP: per world rank, the micro-batches it takes part in
+    per_rank = step.ranks if dynamic else step.dp_ranks
     cp_of = ([[step.placements[b].degree for b in bins] for bins in step.rank_bins]
              if dynamic else None)
     dyn = {} if not dynamic else {

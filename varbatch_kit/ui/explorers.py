@@ -23,11 +23,12 @@ import ipywidgets as W
 import numpy as np
 import plotly.graph_objects as go
 
+from varbatch_kit.core.build import build_schedule
 from varbatch_kit.core.config import ScheduleConfig, packing_batching
 from varbatch_kit.core.flops import ModelShape, available_presets
 from varbatch_kit.core.hardware import DEFAULT_HARDWARE, HARDWARE
 from varbatch_kit.core.rollouts import Rollouts
-from varbatch_kit.core.schedule import Schedule, build_schedule
+from varbatch_kit.core.schedule import Schedule
 from varbatch_kit.policies.registry import DISTRIBUTIONS, PACKERS
 from varbatch_kit.ui import viz
 from varbatch_kit.ui.explorer_engine import ComputeKey, Explorer, span
@@ -100,9 +101,7 @@ def _follow_required_distribution(explorer: Explorer) -> None:
 
 def _degree_counts(schedule: Schedule, step: int) -> dict[int, int]:
     """Micro-batches of the step per CP degree (fixed CP: all at ``cp``)."""
-    st = schedule.steps[step]
-    if st.placements is None:
-        return {schedule.config.cp: len(st.micro_batches)}
+    st = schedule.step(step)
     out: dict[int, int] = {}
     for p in st.placements:
         out[p.degree] = out.get(p.degree, 0) + 1
@@ -263,12 +262,15 @@ class PackingExplorer(Explorer):
         t0 = time.perf_counter()
         config = params.config
         schedule = build_schedule(self.rollouts, config, self.model)
-        # dynamic CP: the packing view and its quality numbers come from the fixed-CP plan of
-        # the same settings (a dynamic plan has no DP ranks); the CP plan view shows both
-        fixed = (schedule if config.cp_mode == "fixed" else
-                 build_schedule(self.rollouts, config.with_(cp_mode="fixed"), self.model))
+        # the packing view and its quality numbers come from the fixed-CP plan of the same
+        # settings (a dynamic plan has no DP ranks); when that is another plan, the CP plan
+        # view shows both and the simulator times both the same way
+        fixed_config = config.with_(cp_mode="fixed")
+        fixed = (schedule if fixed_config == config else
+                 build_schedule(self.rollouts, fixed_config, self.model))
+        compared = fixed is not schedule
         simulated = None
-        if config.cp_mode == "dynamic" and self.model is not None:
+        if compared and self.model is not None:
             from varbatch_kit.analysis.simulate import simulate
 
             # the whole schedule on the default profile, the one the planner's default
@@ -278,7 +280,7 @@ class PackingExplorer(Explorer):
         t1 = time.perf_counter()
         quality = step_quality(fixed)
         t2 = time.perf_counter()
-        return ({"schedule": schedule, "fixed": fixed, "quality": quality,
+        return ({"schedule": schedule, "fixed": fixed, "compared": compared, "quality": quality,
                  "simulated": simulated},
                 {"schedule_ms": 1e3 * (t1 - t0), "stats_ms": 1e3 * (t2 - t1)})
 
@@ -297,8 +299,8 @@ class PackingExplorer(Explorer):
                 self._suspend = False
         fixed: Schedule = result.get("fixed", schedule)
         data = viz.packing_traces(fixed, step)
-        dynamic = schedule.config.cp_mode == "dynamic"
-        if dynamic:
+        compared = bool(result.get("compared", False))
+        if compared:
             data["layout"]["title"]["text"] = (
                 "fixed-CP plan of these settings (dynamic plan below) — "
                 + data["layout"]["title"]["text"])
@@ -321,8 +323,8 @@ class PackingExplorer(Explorer):
             "token_imbalance": float(row["token_imbalance"]),
             "steps": schedule.num_steps, "total_micro_batches": int(q["micro_batches"].sum()),
             "cp_mode": schedule.config.cp_mode,
-            "rounds": schedule.steps[step].num_rounds,
-            "fixed_rounds": fixed.steps[step].num_rounds,
+            "rounds": schedule.step(step).num_rounds,
+            "fixed_rounds": fixed.step(step).num_rounds,
             "degrees": _degree_counts(schedule, step),
         }
         sim = result.get("simulated")
@@ -347,7 +349,7 @@ class PackingExplorer(Explorer):
             (f"{s['samples']} samples · {s['steps']} steps, {s['total_micro_batches']} "
              "micro-batches in all"),
         ]
-        if dynamic:
+        if compared:
             degrees = ", ".join(f"c={c}: {n}" for c, n in s["degrees"].items())
             parts.append(f"dynamic CP: {span('vbk-rounds', s['rounds'])} rounds "
                          f"(fixed {s['fixed_rounds']}), micro-batches per degree {degrees}")

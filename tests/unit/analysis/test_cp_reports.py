@@ -35,7 +35,7 @@ def test_step_programs_of_both_modes():
     cfg = ScheduleConfig(dp=2, cp=4, global_batch_size=8, max_tokens_per_gpu=1024)
     for mode in ("fixed", "dynamic"):
         st = build_schedule(r, cfg.with_(cp_mode=mode), TINY).steps[1]
-        programs = step_programs(st, 4)
+        programs = step_programs(st)
         assert len(programs) == 8 and len({len(p) for p in programs}) == 1
         seen = sorted(i for p in programs for s, c, k in p if k == 0 for i in s)
         assert seen == list(range(st.num_samples))  # CP rank 0 of every group: each sample once

@@ -7,7 +7,7 @@ runs them on seeded random inputs. Every vector is replayed here against
 - the slime-signature adapters of :mod:`varbatch_kit.compat.slime`;
 - the core they sit on (:mod:`varbatch_kit.policies.partition`,
   :mod:`varbatch_kit.policies.packers`, :mod:`varbatch_kit.core.flops`,
-  :func:`varbatch_kit.core.schedule.build_schedule`,
+  :func:`varbatch_kit.core.build.build_schedule`,
   :mod:`varbatch_kit.report.cp`, :mod:`varbatch_kit.report`);
 - the in-project plain-Python transcriptions
   (:func:`varbatch_kit.policies.partition.karmarkar_karp_reference` and
@@ -44,10 +44,10 @@ from benchmarks import baseline
 from varbatch_kit import report
 from varbatch_kit.compat import slime as compat
 from varbatch_kit.compat.slime import SlimeCompatError
+from varbatch_kit.core.build import build_schedule
 from varbatch_kit.core.config import ScheduleConfig
 from varbatch_kit.core.flops import ModelShape
 from varbatch_kit.core.rollouts import Rollouts
-from varbatch_kit.core.schedule import build_schedule
 from varbatch_kit.policies.packers import AlignmentError, PackInput, first_fit, split_to_target
 from varbatch_kit.policies.partition import karmarkar_karp, karmarkar_karp_reference
 from varbatch_kit.report.cp import zigzag_slice

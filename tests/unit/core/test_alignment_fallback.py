@@ -75,6 +75,21 @@ def test_no_prefix_aligns_raises_saying_so():
         build_schedule(roll, cfg)
 
 
+def test_a_later_step_that_cannot_align_is_named_by_its_own_index():
+    # step 0 holds 4 samples (fine for dp=4); step 1 holds 2 samples, and no prefix helps:
+    # the error (built by the same per-step builder) names step 1, never "step 0"
+    roll = one_sample_rollouts([10, 10, 10, 10, 10, 10, 10, 10])
+    roll = Rollouts(prompt_len=roll.prompt_len, response_len=roll.response_len,
+                    rollout_id=np.array([0, 0, 0, 0, 1, 2, 3, 3]))
+    cfg = ScheduleConfig(dp=4, global_batch_size=2, micro_batch_size=1,
+                         alignment_fallback="drop_rollouts")
+    with pytest.raises(AlignmentError) as err:
+        build_schedule(roll, cfg)
+    msg = str(err.value)
+    assert "step 1: 2 samples < dp_size 4" in msg and "step 1's 2 rollouts" in msg
+    assert "step 0" not in msg
+
+
 @pytest.mark.parametrize("trace,kw", [
     ("agentic", dict(max_tokens_per_gpu=8192, packing="flops_kk", distribution="flops_kk")),
     ("agentic", dict(max_tokens_per_gpu=16384, packing="balanced")),

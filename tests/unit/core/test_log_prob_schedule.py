@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 
 from varbatch_kit import ModelShape, Rollouts, ScheduleConfig, build_schedule
 from varbatch_kit.compat.slime.flags import schedule_config_from_slime_args
-from varbatch_kit.core.schedule import build_log_prob_schedule
+from varbatch_kit.core.log_prob_schedule import build_log_prob_schedule
 from varbatch_kit.core.traces import bundled_traces, read_trace
 
 

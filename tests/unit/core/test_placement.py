@@ -6,12 +6,8 @@ import pytest
 
 from varbatch_kit import ModelShape, Rollouts, ScheduleConfig, build_schedule
 from varbatch_kit.core.placement import Placement
-from varbatch_kit.core.schedule import (
-    Schedule,
-    ScheduleInvariantError,
-    dynamic_step,
-    fixed_as_placements,
-)
+from varbatch_kit.core.schedule import Schedule, ScheduleInvariantError
+from varbatch_kit.core.step import Step
 
 TINY = ModelShape(num_layers=2, hidden_size=16, num_attention_heads=2, num_query_groups=2,
                   vocab_size=32, ffn_hidden_size=64, kv_channels=8)
@@ -60,28 +56,39 @@ def test_fixed_rank_program_and_cp_sizes():
     cfg = ScheduleConfig(dp=2, cp=2, global_batch_size=8, micro_batch_size=2)
     sched = build_schedule(r, cfg).check()
     st = sched.steps[0]
-    assert st.placements is None and not st.is_dynamic_cp
+    assert st.is_fixed_shape and (st.dp, st.cp, st.world_size) == (2, 2, 4)
     assert st.num_rounds == st.num_microbatches == 2
-    # rank_bins: DP rank 0 -> bins 0, 2; DP rank 1 -> bins 1, 3 (strided)
+    # DP rank 0 -> bins 0, 2; DP rank 1 -> bins 1, 3 (strided); each on its CP replica
+    assert st.dp_rank_bins == [[0, 2], [1, 3]]
+    assert [(p.bin, p.round, p.ranks) for p in st.placements] == [
+        (0, 0, (0, 1)), (1, 0, (2, 3)), (2, 1, (0, 1)), (3, 1, (2, 3))]
+    # rank_bins: per world rank, the micro-batches it takes part in
+    assert st.rank_bins == [[0, 2], [0, 2], [1, 3], [1, 3]]
     for w in range(4):
-        prog = st.rank_program(w, 2)
+        prog = st.rank_program(w)
         assert len(prog) == 2
         d = w // 2
         for j, work in enumerate(prog):
-            assert np.array_equal(work.samples, st.micro_batches[st.rank_bins[d][j]])
+            assert np.array_equal(work.samples, st.micro_batches[st.dp_rank_bins[d][j]])
             assert (work.cp_size, work.cp_rank) == (2, w % 2)
             assert not work.idle
-    assert np.array_equal(st.sample_cp_sizes(2), np.full(8, 2))
+    assert np.array_equal(st.sample_cp_sizes(), np.full(8, 2))
     with pytest.raises(ValueError, match="world_rank"):
-        st.rank_program(4, 2)
-    with pytest.raises(ValueError, match="cp must be"):
-        st.sample_cp_sizes(0)
+        st.rank_program(4)
 
 
-def test_fixed_as_placements_roundtrip():
-    rank_bins = [[0, 2], [1, 3]]
-    assert fixed_as_placements(rank_bins, 2) == [(0, (0, 1)), (0, (2, 3)), (1, (0, 1)),
-                                                 (1, (2, 3))]
+def test_from_dp_ranks_places_each_dp_rank_on_its_replica():
+    mbs = [np.array([i]) for i in range(4)]
+    st = Step.from_dp_ranks(0, np.arange(4), np.arange(4), mbs, [[0, 2], [1, 3]], cp=2)
+    assert [(p.round, p.ranks) for p in st.placements] == [(0, (0, 1)), (0, (2, 3)),
+                                                           (1, (0, 1)), (1, (2, 3))]
+    assert st.dp_rank_bins == [[0, 2], [1, 3]]
+    with pytest.raises(ValueError, match="used once"):
+        Step.from_dp_ranks(0, np.arange(4), np.arange(4), mbs, [[0, 2], [0, 3]], cp=2)
+    with pytest.raises(ValueError, match="cp must be a positive integer"):
+        Step.from_dp_ranks(0, np.arange(4), np.arange(4), mbs, [[0, 2], [1, 3]], cp=0)
+    with pytest.raises(ValueError, match="one per micro-batch"):
+        Step.from_placements(0, np.arange(4), np.arange(4), mbs, [(0, (0,))], dp=1, cp=1)
 
 
 # ----------------------------------------------------------- dynamic mode
@@ -96,8 +103,9 @@ def _hand_plan():
     sched = build_schedule(r, cfg, TINY)
     st0 = sched.steps[0]
     mbs = [np.array([0]), np.array([1]), np.array([2]), np.array([3]), np.array([4])]
-    st = dynamic_step(0, st0.rollout_ids, st0.sample_indices, mbs,
-                      [(0, (0, 1, 2, 3)), (1, (0,)), (1, (1,)), (1, (2,)), (1, (3,))], 4)
+    st = Step.from_placements(
+        0, st0.rollout_ids, st0.sample_indices, mbs,
+        [(0, (0, 1, 2, 3)), (1, (0,)), (1, (1,)), (1, (2,)), (1, (3,))], dp=1, cp=4)
     return Schedule(cfg, r, [st], sched.dropped_rollout_ids, sched.dropped_samples, TINY,
                     sched.sample_flops)
 
@@ -105,15 +113,17 @@ def _hand_plan():
 def test_dynamic_hand_plan():
     sched = _hand_plan().check()
     st = sched.steps[0]
-    assert st.is_dynamic_cp and st.num_rounds == 2 and st.num_microbatches == 2
+    assert not st.is_fixed_shape and st.num_rounds == 2 and st.num_microbatches == 2
     assert st.rank_bins == [[0, 1], [0, 2], [0, 3], [0, 4]]
     assert [p.degree for p in st.placements] == [4, 1, 1, 1, 1]
-    prog = st.rank_program(2, 4)
+    prog = st.rank_program(2)
     assert [(w.samples.tolist(), w.cp_size, w.cp_rank) for w in prog] == [([0], 4, 2),
                                                                           ([3], 1, 0)]
-    assert st.sample_cp_sizes(4).tolist() == [4, 1, 1, 1, 1]
+    assert st.sample_cp_sizes().tolist() == [4, 1, 1, 1, 1]
     with pytest.raises(ValueError, match="DP ranks"):
         sched.rank_layout()
+    with pytest.raises(ValueError, match="has no DP ranks"):
+        _ = st.dp_rank_bins
 
 
 def test_dynamic_idle_round_entries():
@@ -122,15 +132,15 @@ def test_dynamic_idle_round_entries():
                          cp_mode="dynamic")
     base = build_schedule(r, cfg, TINY)
     st0 = base.steps[0]
-    st = dynamic_step(0, st0.rollout_ids, st0.sample_indices,
-                      [np.array([0]), np.array([1]), np.array([2])],
-                      [(0, (0,)), (0, (1,)), (1, (3, 2, 1, 0))], 4)
+    st = Step.from_placements(0, st0.rollout_ids, st0.sample_indices,
+                              [np.array([0]), np.array([1]), np.array([2])],
+                              [(0, (0,)), (0, (1,)), (1, (3, 2, 1, 0))], dp=1, cp=4)
     sched = Schedule(cfg, r, [st], base.dropped_rollout_ids, base.dropped_samples, TINY,
                      base.sample_flops).check()
-    prog = sched.steps[0].rank_program(3, 4)
+    prog = sched.steps[0].rank_program(3)
     assert prog[0].idle and (prog[0].cp_size, prog[0].cp_rank) == (1, 0)
     assert (prog[1].cp_size, prog[1].cp_rank) == (4, 0)
-    assert all(len(st.rank_program(w, 4)) == 2 for w in range(4))
+    assert all(len(st.rank_program(w)) == 2 for w in range(4))
 
 
 def _broken(placements, mbs=None, lengths=(400, 100, 100, 100, 100)):
@@ -140,7 +150,8 @@ def _broken(placements, mbs=None, lengths=(400, 100, 100, 100, 100)):
     base = build_schedule(r, cfg, TINY)
     st0 = base.steps[0]
     mbs = mbs or [np.array([i]) for i in range(len(lengths))]
-    st = dynamic_step(0, st0.rollout_ids, st0.sample_indices, mbs, placements, 4)
+    st = Step.from_placements(0, st0.rollout_ids, st0.sample_indices, mbs, placements, dp=1,
+                              cp=4)
     return Schedule(cfg, r, [st], base.dropped_rollout_ids, base.dropped_samples, TINY,
                     base.sample_flops)
 
@@ -184,7 +195,7 @@ def test_build_schedule_dynamic_passes_check():
                          cp_mode="dynamic")
     sched = build_schedule(r, cfg, TINY).check()
     for st in sched.steps:
-        sizes = st.sample_cp_sizes(2)
+        sizes = st.sample_cp_sizes()
         assert sizes.shape == st.sample_indices.shape
         assert set(sizes.tolist()) <= {1, 2}
-        assert len({len(st.rank_program(w, 2)) for w in range(4)}) == 1
+        assert len({len(st.rank_program(w)) for w in range(4)}) == 1

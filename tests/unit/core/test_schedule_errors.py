@@ -1,9 +1,12 @@
 """Bad input raises ValueError naming the parameter, the value and what would work."""
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
 from varbatch_kit import ModelShape, Rollouts, ScheduleConfig, build_schedule
+from varbatch_kit.core.placement import Placement
 from varbatch_kit.core.schedule import ScheduleInvariantError
 
 
@@ -101,9 +104,38 @@ def test_wrong_argument_types():
 def test_check_catches_a_broken_schedule():
     sched = build_schedule(r([10] * 4), ScheduleConfig(dp=2, global_batch_size=4,
                                                        micro_batch_size=1))
-    sched.steps[0].rank_bins[1][0] = 0  # rank 1 now trains bin 0 twice over the ranks
-    with pytest.raises(ScheduleInvariantError, match="disjointly"):
+    st = sched.steps[0]
+    pl = list(st.placements)
+    pl[1] = Placement(1, pl[0].round, pl[0].ranks)  # bin 1 now on bin 0's ranks and round
+    sched.steps[0] = replace(st, placements=tuple(pl))
+    with pytest.raises(ScheduleInvariantError, match="disjoint"):
         sched.check()
+
+
+def test_check_catches_rank_bins_out_of_step_with_placements():
+    sched = build_schedule(r([10] * 4), ScheduleConfig(dp=2, global_batch_size=4,
+                                                       micro_batch_size=1))
+    sched.steps[0].rank_bins[1][0] = 0  # rank 1 now claims bin 0 (its placements disagree)
+    with pytest.raises(ScheduleInvariantError, match="round order"):
+        sched.check()
+
+
+def test_check_catches_fixed_cp_plan_off_its_replicas():
+    # cp=2, fixed: degree-2 groups that are valid dynamic groups but not the DP replicas
+    sched = build_schedule(r([10] * 4), ScheduleConfig(dp=2, cp=2, global_batch_size=4,
+                                                       micro_batch_size=1))
+    st = sched.steps[0]
+    assert st.is_fixed_shape
+    pl = (Placement(0, 0, (0, 1)), Placement(1, 0, (2, 3)), Placement(2, 1, (1, 2)),
+          Placement(3, 2, (0, 3)))
+    sched.steps[0] = replace(st, placements=pl)
+    assert not sched.steps[0].is_fixed_shape
+    with pytest.raises(ScheduleInvariantError, match="not the fixed-CP shape"):
+        sched.check()
+    with pytest.raises(ValueError, match="has no DP ranks"):
+        _ = sched.steps[0].dp_rank_bins
+    with pytest.raises(ValueError, match="no DP ranks"):
+        sched.rank_layout()
 
 
 def test_check_catches_cap_violation_by_multi_sample_bin():

@@ -142,12 +142,12 @@ def test_dynamic_plans_are_valid_and_never_slower(case):
     allowed = set(dyn.config.cp_degrees)
     L = r.total_len
     for s in dyn.steps:
-        sizes_of = s.sample_cp_sizes(cp)
+        sizes_of = s.sample_cp_sizes()
         assert set(sizes_of.tolist()) <= allowed
         for i, c in zip(s.sample_indices.tolist(), sizes_of.tolist()):
             if L[i] > cap * cp:  # an oversize sample runs at the largest degree
                 assert c == cp
-        progs = [s.rank_program(w, cp) for w in range(dp * cp)]
+        progs = [s.rank_program(w) for w in range(dp * cp)]
         assert {len(p) for p in progs} == {s.num_rounds}
         held = np.concatenate([w.samples for p in progs for w in p if w.cp_rank == 0])
         assert np.array_equal(np.sort(held), np.sort(s.sample_indices))
@@ -170,7 +170,7 @@ def test_simulated_dynamic_time_is_the_planned_makespan():
     fixed = build_schedule(r, cfg.with_(cp_mode="fixed"), model).steps[0]
     fb = [[pos[g] for g in mb.tolist()] for mb in fixed.micro_batches]
     plan = plan_dynamic_cp(L[st0.sample_indices], dp=2, cp=4, cap=256, degrees=(1, 2, 4),
-                           cost=cost, fixed=(fb, fixed.rank_bins))
+                           cost=cost, fixed=(fb, fixed.dp_rank_bins))
     sim = simulate(sched)
     assert sim.step_times.time_s.iloc[0] == pytest.approx(plan.makespan_s, rel=1e-12)
     assert plan.source == "dynamic" and plan.makespan_s < plan.fixed_makespan_s

@@ -5,7 +5,8 @@ import plotly.graph_objects as go
 import pytest
 
 from varbatch_kit import ModelShape, Rollouts, ScheduleConfig, build_schedule
-from varbatch_kit.core.schedule import Schedule, dynamic_step
+from varbatch_kit.core.schedule import Schedule
+from varbatch_kit.core.step import Step
 from varbatch_kit.ui import viz
 from varbatch_kit.ui.figures.cp import DEGREE_COLORS, IDLE_COLOR
 
@@ -25,9 +26,9 @@ def hand_plan() -> Schedule:
                          cp_mode="dynamic")
     base = build_schedule(r, cfg, TINY)
     st0 = base.steps[0]
-    st = dynamic_step(0, st0.rollout_ids, st0.sample_indices,
-                      [np.array([0]), np.array([1]), np.array([2]), np.array([3])],
-                      [(0, (0, 1, 2, 3)), (1, (0,)), (1, (1,)), (1, (2,))], 4)
+    st = Step.from_placements(0, st0.rollout_ids, st0.sample_indices,
+                              [np.array([0]), np.array([1]), np.array([2]), np.array([3])],
+                              [(0, (0, 1, 2, 3)), (1, (0,)), (1, (1,)), (1, (2,))], dp=1, cp=4)
     return Schedule(cfg, r, [st], base.dropped_rollout_ids, base.dropped_samples, TINY,
                     base.sample_flops).check()
 
@@ -75,7 +76,7 @@ def test_fixed_cp_is_drawn_as_its_plan():
     st = sched.steps[0]
     t = viz.cp_plan_table(sched, 0)
     assert set(t["degree"]) == {2}
-    for d, bins in enumerate(st.rank_bins):
+    for d, bins in enumerate(st.dp_rank_bins):
         for j, b in enumerate(bins):
             row = t[t.bin == b].iloc[0]
             assert row["round"] == j and row["ranks"] == (2 * d, 2 * d + 1)
@@ -164,8 +165,9 @@ def test_a_group_of_non_adjacent_ranks_gets_one_outline_per_run():
                          cp_mode="dynamic")
     base = build_schedule(r, cfg, TINY)
     st0 = base.steps[0]
-    st = dynamic_step(0, st0.rollout_ids, st0.sample_indices, [np.array([0]), np.array([1])],
-                      [(0, (0, 3)), (0, (1,))], 4)
+    st = Step.from_placements(0, st0.rollout_ids, st0.sample_indices,
+                              [np.array([0]), np.array([1])], [(0, (0, 3)), (0, (1,))], dp=1,
+                              cp=4)
     sched = Schedule(cfg, r, [st], base.dropped_rollout_ids, base.dropped_samples, TINY,
                      base.sample_flops).check()
     fig = viz.cp_plan(sched)

@@ -15,10 +15,11 @@ from typing import Any
 import numpy as np
 
 from varbatch_kit.compat.slime.errors import SlimeCompatError, raises_slime_errors
+from varbatch_kit.core.build import build_schedule
 from varbatch_kit.core.config import ScheduleConfig
 from varbatch_kit.core.flops import ModelShape
 from varbatch_kit.core.rollouts import Rollouts
-from varbatch_kit.core.schedule import Schedule, build_schedule
+from varbatch_kit.core.schedule import Schedule
 from varbatch_kit.policies.packers import PackInput, first_fit, split_to_target
 from varbatch_kit.policies.partition import karmarkar_karp as _kk
 from varbatch_kit.policies.partition import karmarkar_karp_reference as _kk_reference

@@ -1,10 +1,9 @@
 """A step's context-parallel plan: ranks x rounds, each micro-batch drawn over its CP group.
 
-Works for both CP modes: a fixed-CP step is drawn as the plan it is (DP rank
+Works the same for both CP modes: every step has placements
+(:attr:`varbatch_kit.core.step.Step.placements`); a fixed-CP step's are DP rank
 ``d``'s ``j``-th micro-batch in round ``j`` over world ranks ``d*cp ..
-d*cp+cp-1``, all of degree ``cp``); a dynamic-CP step from its placements
-(:attr:`varbatch_kit.core.schedule.Step.placements`), so the two can be put
-side by side or toggled.
+d*cp+cp-1``, all of degree ``cp``. So the two can be put side by side or toggled.
 """
 
 from __future__ import annotations
@@ -15,7 +14,7 @@ import numpy as np
 import plotly.graph_objects as go
 
 from varbatch_kit.core.placement import Placement
-from varbatch_kit.core.schedule import Schedule, fixed_as_placements
+from varbatch_kit.core.schedule import Schedule
 from varbatch_kit.ui.figures.style import LEGEND_BELOW, TEMPLATE
 
 __all__ = ["DEGREE_COLORS", "cp_plan", "cp_plan_figure", "cp_plan_table", "step_placements"]
@@ -26,21 +25,9 @@ DEGREE_COLORS = {1: "#9ecae1", 2: "#fdae6b", 3: "#c7e9c0", 4: "#e6550d", 6: "#74
 IDLE_COLOR = "#f0f0f0"
 
 
-def _check_step(schedule: Schedule, step: int) -> int:
-    if isinstance(step, bool) or not isinstance(step, (int, np.integer)) or not (
-            0 <= step < schedule.num_steps):
-        raise ValueError(f"step={step!r} is out of range: the schedule has steps "
-                         f"0..{schedule.num_steps - 1}")
-    return int(step)
-
-
 def step_placements(schedule: Schedule, step: int = 0) -> list[Placement]:
-    """The step's placements, one per micro-batch in bin order (fixed CP: as a plan)."""
-    st = schedule.steps[_check_step(schedule, step)]
-    if st.placements is not None:
-        return list(st.placements)
-    pairs = fixed_as_placements(st.rank_bins, schedule.config.cp)
-    return [Placement(b, r, ranks) for b, (r, ranks) in enumerate(pairs)]
+    """The step's placements, one per micro-batch in bin order (the same for both CP modes)."""
+    return list(schedule.step(step).placements)
 
 
 def cp_plan_table(schedule: Schedule, step: int = 0, *, below_rank: int | None = None):
@@ -49,11 +36,10 @@ def cp_plan_table(schedule: Schedule, step: int = 0, *, below_rank: int | None =
     micro-batches whose group holds a rank below it."""
     import pandas as pd
 
-    s = _check_step(schedule, step)
-    st = schedule.steps[s]
+    st = schedule.step(step)
     lengths = schedule.rollouts.total_len
     rows = []
-    for p in step_placements(schedule, s):
+    for p in st.placements:
         if below_rank is not None and min(p.ranks) >= below_rank:
             continue
         mb = st.micro_batches[p.bin]
@@ -88,12 +74,12 @@ def cp_plan_figure(schedule: Schedule, step: int = 0, *, max_ranks: int = 128) -
     cap ``max_tokens_per_gpu`` per rank. At most ``max_ranks`` ranks are
     drawn (the title says so when the pool is larger).
     """
-    s = _check_step(schedule, step)
+    st = schedule.step(step)
+    s = st.index
     cfg = schedule.config
     world = cfg.dp * cfg.cp
     shown = min(world, int(max_ranks))
     table = cp_plan_table(schedule, s, below_rank=shown)
-    st = schedule.steps[s]
     rounds = st.num_rounds
     busy = np.zeros((world, max(rounds, 1)), dtype=bool)
 

@@ -113,14 +113,6 @@ def length_figure(rollouts: Rollouts, model: ModelShape | None = None, *, bins: 
     return fig
 
 
-def _check_step(schedule: Schedule, step: int) -> int:
-    if isinstance(step, bool) or not isinstance(step, (int, np.integer)) or not (
-            0 <= step < schedule.num_steps):
-        raise ValueError(f"step={step!r} is out of range: the schedule has steps "
-                         f"0..{schedule.num_steps - 1}")
-    return int(step)
-
-
 def packing_traces(schedule: Schedule, step: int = 0) -> dict[str, Any]:
     """The data of :func:`packing_figure` as plain arrays (what a widget applies in place).
 
@@ -129,12 +121,12 @@ def packing_traces(schedule: Schedule, step: int = 0) -> dict[str, Any]:
     and ``info`` (``micro_batches``, ``over_cap``, ``samples``, ``tokens``,
     ``cap``, ``dp``).
     """
-    s = _check_step(schedule, step)
-    st = schedule.steps[s]
+    st = schedule.step(step)
+    s = st.index
     cfg = schedule.config
     dp = cfg.dp
     m = st.num_microbatches
-    order = [b for bins in st.rank_bins for b in bins]  # micro-batches rank after rank
+    order = [b for bins in st.dp_rank_bins for b in bins]  # micro-batches DP rank after rank
     mbs = [st.micro_batches[b] for b in order]
     sizes = np.fromiter((mb.size for mb in mbs), dtype=np.int64, count=len(mbs))
     members = np.concatenate(mbs)
@@ -278,19 +270,19 @@ def balance_traces(schedule: Schedule, steps: Sequence[int] | None = None) -> di
     cfg = schedule.config
     dp = cfg.dp
     steps = list(range(schedule.num_steps)) if steps is None else [
-        _check_step(schedule, s) for s in steps]
+        schedule.step(s).index for s in steps]
     tokens_all = schedule.rollouts.total_len
     flops_all = schedule.sample_flops
     xs, rf, rt, step_of = [], [], [], []
     bx, bf, bt = [], [], []
     ratio, imb = [], []
     for j, s in enumerate(steps):
-        st = schedule.steps[s]
+        st = schedule.step(s)
         mb_t = np.array([int(tokens_all[mb].sum()) for mb in st.micro_batches], dtype=np.float64)
         mb_f = (np.array([float(flops_all[mb].sum()) for mb in st.micro_batches])
                 if flops_all is not None else np.full(mb_t.size, np.nan))
-        r_t = np.array([mb_t[b].sum() for b in st.rank_bins])
-        r_f = np.array([mb_f[b].sum() for b in st.rank_bins])
+        r_t = np.array([mb_t[b].sum() for b in st.dp_rank_bins])
+        r_f = np.array([mb_f[b].sum() for b in st.dp_rank_bins])
         x0 = j * (dp + 1)
         xs.append(x0 + np.arange(dp))
         rf.append(r_f)
