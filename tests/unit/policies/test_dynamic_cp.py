@@ -296,3 +296,26 @@ def test_fixed_cp_without_ring_cost_is_the_compute_only_model():
     t_one = simulate(one, hardware=free, microbatch_overhead_s=0.0).step_times.time_s
     assert t_cp.tolist() == pytest.approx((t_one / 4).tolist(), rel=1e-12)
     assert (simulate(s).step_times.time_s >= t_cp - 1e-15).all()
+
+
+# ------------------------------------------------------------ recorded plans
+# simulated seconds of the dynamic plans of the planner at commit 75766c8 (before the
+# planning speed-up): a faster planner must not give slower plans
+RECORDED_75766C8 = [("qwen3-8b", 4, 4, 11.4604154418527),
+                    ("deepseek-v3", 2, 8, 63.355235117091205)]
+
+
+@pytest.mark.parametrize("model, dp, cp, recorded", RECORDED_75766C8)
+def test_dynamic_plan_not_slower_than_recorded(model, dp, cp, recorded):
+    from benchmarks.dynamic_cp import tail_trace
+
+    r = tail_trace(400, seed=1)  # two steps of 200 samples, 4% of them 16k-64k tokens
+    cfg = ScheduleConfig(dp=dp, cp=cp, max_tokens_per_gpu=16384, global_batch_size=200,
+                         packing="balanced", distribution="balanced")
+    shape = ModelShape.preset(model)
+    dyn = simulate(build_schedule(r, cfg.with_(cp_mode="dynamic"), shape).check(),
+                   timelines=False)
+    fixed = simulate(build_schedule(r, cfg, shape), timelines=False)
+    assert dyn.total_time_s <= recorded * (1 + 1e-9)
+    assert dyn.total_time_s == pytest.approx(recorded, rel=1e-3)  # the same kind of plan
+    assert (dyn.step_times.time_s < fixed.step_times.time_s).all()  # dynamic wins each step
