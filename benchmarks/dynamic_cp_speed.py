@@ -14,7 +14,8 @@ GPU, H100, for Qwen3-8B and DeepSeek-V3 at dp x cp = 8 x 4, 4 x 8 and 16 x 8:
   (``benchmarks/dynamic_cp_baseline.json``, with the commit it came from):
   the faster planner must not give slower plans.
 
-Planning times are the best of a few repeats (the machine is shared).
+Planning times are CPU seconds (``time.process_time``), the best of a few repeats, so
+that other work on a shared machine does not count.
 
 Run: ``python -m benchmarks.dynamic_cp_speed`` (``--quick``: fewer repeats;
 ``--record``: rewrite the baseline from the current planner). Writes
@@ -48,9 +49,9 @@ def case_key(model: str, dp: int, cp: int) -> str:
 def _best_time(fn, repeats: int):
     best, out = float("inf"), None
     for _ in range(repeats):
-        t0 = time.perf_counter()
+        t0 = time.process_time()
         out = fn()
-        best = min(best, time.perf_counter() - t0)
+        best = min(best, time.process_time() - t0)
     return best, out
 
 
