@@ -46,12 +46,15 @@ def case_key(model: str, dp: int, cp: int) -> str:
     return f"{model} {dp}x{cp}"
 
 
-def _best_time(fn, repeats: int):
-    best, out = float("inf"), None
+def _best_times(fns, repeats: int) -> tuple[list[float], list]:
+    """CPU seconds of each function, the best of ``repeats`` rounds that run them in turn
+    (so that a busy spell on a shared machine hits them alike), and their last results."""
+    best, out = [float("inf")] * len(fns), [None] * len(fns)
     for _ in range(repeats):
-        t0 = time.process_time()
-        out = fn()
-        best = min(best, time.process_time() - t0)
+        for j, fn in enumerate(fns):
+            t0 = time.process_time()
+            out[j] = fn()
+            best[j] = min(best[j], time.process_time() - t0)
     return best, out
 
 
@@ -66,9 +69,9 @@ def run(repeats: int) -> list[dict]:
             cfg = ScheduleConfig(dp=dp, cp=cp, max_tokens_per_gpu=CAP, global_batch_size=SAMPLES,
                                  packing="balanced", distribution="balanced")
             dyn_cfg = cfg.with_(cp_mode="dynamic")
-            t_fixed, _ = _best_time(lambda: build_schedule(rollouts, cfg, model), repeats)
-            t_dyn, dyn = _best_time(lambda: build_schedule(rollouts, dyn_cfg, model, cp_cost=cost),
-                                    repeats)
+            (t_fixed, t_dyn), (_, dyn) = _best_times(
+                [lambda: build_schedule(rollouts, cfg, model),
+                 lambda: build_schedule(rollouts, dyn_cfg, model, cp_cost=cost)], repeats)
             dyn.check()
             rows.append({"case": case_key(mname, dp, cp), "model": mname, "dp": dp, "cp": cp,
                          "fixed_plan_s": t_fixed, "dynamic_plan_s": t_dyn,
@@ -120,7 +123,7 @@ def main(argv: list[str] | None = None) -> None:
                         help="rewrite benchmarks/dynamic_cp_baseline.json from this planner")
     parser.add_argument("--out", type=Path, default=OUT)
     args = parser.parse_args(argv)
-    rows = run(repeats=3 if args.quick else 7)
+    rows = run(repeats=3 if args.quick else 9)
     if args.record:
         record(rows)
     good = print_table(rows, load_baseline())

@@ -353,13 +353,20 @@ def plan_dynamic_cp(lengths, *, dp: int, cp: int, cap: int, degrees, cost: CPCos
     bound = math.inf if fixed is None else fixed_span
     best = None
     seen: set = set()
+    # each sample's time alone at each degree, and at the degree it needs
+    alone = {c: cost.time(L, L * L, c) for c in degrees}
+    t_need = np.zeros(lengths.size)
+    for c in degrees:
+        t_need[need == c] = alone[c][need == c]
     for f in (math.inf, 4.0, 2.0, 1.0, 0.5, 0.25):
         tau = balanced * f
         deg = need.copy()
         if math.isfinite(tau):
+            t_deg = t_need.copy()
             for c in degrees:
-                raise_ = (deg < c) & (cost.time(L, L * L, deg) > tau)
+                raise_ = (deg < c) & (t_deg > tau)
                 deg[raise_] = c
+                t_deg[raise_] = alone[c][raise_]
         bins, bdeg = _long_bins(lengths, deg, cap, cost, tau)
         key = (deg.tobytes(), tuple(map(tuple, bins)))
         if key in seen:  # the same plan as an earlier candidate: it cannot win

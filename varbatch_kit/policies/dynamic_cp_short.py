@@ -16,6 +16,9 @@ decision depends on them.
 
 from __future__ import annotations
 
+import bisect
+import heapq
+import math
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -35,107 +38,169 @@ def deal_short(short: np.ndarray, lengths: np.ndarray, free: np.ndarray, cap: in
     A rank's key is its finish, plus one micro-batch overhead when the sample
     does not fit its open micro-batch; the lowest key wins (the lowest rank
     on ties). Returns every rank's micro-batches (step-local positions).
+
+    The keys live in one array, changed only where they change: at the chosen
+    rank, and at the ranks whose open micro-batch the (shrinking) samples
+    start to fit, taken from a heap of the ranks that do not fit yet.
     """
     pool = free.size
-    fin = free.copy()
     oh = cost.microbatch_overhead_s
-    fin_oh = fin + oh  # a rank's key when the sample opens a new micro-batch there
     short = short[np.argsort(-lengths[short], kind="stable")]
-    open_tok = np.full(pool, np.inf)  # tokens of each rank's open micro-batch (inf: none)
-    per_rank: list[list[list[int]]] = [[] for _ in range(pool)]
     Ls = lengths[short].astype(np.float64)
     works = cost.compute(Ls, Ls * Ls, 1)
-    where, greater = np.where, np.greater
+    fin = free.tolist()
+    open_tok = [math.inf] * pool  # tokens of each rank's open micro-batch (inf: none)
+    fits = [False] * pool  # the current sample fits the rank's open micro-batch
+    key = free + oh  # no rank has an open micro-batch yet
+    waiting: list[tuple[float, int]] = []  # (open tokens, rank) of ranks it does not fit
+    per_rank: list[list[list[int]]] = [[] for _ in range(pool)]
     for i, L, work in zip(short.tolist(), Ls.tolist(), works.tolist()):
-        thr = cap - L  # open_tok + L > cap, in exact integer arithmetic
-        r = int(where(greater(open_tok, thr), fin_oh, fin).argmin())
-        f = float(fin[r])
-        if open_tok[r] > thr:
+        thr = cap - L  # fits: open_tok + L <= cap, in exact integer arithmetic
+        while waiting and waiting[0][0] <= thr:
+            tok, q = heapq.heappop(waiting)
+            if not fits[q] and open_tok[q] == tok:  # else a stale entry
+                fits[q] = True
+                key[q] = fin[q]
+        r = int(key.argmin())
+        f = fin[r]
+        if fits[r]:
+            per_rank[r][-1].append(i)
+            open_tok[r] += L
+        else:
             per_rank[r].append([i])
             open_tok[r] = L
             f += oh
-        else:
-            per_rank[r][-1].append(i)
-            open_tok[r] += L
         f += work
         fin[r] = f
-        fin_oh[r] = f + oh
+        if open_tok[r] <= thr:  # later samples are no longer
+            fits[r] = True
+            key[r] = f
+        else:
+            fits[r] = False
+            key[r] = f + oh
+            heapq.heappush(waiting, (open_tok[r], r))
     return per_rank
+
+
+class _View:
+    """One rank's degree-1 samples as numpy arrays (in the rank's sample order):
+    ``s`` samples, ``w`` work, ``l`` tokens, ``mb`` their micro-batch, ``room`` the
+    tokens their micro-batch can take in exchange for them (``cap`` minus its
+    tokens without them), ``alone`` whether they are alone in it; ``gain`` the
+    seconds the rank saves without them, ``pos`` where that is positive, ``wmin``
+    the least work among those (``None`` until asked for); ``low``: the open
+    micro-batch with the fewest tokens (the first one on ties; -1 without one)
+    and ``low_tok`` its tokens."""
+
+    __slots__ = ("s", "w", "l", "mb", "room", "alone", "gain", "pos", "wmin", "wcol", "lcol",
+                 "roomcol", "low", "low_tok", "at")
 
 
 class _Ranks:
     """The degree-1 micro-batches of every rank during :func:`refine_short`, with
-    per-rank numpy views cached until a move touches the rank."""
+    per-rank :class:`_View` s built on first use, updated in place by a swap and
+    rebuilt after a move. Token counts are integers (exact in floats)."""
 
-    def __init__(self, per_rank, L: np.ndarray, w: np.ndarray) -> None:
-        self.L, self.w = L, w
+    def __init__(self, per_rank, L: np.ndarray, w: np.ndarray, cap: int, oh: float) -> None:
+        self.L, self.w, self.cap, self.oh = L, w, cap, oh
+        self.Lpy, self.wpy = L.tolist(), w.tolist()
         self.members: list[list[int]] = [list(mb) for mbs in per_rank for mb in mbs]
-        k = len(self.members)
-        cap_mbs = 2 * k + 16  # room for the micro-batches moves open (grown when full)
-        self.mb_of = np.zeros(len(L), dtype=np.int64)
-        self.mb_tok = np.zeros(cap_mbs)
-        self.mb_len = np.zeros(cap_mbs, dtype=np.int64)
+        self.mb_of = [0] * len(L)
+        self.mb_tok = [float(L[mb].sum()) for mb in self.members]
+        self.mb_len = [len(mb) for mb in self.members]
         self.rank_mbs: list[list[int]] = []
         m = 0
         for mbs in per_rank:
-            ids = []
+            self.rank_mbs.append(list(range(m, m + len(mbs))))
             for mb in mbs:
-                self.mb_of[mb] = m
-                self.mb_tok[m] = float(L[mb].sum())
-                self.mb_len[m] = len(mb)
-                ids.append(m)
+                for i in mb:
+                    self.mb_of[i] = m
                 m += 1
-            self.rank_mbs.append(ids)
         self.on_rank: list[list[int]] = [[i for mb in mbs for i in mb] for mbs in per_rank]
-        self._cache: dict[int, tuple] = {}
+        self._cache: dict[int, _View] = {}
 
-    def view(self, r: int) -> tuple:
-        """``(s, w, l, a, alone, low, low_tok)`` of rank r: its samples in order, their
-        work, tokens, the tokens of their micro-batch without them, whether they are
-        alone in it; the open micro-batch with the fewest tokens (the first one on
-        ties; -1 without one) and its tokens."""
+    def _low(self, v: _View, r: int) -> None:
+        low, low_tok = -1, 0.0
+        mb_tok, mb_len = self.mb_tok, self.mb_len
+        for m in self.rank_mbs[r]:
+            if mb_len[m] and (low < 0 or mb_tok[m] < low_tok):
+                low, low_tok = m, mb_tok[m]
+        v.low, v.low_tok = low, low_tok
+
+    def view(self, r: int) -> _View:
         v = self._cache.get(r)
         if v is None:
-            s = np.array(self.on_rank[r], dtype=np.int64)
-            mb = self.mb_of[s]
-            li = self.L[s]
-            mbs = self.rank_mbs[r]
-            low, low_tok = -1, 0.0
-            if mbs:
-                ids = np.array(mbs, dtype=np.int64)
-                toks = np.where(self.mb_len[ids] > 0, self.mb_tok[ids], np.inf)
-                j = int(toks.argmin())
-                if toks[j] < np.inf:
-                    low, low_tok = mbs[j], float(toks[j])
-            v = (s, self.w[s], li, self.mb_tok[mb] - li, self.mb_len[mb] == 1, low, low_tok)
+            v = _View()
+            s = self.on_rank[r]
+            mbs = [self.mb_of[i] for i in s]
+            v.s = np.array(s, dtype=np.int64)
+            v.mb = np.array(mbs, dtype=np.int64)
+            v.w, v.l = self.w[v.s], self.L[v.s]
+            v.room = self.cap - (np.array([self.mb_tok[m] for m in mbs], dtype=np.float64) - v.l)
+            v.alone = np.array([self.mb_len[m] == 1 for m in mbs], dtype=bool)
+            v.wcol, v.lcol, v.roomcol = v.w[:, None], v.l[:, None], v.room[:, None]
+            v.gain = v.wmin = None
+            v.at = {}
+            self._low(v, r)
             self._cache[r] = v
         return v
+
+    def as_top(self, r: int) -> _View:
+        """:meth:`view`, with ``gain``, ``pos`` and ``wmin`` (for the rank finishing last)."""
+        v = self.view(r)
+        if v.gain is None:
+            v.gain = v.w + self.oh * v.alone
+            v.pos = v.gain > _EPS
+        if v.wmin is None:
+            v.wmin = float(v.w[v.pos].min()) if v.pos.any() else math.inf
+        return v
+
+    def swapped(self, r: int, x: int, k: int) -> None:
+        """Rank r's sample at position x is now k (in the same micro-batch)."""
+        v = self._cache[r]
+        v.s[x] = k
+        old_w, new_w = float(v.w[x]), self.wpy[k]
+        v.w[x], v.l[x] = new_w, self.Lpy[k]
+        m = int(v.mb[x])
+        at = v.at.get(m)
+        if at is None:
+            at = v.at[m] = np.flatnonzero(v.mb == m)
+        v.room[at] = self.cap - (self.mb_tok[m] - v.l[at])
+        if v.gain is not None:  # the same values as as_top would compute afresh
+            was = bool(v.pos[x])
+            g = new_w + self.oh * bool(v.alone[x])
+            v.gain[x] = g
+            v.pos[x] = now = g > _EPS
+            if v.wmin is not None:
+                if was and old_w == v.wmin:
+                    v.wmin = None  # the least one left: found again when needed
+                elif now and new_w < v.wmin:
+                    v.wmin = new_w
+        self._low(v, r)
 
     def touched(self, *ranks: int) -> None:
         for r in ranks:
             self._cache.pop(r, None)
 
     def take(self, i: int) -> int:
-        m = int(self.mb_of[i])
+        m = self.mb_of[i]
         self.members[m].remove(i)
-        self.mb_tok[m] -= self.L[i]
+        self.mb_tok[m] -= self.Lpy[i]
         self.mb_len[m] -= 1
         return m
 
     def put(self, i: int, m: int) -> None:
         self.members[m].append(i)
         self.mb_of[i] = m
-        self.mb_tok[m] += self.L[i]
+        self.mb_tok[m] += self.Lpy[i]
         self.mb_len[m] += 1
 
     def new_mb(self, t: int) -> int:
-        m = len(self.members)
         self.members.append([])
-        if m == self.mb_tok.size:
-            self.mb_tok = np.concatenate([self.mb_tok, np.zeros(m)])
-            self.mb_len = np.concatenate([self.mb_len, np.zeros(m, dtype=np.int64)])
-        self.rank_mbs[t].append(m)
-        return m
+        self.mb_tok.append(0.0)
+        self.mb_len.append(0)
+        self.rank_mbs[t].append(len(self.members) - 1)
+        return len(self.members) - 1
 
     def result(self) -> list[list[list[int]]]:
         return [[sorted(self.members[m]) for m in mbs if self.members[m]]
@@ -157,67 +222,80 @@ def refine_short(per_rank: list[list[list[int]]], lengths: np.ndarray, free: np.
     oh = cost.microbatch_overhead_s
     L = lengths.astype(np.float64)
     w = cost.compute(L, L * L, 1)
-    ranks = _Ranks(per_rank, L, w)
+    ranks = _Ranks(per_rank, L, w, cap, oh)
     on_rank = ranks.on_rank
-    fin = free + np.array([sum(oh + float(w[mb].sum()) for mb in mbs) for mbs in per_rank])
+    fin = (free + np.array([sum(oh + float(w[mb].sum()) for mb in mbs)
+                            for mbs in per_rank])).tolist()
+    order = sorted((f, r) for r, f in enumerate(fin))  # = a stable argsort of fin
     eps = _EPS
+
+    def refile(r: int, f: float) -> None:
+        del order[bisect.bisect_left(order, (fin[r], r))]
+        fin[r] = f
+        bisect.insort(order, (f, r))
+
     for _ in range(max_moves):
-        r = int(np.argmax(fin))
-        top = float(fin[r])
+        top = order[-1][0]
+        r = order[bisect.bisect_left(order, (top, -1))][1]  # the first rank at the max
         if not on_rank[r]:
             break
-        si, wi, li, ai, alone, _, _ = ranks.view(r)
-        gain = wi + oh * alone
-        pos = gain > eps
-        # fin[t] + add >= fin[t] + w for every sample: below this no move fits on any t
-        wmin = float(wi[pos].min()) if pos.any() else np.inf
+        v = ranks.as_top(r)
         limit = top - eps
-        fl = fin.tolist()
         moved = False
-        for t in np.argsort(fin, kind="stable").tolist():
-            ft = fl[t]
-            if t == r or ft >= limit:
+        for ft, t in order:
+            if ft >= limit:  # so are all later ranks
+                break
+            if t == r:
                 continue
-            if ft + wmin < limit:  # a move may fit: test it exactly
-                _, _, _, _, _, low, low_tok = ranks.view(t)
-                room = (low_tok + li <= cap) if low >= 0 else np.zeros(si.size, dtype=bool)
-                add = wi + oh * ~room
-                ok = (ft + add < limit) & pos
+            # fin[t] + add >= fin[t] + w for every sample: a move can fit only below this
+            if ft + v.wmin < limit:
+                u = ranks.view(t)
+                room = (u.low_tok + v.l <= cap) if u.low >= 0 else np.zeros(v.s.size, dtype=bool)
+                add = v.w + oh * ~room
+                ok = (ft + add < limit) & v.pos
                 if ok.any():  # move the heaviest sample that fits
-                    x = int(np.flatnonzero(ok)[np.argmax(wi[ok])])
-                    i = int(si[x])
+                    x = int(np.flatnonzero(ok)[np.argmax(v.w[ok])])
+                    i = int(v.s[x])
                     ranks.take(i)
                     on_rank[r].remove(i)
-                    ranks.put(i, low if room[x] else ranks.new_mb(t))
+                    ranks.put(i, u.low if room[x] else ranks.new_mb(t))
                     on_rank[t].append(i)
-                    fin[r] -= gain[x]
-                    fin[t] += add[x]
+                    gx, ax = float(v.gain[x]), float(add[x])
                     ranks.touched(r, t)
+                    refile(r, top - gx)
+                    refile(t, ft + ax)
                     moved = True
                     break
             if not on_rank[t]:
                 continue
-            sk, wk, lk, ak, _, _, _ = ranks.view(t)
-            d = wi[:, None] - wk[None, :]
-            ok = ((d > eps) & (ft + d < limit)
-                  & (ai[:, None] + lk[None, :] <= cap)
-                  & (ak[None, :] + li[:, None] <= cap))
+            u = ranks.view(t)
+            d = v.wcol - u.w
+            # the exchange must lower r and keep t below r's finish ...
+            ok = d > eps
+            ok &= ft + d < limit
+            if not ok.any():
+                continue
+            # ... and fit both micro-batches
+            ok &= u.l <= v.roomcol
+            ok &= v.lcol <= u.room
             if ok.any():  # the swap that leaves the pair's later finish lowest
                 after = np.where(ok, np.maximum(top - d, ft + d), np.inf)
-                x, y = np.unravel_index(int(np.argmin(after)), after.shape)
-                i, k = int(si[x]), int(sk[y])
+                x, y = divmod(int(after.argmin()), after.shape[1])
+                i, k = int(v.s[x]), int(u.s[y])
+                dxy = float(d[x, y])
                 mi = ranks.take(i)
                 mk = ranks.take(k)
                 ranks.put(k, mi)
                 ranks.put(i, mk)
-                on_rank[r][on_rank[r].index(i)] = k
-                on_rank[t][on_rank[t].index(k)] = i
-                fin[r] -= d[x, y]
-                fin[t] += d[x, y]
-                ranks.touched(r, t)
+                on_rank[r][x] = k
+                on_rank[t][y] = i
+                ranks.swapped(r, x, k)
+                ranks.swapped(t, y, i)
+                refile(r, top - dxy)
+                refile(t, ft + dxy)
                 moved = True
                 break
         if not moved:
             break
     per_rank[:] = ranks.result()
-    return fin
+    return np.array(fin, dtype=np.float64)
