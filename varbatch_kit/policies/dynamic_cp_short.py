@@ -241,61 +241,95 @@ def refine_short(per_rank: list[list[list[int]]], lengths: np.ndarray, free: np.
             break
         v = ranks.as_top(r)
         limit = top - eps
-        moved = False
-        for ft, t in order:
-            if ft >= limit:  # so are all later ranks
-                break
-            if t == r:
-                continue
-            # fin[t] + add >= fin[t] + w for every sample: a move can fit only below this
-            if ft + v.wmin < limit:
-                u = ranks.view(t)
-                room = (u.low_tok + v.l <= cap) if u.low >= 0 else np.zeros(v.s.size, dtype=bool)
-                add = v.w + oh * ~room
-                ok = (ft + add < limit) & v.pos
-                if ok.any():  # move the heaviest sample that fits
-                    x = int(np.flatnonzero(ok)[np.argmax(v.w[ok])])
-                    i = int(v.s[x])
-                    ranks.take(i)
-                    on_rank[r].remove(i)
-                    ranks.put(i, u.low if room[x] else ranks.new_mb(t))
-                    on_rank[t].append(i)
-                    gx, ax = float(v.gain[x]), float(add[x])
-                    ranks.touched(r, t)
-                    refile(r, top - gx)
-                    refile(t, ft + ax)
-                    moved = True
+        done = False
+        j, width = 0, 1
+        while not done and j < len(order):
+            # the next ranks below r's finish, by rising finish: tested together
+            chunk: list[tuple[float, int]] = []
+            cols = 0
+            while j < len(order) and len(chunk) < width and cols * v.s.size <= _CHUNK:
+                ft, t = order[j]
+                if ft >= limit:  # so are all later ranks
+                    j = len(order)
                     break
-            if not on_rank[t]:
-                continue
-            u = ranks.view(t)
-            d = v.wcol - u.w
-            # the exchange must lower r and keep t below r's finish ...
-            ok = d > eps
-            ok &= ft + d < limit
-            if not ok.any():
-                continue
-            # ... and fit both micro-batches
-            ok &= u.l <= v.roomcol
-            ok &= v.lcol <= u.room
-            if ok.any():  # the swap that leaves the pair's later finish lowest
-                after = np.where(ok, np.maximum(top - d, ft + d), np.inf)
-                x, y = divmod(int(after.argmin()), after.shape[1])
-                i, k = int(v.s[x]), int(u.s[y])
-                dxy = float(d[x, y])
-                mi = ranks.take(i)
-                mk = ranks.take(k)
-                ranks.put(k, mi)
-                ranks.put(i, mk)
-                on_rank[r][x] = k
-                on_rank[t][y] = i
-                ranks.swapped(r, x, k)
-                ranks.swapped(t, y, i)
-                refile(r, top - dxy)
-                refile(t, ft + dxy)
-                moved = True
-                break
-        if not moved:
+                j += 1
+                if t != r:
+                    chunk.append((ft, t))
+                    cols += len(on_rank[t])
+            width *= 2
+            done = _try_chunk(ranks, r, v, chunk, top, limit, cap, oh, refile)
+        if not done:
             break
     per_rank[:] = ranks.result()
     return np.array(fin, dtype=np.float64)
+
+
+_CHUNK = 4096  # pair tests per chunk of ranks (numpy calls cost more than their elements)
+
+
+def _try_chunk(ranks: _Ranks, r: int, v: _View, chunk, top: float, limit: float, cap: int,
+               oh: float, refile) -> bool:
+    """Try the ranks ``t`` of ``chunk`` in turn, as :func:`refine_short` does one by one:
+    a move from r to t (where one may fit), then a swap; the swap conditions of all
+    of them are evaluated at once. Applies the first move or swap found; True if one."""
+    eps = _EPS
+    on_rank = ranks.on_rank
+    us = [ranks.view(t) for _, t in chunk]
+    sizes = [u.s.size for u in us]
+    if len(chunk) == 1:
+        ft0 = chunk[0][0]
+        d = v.wcol - us[0].w
+        ok = d > eps
+        ok &= ft0 + d < limit
+        ok &= us[0].l <= v.roomcol
+        ok &= v.lcol <= us[0].room
+        hits = [bool(ok.any())]
+    elif sum(sizes):
+        d = v.wcol - np.concatenate([u.w for u in us])
+        ok = d > eps
+        ok &= np.repeat(np.array([ft for ft, _ in chunk]), sizes) + d < limit
+        ok &= np.concatenate([u.l for u in us]) <= v.roomcol
+        ok &= v.lcol <= np.concatenate([u.room for u in us])
+        seen = np.concatenate(([0], np.cumsum(ok.any(axis=0))))
+        ends = np.cumsum(sizes)
+        hits = (seen[ends] > seen[ends - np.array(sizes)]).tolist()
+    else:
+        hits = [False] * len(chunk)
+    start = 0
+    for (ft, t), u, n, hit in zip(chunk, us, sizes, hits):
+        # fin[t] + add >= fin[t] + w for every sample: a move can fit only below this
+        if ft + v.wmin < limit:
+            room = (u.low_tok + v.l <= cap) if u.low >= 0 else np.zeros(v.s.size, dtype=bool)
+            add = v.w + oh * ~room
+            ok_move = (ft + add < limit) & v.pos
+            if ok_move.any():  # move the heaviest sample that fits
+                x = int(np.flatnonzero(ok_move)[np.argmax(v.w[ok_move])])
+                i = int(v.s[x])
+                ranks.take(i)
+                on_rank[r].remove(i)
+                ranks.put(i, u.low if room[x] else ranks.new_mb(t))
+                on_rank[t].append(i)
+                gx, ax = float(v.gain[x]), float(add[x])
+                ranks.touched(r, t)
+                refile(r, top - gx)
+                refile(t, ft + ax)
+                return True
+        if hit:  # the swap that leaves the pair's later finish lowest
+            db, okb = d[:, start:start + n], ok[:, start:start + n]
+            after = np.where(okb, np.maximum(top - db, ft + db), np.inf)
+            x, y = divmod(int(after.argmin()), n)
+            i, k = int(v.s[x]), int(u.s[y])
+            dxy = float(db[x, y])
+            mi = ranks.take(i)
+            mk = ranks.take(k)
+            ranks.put(k, mi)
+            ranks.put(i, mk)
+            on_rank[r][x] = k
+            on_rank[t][y] = i
+            ranks.swapped(r, x, k)
+            ranks.swapped(t, y, i)
+            refile(r, top - dxy)
+            refile(t, ft + dxy)
+            return True
+        start += n
+    return False
