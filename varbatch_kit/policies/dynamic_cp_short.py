@@ -277,13 +277,14 @@ def _try_chunk(ranks: _Ranks, r: int, v: _View, chunk, top: float, limit: float,
     us = [ranks.view(t) for _, t in chunk]
     sizes = [u.s.size for u in us]
     if len(chunk) == 1:
-        ft0 = chunk[0][0]
         d = v.wcol - us[0].w
         ok = d > eps
-        ok &= ft0 + d < limit
-        ok &= us[0].l <= v.roomcol
-        ok &= v.lcol <= us[0].room
+        ok &= chunk[0][0] + d < limit
         hits = [bool(ok.any())]
+        if hits[0]:  # the caps, only where the finish allows a swap
+            ok &= us[0].l <= v.roomcol
+            ok &= v.lcol <= us[0].room
+            hits = [bool(ok.any())]
     elif sum(sizes):
         d = v.wcol - np.concatenate([u.w for u in us])
         ok = d > eps
@@ -315,7 +316,8 @@ def _try_chunk(ranks: _Ranks, r: int, v: _View, chunk, top: float, limit: float,
                 refile(t, ft + ax)
                 return True
         if hit:  # the swap that leaves the pair's later finish lowest
-            db, okb = d[:, start:start + n], ok[:, start:start + n]
+            db, okb = (d, ok) if n == d.shape[1] else (d[:, start:start + n],
+                                                        ok[:, start:start + n])
             after = np.where(okb, np.maximum(top - db, ft + db), np.inf)
             x, y = divmod(int(after.argmin()), n)
             i, k = int(v.s[x]), int(u.s[y])
