@@ -28,6 +28,7 @@ import argparse
 import json
 import subprocess
 import time
+from functools import partial
 from pathlib import Path
 
 from benchmarks.dynamic_cp import CAP, tail_trace
@@ -70,8 +71,8 @@ def run(repeats: int) -> list[dict]:
                                  packing="balanced", distribution="balanced")
             dyn_cfg = cfg.with_(cp_mode="dynamic")
             (t_fixed, t_dyn), (_, dyn) = _best_times(
-                [lambda: build_schedule(rollouts, cfg, model),
-                 lambda: build_schedule(rollouts, dyn_cfg, model, cp_cost=cost)], repeats)
+                [partial(build_schedule, rollouts, cfg, model),
+                 partial(build_schedule, rollouts, dyn_cfg, model, cp_cost=cost)], repeats)
             dyn.check()
             rows.append({"case": case_key(mname, dp, cp), "model": mname, "dp": dp, "cp": cp,
                          "fixed_plan_s": t_fixed, "dynamic_plan_s": t_dyn,
@@ -112,7 +113,8 @@ def print_table(rows: list[dict], base: dict) -> bool:
         good &= ok
         print(f"{r['model']:<13}{str(r['dp']) + 'x' + str(r['cp']):>8}"
               f"{1e3 * r['fixed_plan_s']:>10.1f}{1e3 * r['dynamic_plan_s']:>12.1f}"
-              f"{r['ratio']:>7.2f}{before:>13.6f}{r['simulated_s']:>13.6f}{'yes' if ok else 'NO':>5}")
+              f"{r['ratio']:>7.2f}{before:>13.6f}{r['simulated_s']:>13.6f}"
+              f"{'yes' if ok else 'NO':>5}")
     return good
 
 

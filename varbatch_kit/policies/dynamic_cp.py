@@ -295,14 +295,16 @@ def _bin_sums(lengths: np.ndarray, bins: list[list[int]]) -> tuple[np.ndarray, n
 
 
 def _short_lower_bound(free: np.ndarray, short_tokens: int, short_work: float, cap: int,
-                       cost: CPCostModel) -> float:
+                       cost: CPCostModel, spread: bool = False) -> float:
     """A lower bound of the makespan once the degree-1 samples (``short_tokens`` tokens,
     ``short_work`` seconds) run after the groups: no rank finishes before it frees, and
     the pool holds all the work plus an overhead for each of at least
-    ``ceil(short_tokens / cap)`` micro-batches. Shaved by 1e-9 (relative) for rounding."""
+    ``ceil(short_tokens / cap)`` micro-batches. Shaved by 1e-9 (relative) for rounding.
+    ``spread``: ``free`` only sums the groups' busy rank-seconds (placed or not), so
+    only the mean counts."""
     mbs = -(-int(short_tokens) // cap)
     mean = (float(free.sum()) + short_work + cost.microbatch_overhead_s * mbs) / free.size
-    return max(float(free.max()), mean) * (1 - 1e-9)
+    return (mean if spread else max(float(free.max()), mean)) * (1 - 1e-9)
 
 
 def _validate(lengths, dp, cp, cap, degrees, cost):
@@ -383,14 +385,21 @@ def plan_dynamic_cp(lengths, *, dp: int, cp: int, cap: int, degrees, cost: CPCos
         if key in seen:  # the same plan as an earlier candidate: it cannot win
             continue
         seen.add(key)
-        rounds, groups, free, nxt = _place_groups(lengths, bins, bdeg, pool, cp, cost)
+        # it cannot replace the best candidate, nor be kept over the fixed plan, when its
+        # lower bound reaches theirs (the chain of 1e-12-better candidates may then end a
+        # few 1e-12 s lower, no worse); first a bound without the groups' idle time
+        limit = min(best[3] - 1e-12 if best is not None else math.inf,
+                    fixed_span if fixed is not None else math.inf)
         short = np.flatnonzero(deg == 1)
-        lb = _short_lower_bound(free, int(lengths[short].sum()), float(work[short].sum()), cap,
-                                cost)
-        if (best is not None and lb >= best[3] - 1e-12) or (fixed is not None
-                                                              and lb >= fixed_span):
-            # it cannot replace the best candidate, nor be kept over the fixed plan (the
-            # chain of 1e-12-better candidates may then end a few 1e-12 s lower, no worse)
+        s_tok, s_work = int(lengths[short].sum()), float(work[short].sum())
+        if bins:
+            tok, sq = _bin_sums(lengths, bins)
+            busy = cost.time(tok, sq, np.array(bdeg)) * np.array(bdeg)
+            if _short_lower_bound(np.array([float(busy.sum())] + [0.0] * (pool - 1)), s_tok,
+                                  s_work, cap, cost, spread=True) >= limit:
+                continue
+        rounds, groups, free, nxt = _place_groups(lengths, bins, bdeg, pool, cp, cost)
+        if _short_lower_bound(free, s_tok, s_work, cap, cost) >= limit:
             continue
         # degree-1 samples: longest first to the rank that finishes first, next-fit per rank
         per_rank = deal_short(short, lengths, free, cap, cost)

@@ -386,9 +386,13 @@ def test_short_phase_lower_bound_holds(case):
     L = lengths[short].astype(float)
     lb = _short_lower_bound(free, int(lengths[short].sum()), float(cost.compute(L, L * L, 1).sum()),
                             cap, cost)
+    busy = sum(len(b) and float(cost.time(lengths[b].sum(), (lengths[b].astype(float) ** 2).sum(),
+                                          c)) * c for b, c in zip(bins, bdeg))
+    weak = _short_lower_bound(np.array([busy] + [0.0] * (dp * cp - 1)), int(lengths[short].sum()),
+                              float(cost.compute(L, L * L, 1).sum()), cap, cost, spread=True)
     per_rank = deal_short(short, lengths, free, cap, cost)
     fin = refine_short(per_rank, lengths, free, cap, cost)
-    assert lb <= fin.max()
+    assert weak <= fin.max() and lb <= fin.max()
     assert sorted(i for mbs in per_rank for mb in mbs for i in mb) == short.tolist()
     assert all(lengths[mb].sum() <= cap for mbs in per_rank for mb in mbs)
 
