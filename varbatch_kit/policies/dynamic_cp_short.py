@@ -270,27 +270,31 @@ _CHUNK = 4096  # pair tests per chunk of ranks (numpy calls cost more than their
 def _try_chunk(ranks: _Ranks, r: int, v: _View, chunk, top: float, limit: float, cap: int,
                oh: float, refile) -> bool:
     """Try the ranks ``t`` of ``chunk`` in turn, as :func:`refine_short` does one by one:
-    a move from r to t (where one may fit), then a swap; the swap conditions of all
-    of them are evaluated at once. Applies the first move or swap found; True if one."""
+    a move from r to t (where one may fit), then a swap. Applies the first move or
+    swap found; True if one.
+
+    A swap of r's sample i for t's sample k must lower r, keep t below r's finish
+    and fit both micro-batches; of those, the one leaving the pair's later finish
+    lowest (the first on ties) is made. The finish conditions of all the chunk's
+    pairs are evaluated at once; the caps only at the best pair that passes them,
+    and over all pairs only when that one breaks a cap (the first best pair of a
+    set is the first best of any subset that holds it).
+    """
     eps = _EPS
     on_rank = ranks.on_rank
     us = [ranks.view(t) for _, t in chunk]
     sizes = [u.s.size for u in us]
     if len(chunk) == 1:
         d = v.wcol - us[0].w
+        e = chunk[0][0] + d  # t's finish after the swap
         ok = d > eps
-        ok &= chunk[0][0] + d < limit
+        ok &= e < limit
         hits = [bool(ok.any())]
-        if hits[0]:  # the caps, only where the finish allows a swap
-            ok &= us[0].l <= v.roomcol
-            ok &= v.lcol <= us[0].room
-            hits = [bool(ok.any())]
     elif sum(sizes):
         d = v.wcol - np.concatenate([u.w for u in us])
+        e = np.repeat(np.array([ft for ft, _ in chunk]), sizes) + d
         ok = d > eps
-        ok &= np.repeat(np.array([ft for ft, _ in chunk]), sizes) + d < limit
-        ok &= np.concatenate([u.l for u in us]) <= v.roomcol
-        ok &= v.lcol <= np.concatenate([u.room for u in us])
+        ok &= e < limit
         seen = np.concatenate(([0], np.cumsum(ok.any(axis=0))))
         ends = np.cumsum(sizes)
         hits = (seen[ends] > seen[ends - np.array(sizes)]).tolist()
@@ -315,11 +319,21 @@ def _try_chunk(ranks: _Ranks, r: int, v: _View, chunk, top: float, limit: float,
                 refile(r, top - gx)
                 refile(t, ft + ax)
                 return True
-        if hit:  # the swap that leaves the pair's later finish lowest
-            db, okb = (d, ok) if n == d.shape[1] else (d[:, start:start + n],
-                                                        ok[:, start:start + n])
-            after = np.where(okb, np.maximum(top - db, ft + db), np.inf)
+        if hit:
+            if n == d.shape[1]:
+                db, eb, okb = d, e, ok
+            else:
+                db, eb, okb = (d[:, start:start + n], e[:, start:start + n],
+                               ok[:, start:start + n])
+            after = np.where(okb, np.maximum(top - db, eb), np.inf)
             x, y = divmod(int(after.argmin()), n)
+            if not (u.l[y] <= v.room[x] and v.l[x] <= u.room[y]):  # it breaks a cap
+                okb = okb & (u.l <= v.roomcol) & (v.lcol <= u.room)
+                if not okb.any():
+                    start += n
+                    continue
+                after = np.where(okb, np.maximum(top - db, eb), np.inf)
+                x, y = divmod(int(after.argmin()), n)
             i, k = int(v.s[x]), int(u.s[y])
             dxy = float(db[x, y])
             mi = ranks.take(i)
