@@ -86,14 +86,13 @@ class _View:
     """One rank's degree-1 samples as numpy arrays (in the rank's sample order):
     ``s`` samples, ``w`` work, ``l`` tokens, ``mb`` their micro-batch, ``room`` the
     tokens their micro-batch can take in exchange for them (``cap`` minus its
-    tokens without them), ``alone`` whether they are alone in it; ``gain`` the
-    seconds the rank saves without them, ``pos`` where that is positive, ``wmin``
-    the least work among those (``None`` until asked for); ``low``: the open
-    micro-batch with the fewest tokens (the first one on ties; -1 without one)
-    and ``low_tok`` its tokens."""
+    tokens without them), ``alone`` whether they are alone in it; ``wlow`` the
+    least work (``None`` until asked for); ``low``: the open micro-batch with the
+    fewest tokens (the first one on ties; -1 without one) and ``low_tok`` its
+    tokens; ``at``: positions by micro-batch (filled on use)."""
 
-    __slots__ = ("s", "w", "l", "mb", "room", "alone", "gain", "pos", "wmin", "wcol", "lcol",
-                 "roomcol", "low", "low_tok", "at")
+    __slots__ = ("s", "w", "l", "mb", "room", "alone", "wlow", "wcol", "lcol", "roomcol", "low",
+                 "low_tok", "at")
 
 
 class _Ranks:
@@ -139,20 +138,17 @@ class _Ranks:
             v.room = self.cap - (np.array([self.mb_tok[m] for m in mbs], dtype=np.float64) - v.l)
             v.alone = np.array([self.mb_len[m] == 1 for m in mbs], dtype=bool)
             v.wcol, v.lcol, v.roomcol = v.w[:, None], v.l[:, None], v.room[:, None]
-            v.gain = v.wmin = None
+            v.wlow = None
             v.at = {}
             self._low(v, r)
             self._cache[r] = v
         return v
 
     def as_top(self, r: int) -> _View:
-        """:meth:`view`, with ``gain``, ``pos`` and ``wmin`` (for the rank finishing last)."""
+        """:meth:`view`, with ``wlow`` (for the rank finishing last)."""
         v = self.view(r)
-        if v.gain is None:
-            v.gain = v.w + self.oh * v.alone
-            v.pos = v.gain > _EPS
-        if v.wmin is None:
-            v.wmin = float(v.w[v.pos].min()) if v.pos.any() else math.inf
+        if v.wlow is None:
+            v.wlow = float(v.w.min()) if v.w.size else math.inf
         return v
 
     def swapped(self, r: int, x: int, k: int) -> None:
@@ -166,16 +162,11 @@ class _Ranks:
         if at is None:
             at = v.at[m] = np.flatnonzero(v.mb == m)
         v.room[at] = self.cap - (self.mb_tok[m] - v.l[at])
-        if v.gain is not None:  # the same values as as_top would compute afresh
-            was = bool(v.pos[x])
-            g = new_w + self.oh * bool(v.alone[x])
-            v.gain[x] = g
-            v.pos[x] = now = g > _EPS
-            if v.wmin is not None:
-                if was and old_w == v.wmin:
-                    v.wmin = None  # the least one left: found again when needed
-                elif now and new_w < v.wmin:
-                    v.wmin = new_w
+        if v.wlow is not None:
+            if old_w == v.wlow:
+                v.wlow = None  # maybe the least one left: found again when needed
+            elif new_w < v.wlow:
+                v.wlow = new_w
         self._low(v, r)
 
     def touched(self, *ranks: int) -> None:
@@ -303,10 +294,11 @@ def _try_chunk(ranks: _Ranks, r: int, v: _View, chunk, top: float, limit: float,
     start = 0
     for (ft, t), u, n, hit in zip(chunk, us, sizes, hits):
         # fin[t] + add >= fin[t] + w for every sample: a move can fit only below this
-        if ft + v.wmin < limit:
+        if ft + v.wlow < limit:
+            gain = v.w + oh * v.alone  # r's saving without the sample
             room = (u.low_tok + v.l <= cap) if u.low >= 0 else np.zeros(v.s.size, dtype=bool)
             add = v.w + oh * ~room
-            ok_move = (ft + add < limit) & v.pos
+            ok_move = (ft + add < limit) & (gain > eps)
             if ok_move.any():  # move the heaviest sample that fits
                 x = int(np.flatnonzero(ok_move)[np.argmax(v.w[ok_move])])
                 i = int(v.s[x])
@@ -314,7 +306,7 @@ def _try_chunk(ranks: _Ranks, r: int, v: _View, chunk, top: float, limit: float,
                 on_rank[r].remove(i)
                 ranks.put(i, u.low if room[x] else ranks.new_mb(t))
                 on_rank[t].append(i)
-                gx, ax = float(v.gain[x]), float(add[x])
+                gx, ax = float(gain[x]), float(add[x])
                 ranks.touched(r, t)
                 refile(r, top - gx)
                 refile(t, ft + ax)
