@@ -12,6 +12,9 @@ arrays cached between moves, exact pre-tests that skip ranks which cannot take
 a move) and give, bit for bit, the plans of the plain versions they replace:
 the same float expressions are evaluated in the same order wherever a
 decision depends on them.
+
+``cost`` is the planner's :class:`~varbatch_kit.policies.dynamic_cp.CPCostModel`
+(not imported here: that module imports this one).
 """
 
 from __future__ import annotations
@@ -19,12 +22,8 @@ from __future__ import annotations
 import bisect
 import heapq
 import math
-from typing import TYPE_CHECKING
 
 import numpy as np
-
-if TYPE_CHECKING:
-    from varbatch_kit.policies.dynamic_cp import CPCostModel
 
 __all__ = ["deal_short", "refine_short"]
 
@@ -32,7 +31,7 @@ _EPS = 1e-12
 
 
 def deal_short(short: np.ndarray, lengths: np.ndarray, free: np.ndarray, cap: int,
-               cost: CPCostModel) -> list[list[list[int]]]:
+               cost) -> list[list[list[int]]]:
     """Degree-1 samples, longest first, each to the rank that finishes first (next-fit).
 
     A rank's key is its finish, plus one micro-batch overhead when the sample
@@ -199,7 +198,7 @@ class _Ranks:
 
 
 def refine_short(per_rank: list[list[list[int]]], lengths: np.ndarray, free: np.ndarray,
-                 cap: int, cost: CPCostModel, max_moves: int = 4000) -> np.ndarray:
+                 cap: int, cost, max_moves: int = 4000) -> np.ndarray:
     """Local search on the degree-1 micro-batches (they run last on each rank, so a
     rank's finish is its time after the groups plus their sum): move a sample off
     the rank that finishes last, or swap it for a shorter one, while that lowers

@@ -325,7 +325,7 @@ def test_dynamic_plan_not_slower_than_recorded(model, dp, cp, recorded):
 
 
 # ------------------------------------------------------------ fast planner, same plans
-GOLDEN_PLANS = Path(__file__).parents[2] / "golden" / "dynamic_cp_plans.json"
+GOLDEN_PLANS = Path(__file__).parents[2] / "golden" / "dynamic_cp" / "plans.json"
 
 
 def golden_case(seed: int):
