@@ -18,8 +18,13 @@ repeats the grid with ``cp_overlap=0`` (the ring never hides behind the
 attention, as with short per-rank chunks or a slower interconnect) to show
 where dynamic CP pays.
 
+Then the planning-time table of :mod:`benchmarks.dynamic_cp_speed` (dynamic vs
+fixed ``balanced`` planning time on a 3000-sample step, and the plans' simulated
+time against the planner before its speed-up).
+
 Run: ``python -m benchmarks.dynamic_cp`` (``--quick``: half the rollouts and the
-default table only). Writes ``build/bench/dynamic_cp.json``.
+default table only). Writes ``build/bench/dynamic_cp.json`` (and
+``build/bench/dynamic_cp_speed.json``).
 """
 
 from __future__ import annotations
@@ -150,6 +155,9 @@ def main(argv: list[str] | None = None) -> None:
     args.out.write_text(json.dumps({"quick": args.quick, "cap": CAP, "hardware": "H100",
                                     "seconds": elapsed, "rows": rows}, indent=1))
     print(f"wrote {args.out}")
+    from benchmarks import dynamic_cp_speed
+
+    dynamic_cp_speed.main(["--quick"] if args.quick else [])
 
 
 if __name__ == "__main__":

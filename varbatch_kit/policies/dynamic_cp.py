@@ -31,7 +31,9 @@ The planner (:func:`plan_dynamic_cp`), a heuristic:
    micro-batches longest first, each on the window of ``c`` consecutive
    ranks of one CP replica (``cp`` consecutive pool ranks) that frees first;
 3. deal the degree-1 samples longest first to the rank that finishes first,
-   each rank packing them next-fit under ``cap`` tokens;
+   each rank packing them next-fit under ``cap`` tokens, then move or swap
+   them off the rank that finishes last while that helps
+   (:mod:`varbatch_kit.policies.dynamic_cp_short`);
 4. number the rounds so that every rank runs its micro-batches in the order
    planned (a group's round is the first round free on all its ranks; the
    other ranks idle in the rounds they skip) and pad every rank to the same
@@ -41,6 +43,14 @@ Of the candidate plans the one with the shortest makespan under the cost
 model is kept, and a given fixed-CP plan (every micro-batch at degree ``cp``
 on its DP replica) is kept instead where it is not slower: a dynamic plan is
 never slower than the fixed one under the model it was planned with.
+
+Planning is fast enough for interactive use (a 3000-sample step at 16 x 8 in
+a few fixed plans' time, ``benchmarks/dynamic_cp_speed.py``) because work that
+cannot change the result is skipped: a target whose degrees and groups repeat
+an earlier candidate's is not planned again, and step 3 is not run for a
+candidate whose lower bound (no rank before it frees, the whole pool busy with
+the degree-1 work and one overhead per ``cap`` tokens of it) already reaches
+the best candidate's makespan or the fixed plan's.
 """
 
 from __future__ import annotations
@@ -49,6 +59,8 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
+
+from varbatch_kit.policies.dynamic_cp_short import deal_short, refine_short
 
 __all__ = ["CPCostModel", "DynamicCPPlan", "group_timeline", "plan_dynamic_cp"]
 
@@ -201,9 +213,10 @@ def _ffd(pos: np.ndarray, lengths: np.ndarray, cap_tokens: int, cost: CPCostMode
     return bins
 
 
-def _candidate(lengths: np.ndarray, deg: np.ndarray, pool: int, cp: int, cap: int,
-               cost: CPCostModel, tau: float):
-    """One plan for given sample degrees: (bins, rounds, groups, makespan)."""
+def _long_bins(lengths: np.ndarray, deg: np.ndarray, cap: int, cost: CPCostModel,
+               tau: float) -> tuple[list[list[int]], list[int]]:
+    """The micro-batches of the samples of degree ``c > 1`` (largest degree first) and their
+    degrees: first-fit decreasing per degree under ``c * cap`` tokens and ``tau`` seconds."""
     bins: list[list[int]] = []
     bdeg: list[int] = []
     for c in sorted(set(deg.tolist()) - {1}, reverse=True):
@@ -211,13 +224,22 @@ def _candidate(lengths: np.ndarray, deg: np.ndarray, pool: int, cp: int, cap: in
         for b in _ffd(pos, lengths, cap * c, cost, c, tau):
             bins.append(b)
             bdeg.append(c)
-    tok = np.array([lengths[b].sum() for b in bins], dtype=np.float64)
-    sq = np.array([(lengths[b].astype(np.float64) ** 2).sum() for b in bins])
-    dur = cost.time(tok, sq, np.array(bdeg)) if bins else np.zeros(0)
+    return bins, bdeg
+
+
+def _place_groups(lengths: np.ndarray, bins: list[list[int]], bdeg: list[int], pool: int,
+                  cp: int, cost: CPCostModel):
+    """List-schedule the micro-batches of degree > 1, longest first, each on the window
+    of its degree that frees first (least idle on ties). Returns ``(rounds, groups, free,
+    nxt)``: per micro-batch its round and ranks; per rank when it frees and its next round."""
     free = np.zeros(pool)
     nxt = np.zeros(pool, dtype=np.int64)
     groups: list[tuple[int, ...]] = [()] * len(bins)
     rounds = [0] * len(bins)
+    if not bins:
+        return rounds, groups, free, nxt
+    tok, sq = _bin_sums(lengths, bins)
+    dur = cost.time(tok, sq, np.array(bdeg))
     win = {c: _windows(pool, cp, c) for c in set(bdeg)}
     for b in np.argsort(-dur, kind="stable").tolist():
         w = win[bdeg[b]]
@@ -231,146 +253,33 @@ def _candidate(lengths: np.ndarray, deg: np.ndarray, pool: int, cp: int, cap: in
         nxt[g] = r + 1
         groups[b] = tuple(int(x) for x in g)
         rounds[b] = r
-    # degree-1 samples: longest first to the rank that finishes first, next-fit per rank
-    short = np.flatnonzero(deg == 1)
-    per_rank = _deal_short(short, lengths, free, cap, cost)
-    fin = _refine_short(per_rank, lengths, free, cap, cost)
-    for r in range(pool):
-        for mb in per_rank[r]:
-            bins.append(mb)
-            groups.append((r,))
-            rounds.append(int(nxt[r]))
-            nxt[r] += 1
-    return bins, rounds, groups, float(fin.max()) if pool else 0.0
+    return rounds, groups, free, nxt
 
 
-def _deal_short(short: np.ndarray, lengths: np.ndarray, free: np.ndarray, cap: int,
-                cost: CPCostModel) -> list[list[list[int]]]:
-    """Degree-1 samples, longest first, each to the rank that finishes first (next-fit)."""
-    pool = free.size
-    fin = free.copy()
-    short = short[np.argsort(-lengths[short], kind="stable")]
-    open_tok = np.full(pool, np.inf)  # tokens of each rank's open micro-batch (inf: none)
-    per_rank: list[list[list[int]]] = [[] for _ in range(pool)]
-    oh = cost.microbatch_overhead_s
-    Ls = lengths[short].astype(np.float64)
-    works = cost.compute(Ls, Ls * Ls, 1)
-    for i, L, work in zip(short.tolist(), Ls.tolist(), works.tolist()):
-        new = open_tok + L > cap
-        r = int((fin + oh * new).argmin())
-        if new[r]:
-            per_rank[r].append([])
-            open_tok[r] = 0.0
-            fin[r] += oh
-        per_rank[r][-1].append(i)
-        open_tok[r] += L
-        fin[r] += work
-    return per_rank
+def _bin_sums(lengths: np.ndarray, bins: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
+    """``S = sum(L)`` and ``Q = sum(L**2)`` of every bin, as floats (exact below 2**53)."""
+    sizes = [len(b) for b in bins]
+    if not bins or min(sizes) == 0:  # reduceat cannot sum empty bins
+        return (np.array([float(lengths[b].sum()) for b in bins], dtype=np.float64),
+                np.array([float((lengths[b].astype(np.float64) ** 2).sum()) for b in bins],
+                         dtype=np.float64))
+    flat = np.fromiter((i for b in bins for i in b), dtype=np.int64)
+    starts = np.cumsum([0] + sizes[:-1])
+    Lf = lengths[flat].astype(np.float64)
+    return np.add.reduceat(Lf, starts), np.add.reduceat(Lf * Lf, starts)
 
 
-def _refine_short(per_rank: list[list[list[int]]], lengths: np.ndarray, free: np.ndarray,
-                  cap: int, cost: CPCostModel, max_moves: int = 4000) -> np.ndarray:
-    """Local search on the degree-1 micro-batches (they run last on each rank, so a
-    rank's finish is its time after the groups plus their sum): move a sample off
-    the rank that finishes last, or swap it for a shorter one, while that lowers
-    the pair's later finish. Returns every rank's finish; edits ``per_rank``."""
-    oh = cost.microbatch_overhead_s
-    L = lengths.astype(np.float64)
-    w = cost.compute(L, L * L, 1)
-    mb_rank: list[int] = []
-    mb_tok: list[float] = []
-    mb_of: dict[int, int] = {}
-    members: list[list[int]] = []
-    for r, mbs in enumerate(per_rank):
-        for mb in mbs:
-            for i in mb:
-                mb_of[i] = len(members)
-            members.append(list(mb))
-            mb_rank.append(r)
-            mb_tok.append(float(L[mb].sum()))
-    on_rank: list[list[int]] = [[i for mb in mbs for i in mb] for mbs in per_rank]
-    rank_mbs: list[list[int]] = [[] for _ in per_rank]
-    for m, r in enumerate(mb_rank):
-        rank_mbs[r].append(m)
-    fin = free + np.array([sum(oh + float(w[mb].sum()) for mb in mbs) for mbs in per_rank])
-    eps = 1e-12
-
-    def put(i: int, m: int) -> None:
-        members[m].append(i)
-        mb_of[i] = m
-        mb_tok[m] += L[i]
-
-    def take(i: int) -> None:
-        m = mb_of[i]
-        members[m].remove(i)
-        mb_tok[m] -= L[i]
-
-    for _ in range(max_moves):
-        r = int(np.argmax(fin))
-        top = fin[r]
-        if not on_rank[r]:
-            break
-        si = np.array(on_rank[r], dtype=np.int64)
-        wi, li = w[si], L[si]
-        ti = np.array([mb_tok[mb_of[i]] for i in on_rank[r]])
-        alone = np.array([len(members[mb_of[i]]) == 1 for i in on_rank[r]])
-        gain = wi + oh * alone
-        moved = False
-        for t in np.argsort(fin, kind="stable").tolist():
-            if t == r or fin[t] >= top - eps:
-                continue
-            open_t = [m for m in rank_mbs[t] if members[m]]
-            low = min(open_t, key=lambda m: mb_tok[m]) if open_t else -1
-            room = (mb_tok[low] + li <= cap) if low >= 0 else np.zeros(si.size, dtype=bool)
-            add = wi + oh * ~room
-            ok = (fin[t] + add < top - eps) & (gain > eps)
-            if ok.any():  # move the heaviest sample that fits
-                x = int(np.flatnonzero(ok)[np.argmax(wi[ok])])
-                i = int(si[x])
-                take(i)
-                on_rank[r].remove(i)
-                if room[x]:
-                    put(i, low)
-                else:
-                    members.append([])
-                    mb_tok.append(0.0)
-                    mb_rank.append(t)
-                    rank_mbs[t].append(len(members) - 1)
-                    put(i, len(members) - 1)
-                on_rank[t].append(i)
-                fin[r] -= gain[x]
-                fin[t] += add[x]
-                moved = True
-                break
-            if not on_rank[t]:
-                continue
-            sk = np.array(on_rank[t], dtype=np.int64)
-            wk, lk = w[sk], L[sk]
-            tk = np.array([mb_tok[mb_of[k]] for k in on_rank[t]])
-            d = wi[:, None] - wk[None, :]
-            ok = ((d > eps) & (fin[t] + d < top - eps)
-                  & (ti[:, None] - li[:, None] + lk[None, :] <= cap)
-                  & (tk[None, :] - lk[None, :] + li[:, None] <= cap))
-            if ok.any():  # the swap that leaves the pair's later finish lowest
-                after = np.where(ok, np.maximum(top - d, fin[t] + d), np.inf)
-                x, y = np.unravel_index(int(np.argmin(after)), after.shape)
-                i, k = int(si[x]), int(sk[y])
-                mi, mk = mb_of[i], mb_of[k]
-                take(i)
-                take(k)
-                put(k, mi)
-                put(i, mk)
-                on_rank[r][on_rank[r].index(i)] = k
-                on_rank[t][on_rank[t].index(k)] = i
-                fin[r] -= d[x, y]
-                fin[t] += d[x, y]
-                moved = True
-                break
-        if not moved:
-            break
-    for r in range(len(per_rank)):
-        per_rank[r] = [sorted(members[m]) for m in rank_mbs[r] if members[m]]
-    return fin
+def _short_lower_bound(free: np.ndarray, short_tokens: int, short_work: float, cap: int,
+                       cost: CPCostModel, spread: bool = False) -> float:
+    """A lower bound of the makespan once the degree-1 samples (``short_tokens`` tokens,
+    ``short_work`` seconds) run after the groups: no rank finishes before it frees, and
+    the pool holds all the work plus an overhead for each of at least
+    ``ceil(short_tokens / cap)`` micro-batches. Shaved by 1e-9 (relative) for rounding.
+    ``spread``: ``free`` only sums the groups' busy rank-seconds (placed or not), so
+    only the mean counts."""
+    mbs = -(-int(short_tokens) // cap)
+    mean = (float(free.sum()) + short_work + cost.microbatch_overhead_s * mbs) / free.size
+    return (mean if spread else max(float(free.max()), mean)) * (1 - 1e-9)
 
 
 def _validate(lengths, dp, cp, cap, degrees, cost):
@@ -424,32 +333,69 @@ def plan_dynamic_cp(lengths, *, dp: int, cp: int, cap: int, degrees, cost: CPCos
         need[lengths <= c * cap] = c
     work = cost.compute(L, L * L, 1)
     balanced = float(work.sum()) / pool if pool else 0.0
+    fixed_span = math.nan
+    if fixed is not None:
+        fb, frb = fixed
+        tok, sq = _bin_sums(lengths, fb)
+        dur = cost.time(tok, sq, cp)
+        fixed_span = max(float(dur[rb].sum()) for rb in frb) if fb else 0.0
     best = None
+    seen: set = set()
+    # each sample's time alone at each degree, and at the degree it needs
+    alone = {c: cost.time(L, L * L, c) for c in degrees}
+    t_need = np.zeros(lengths.size)
+    for c in degrees:
+        t_need[need == c] = alone[c][need == c]
     for f in (math.inf, 4.0, 2.0, 1.0, 0.5, 0.25):
         tau = balanced * f
         deg = need.copy()
         if math.isfinite(tau):
+            t_deg = t_need.copy()
             for c in degrees:
-                raise_ = (deg < c) & (cost.time(L, L * L, deg) > tau)
+                raise_ = (deg < c) & (t_deg > tau)
                 deg[raise_] = c
-        cand = _candidate(lengths, deg, pool, cp, cap, cost, tau)
-        if best is None or cand[3] < best[3] - 1e-12:
-            best = cand
+                t_deg[raise_] = alone[c][raise_]
+        bins, bdeg = _long_bins(lengths, deg, cap, cost, tau)
+        key = (deg.tobytes(), tuple(map(tuple, bins)))
+        if key in seen:  # the same plan as an earlier candidate: it cannot win
+            continue
+        seen.add(key)
+        # it cannot replace the best candidate, nor be kept over the fixed plan, when its
+        # lower bound reaches theirs (the chain of 1e-12-better candidates may then end a
+        # few 1e-12 s lower, no worse); first a bound without the groups' idle time
+        limit = min(best[3] - 1e-12 if best is not None else math.inf,
+                    fixed_span if fixed is not None else math.inf)
+        short = np.flatnonzero(deg == 1)
+        s_tok, s_work = int(lengths[short].sum()), float(work[short].sum())
+        if bins:
+            tok, sq = _bin_sums(lengths, bins)
+            busy = cost.time(tok, sq, np.array(bdeg)) * np.array(bdeg)
+            if _short_lower_bound(np.array([float(busy.sum())] + [0.0] * (pool - 1)), s_tok,
+                                  s_work, cap, cost, spread=True) >= limit:
+                continue
+        rounds, groups, free, nxt = _place_groups(lengths, bins, bdeg, pool, cp, cost)
+        if _short_lower_bound(free, s_tok, s_work, cap, cost) >= limit:
+            continue
+        # degree-1 samples: longest first to the rank that finishes first, next-fit per rank
+        per_rank = deal_short(short, lengths, free, cap, cost)
+        fin = refine_short(per_rank, lengths, free, cap, cost)
+        for r in range(pool):
+            for mb in per_rank[r]:
+                bins.append(mb)
+                groups.append((r,))
+                rounds.append(int(nxt[r]))
+                nxt[r] += 1
+        span = float(fin.max())
+        if best is None or span < best[3] - 1e-12:
+            best = (bins, rounds, groups, span)
+    if fixed is not None and (best is None or fixed_span <= best[3]):
+        rounds = [0] * len(fb)
+        groups = [()] * len(fb)
+        for d, rb in enumerate(frb):
+            for j, b in enumerate(rb):
+                rounds[b] = j
+                groups[b] = tuple(range(d * cp, (d + 1) * cp))
+        return DynamicCPPlan([list(b) for b in fb], rounds, groups, fixed_span, fixed_span,
+                             "fixed")
     bins, rounds, groups, span = best
-    fixed_span = math.nan
-    if fixed is not None:
-        fb, frb = fixed
-        tok = np.array([lengths[b].sum() for b in fb], dtype=np.float64)
-        sq = np.array([(L[b] ** 2).sum() for b in fb])
-        dur = cost.time(tok, sq, cp)
-        fixed_span = max(float(dur[rb].sum()) for rb in frb) if fb else 0.0
-        if fixed_span <= span:
-            rounds = [0] * len(fb)
-            groups = [()] * len(fb)
-            for d, rb in enumerate(frb):
-                for j, b in enumerate(rb):
-                    rounds[b] = j
-                    groups[b] = tuple(range(d * cp, (d + 1) * cp))
-            return DynamicCPPlan([list(b) for b in fb], rounds, groups, fixed_span, fixed_span,
-                                 "fixed")
     return DynamicCPPlan(bins, rounds, groups, span, fixed_span, "dynamic")

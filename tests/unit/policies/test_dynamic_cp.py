@@ -1,7 +1,10 @@
 """Dynamic-CP planner: the cost model by hand, hand-made plans, and properties of
 build_schedule(cp_mode="dynamic") (check() passes, never slower than fixed)."""
 
+import hashlib
+import json
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -267,3 +270,121 @@ def test_fixed_cp_without_ring_cost_is_the_compute_only_model():
     t_one = simulate(one, hardware=free, microbatch_overhead_s=0.0).step_times.time_s
     assert t_cp.tolist() == pytest.approx((t_one / 4).tolist(), rel=1e-12)
     assert (simulate(s).step_times.time_s >= t_cp - 1e-15).all()
+
+
+# ------------------------------------------------------------ recorded plans
+# simulated seconds of the dynamic plans of the planner at commit 75766c8 (before the
+# planning speed-up): a faster planner must not give slower plans
+RECORDED_75766C8 = [("qwen3-8b", 4, 4, 11.4604154418527),
+                    ("deepseek-v3", 2, 8, 63.355235117091205)]
+
+
+@pytest.mark.parametrize("model, dp, cp, recorded", RECORDED_75766C8)
+def test_dynamic_plan_not_slower_than_recorded(model, dp, cp, recorded):
+    from benchmarks.dynamic_cp import tail_trace
+
+    r = tail_trace(400, seed=1)  # two steps of 200 samples, 4% of them 16k-64k tokens
+    cfg = ScheduleConfig(dp=dp, cp=cp, max_tokens_per_gpu=16384, global_batch_size=200,
+                         packing="balanced", distribution="balanced")
+    shape = ModelShape.preset(model)
+    dyn = simulate(build_schedule(r, cfg.with_(cp_mode="dynamic"), shape).check(),
+                   timelines=False)
+    fixed = simulate(build_schedule(r, cfg, shape), timelines=False)
+    assert dyn.total_time_s <= recorded * (1 + 1e-9)
+    assert dyn.total_time_s == pytest.approx(recorded, rel=1e-3)  # the same kind of plan
+    assert (dyn.step_times.time_s < fixed.step_times.time_s).all()  # dynamic wins each step
+
+
+# ------------------------------------------------------------ fast planner, same plans
+GOLDEN_PLANS = Path(__file__).parents[2] / "golden" / "dynamic_cp" / "plans.json"
+
+
+def golden_case(seed: int):
+    """A seeded planner input: short samples and 10% long ones, 1..8 replicas of cp 2/4/8,
+    and a fixed plan of one sample per micro-batch (odd seeds) or one micro-batch per replica."""
+    rng = np.random.default_rng(seed)
+    cap = int(rng.choice([64, 128, 256]))
+    n = int(rng.integers(20, 300))
+    lengths = np.where(rng.random(n) < 0.1, rng.integers(cap, 5 * cap, n),
+                       rng.integers(1, cap, n))
+    dp, cp = int(rng.integers(1, 9)), int(rng.choice([2, 4, 8]))
+    cost = CPCostModel(linear_s=float(rng.uniform(0.5, 2.0)),
+                       attention_s=float(rng.uniform(0.0, 0.01)),
+                       comm_s=float(rng.uniform(0.0, 1.0)), latency_s=float(rng.uniform(0, 5)),
+                       microbatch_overhead_s=float(rng.choice([0.0, 1.0, 10.0, 100.0])),
+                       overlap=float(rng.uniform(0.0, 1.0)))
+    if seed % 2:  # one sample per micro-batch, dealt round-robin
+        fixed = ([[i] for i in range(n)], [list(range(d, n, dp)) for d in range(dp)])
+    else:  # one micro-batch per replica (few overheads: the fixed plan may be kept)
+        fixed = ([p.tolist() for p in np.array_split(np.arange(n), dp)], [[d] for d in range(dp)])
+    return lengths, dict(dp=dp, cp=cp, cap=cap, degrees=tuple(c for c in (1, 2, 4, 8) if c <= cp),
+                         cost=cost, fixed=fixed)
+
+
+def plan_digest(plan) -> str:
+    """sha256 of a plan's micro-batches, rounds, groups, makespans (repr: every bit) and source."""
+    text = json.dumps([plan.bins, plan.rounds, [list(g) for g in plan.groups],
+                       repr(plan.makespan_s), repr(plan.fixed_makespan_s), plan.source])
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def test_plans_are_those_of_the_plain_planner():
+    # digests of the plans of the planner at commit 75766c8, before the speed-up (its
+    # candidate skipping, heap deal and chunked local search must not change a bit)
+    golden = json.loads(GOLDEN_PLANS.read_text())
+    assert golden["commit"].startswith("75766c8") and len(golden["digests"]) == 40
+    for seed, digest in enumerate(golden["digests"]):
+        lengths, kw = golden_case(seed)
+        plan = plan_dynamic_cp(lengths, **kw)
+        assert plan_digest(plan) == digest, f"seed {seed}"
+        assert plan_digest(plan_dynamic_cp(lengths, **kw)) == digest  # deterministic
+
+
+@settings(max_examples=40, deadline=None)
+@given(plans())
+def test_short_phase_lower_bound_holds(case):
+    # the bound that lets the planner skip a candidate never exceeds its makespan
+    from varbatch_kit.policies.dynamic_cp import _long_bins, _place_groups, _short_lower_bound
+    from varbatch_kit.policies.dynamic_cp_short import deal_short, refine_short
+
+    lengths, cap, dp, cp, degrees, cost = case
+    deg = np.full(lengths.size, cp, dtype=np.int64)
+    for c in sorted(degrees, reverse=True):
+        deg[lengths <= c * cap] = c
+    bins, bdeg = _long_bins(lengths, deg, cap, cost, math.inf)
+    _, _, free, _ = _place_groups(lengths, bins, bdeg, dp * cp, cp, cost)
+    short = np.flatnonzero(deg == 1)
+    L = lengths[short].astype(float)
+    lb = _short_lower_bound(free, int(lengths[short].sum()), float(cost.compute(L, L * L, 1).sum()),
+                            cap, cost)
+    busy = sum(len(b) and float(cost.time(lengths[b].sum(), (lengths[b].astype(float) ** 2).sum(),
+                                          c)) * c for b, c in zip(bins, bdeg))
+    weak = _short_lower_bound(np.array([busy] + [0.0] * (dp * cp - 1)), int(lengths[short].sum()),
+                              float(cost.compute(L, L * L, 1).sum()), cap, cost, spread=True)
+    per_rank = deal_short(short, lengths, free, cap, cost)
+    fin = refine_short(per_rank, lengths, free, cap, cost)
+    assert weak <= fin.max() and lb <= fin.max()
+    assert sorted(i for mbs in per_rank for mb in mbs for i in mb) == short.tolist()
+    assert all(lengths[mb].sum() <= cap for mbs in per_rank for mb in mbs)
+
+
+def test_deal_short_by_hand():
+    from varbatch_kit.policies.dynamic_cp_short import deal_short
+
+    # 1 s per token, 1 s per micro-batch, 10 tokens per rank: 6 -> rank 0 (key 1, ties to
+    # the lower rank); 5 does not fit rank 0's 6 (key 8) -> rank 1 (key 1); 4 fits both
+    # (keys 7, 6) -> rank 1; 3 fits rank 0 only (keys 7, 11) -> rank 0
+    cost = CPCostModel(linear_s=1.0, attention_s=0.0, microbatch_overhead_s=1.0)
+    per_rank = deal_short(np.arange(4), np.array([6, 5, 4, 3]), np.zeros(2), 10, cost)
+    assert per_rank == [[[0, 3]], [[1, 2]]]
+
+
+def test_refine_short_by_hand():
+    from varbatch_kit.policies.dynamic_cp_short import refine_short
+
+    # rank 0 runs two 10-token samples (20 s), rank 1 one of 4 (4 s): a 10 moves over
+    # (10 s and 14 s); then no move or swap lowers the later finish
+    cost = CPCostModel(linear_s=1.0, attention_s=0.0)
+    per_rank = [[[0, 1]], [[2]]]
+    fin = refine_short(per_rank, np.array([10, 10, 4]), np.zeros(2), 100, cost)
+    assert fin.tolist() == [10.0, 14.0] and per_rank == [[[1]], [[0, 2]]]
