@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from varbatch_kit._extras import require
 from varbatch_kit.core.rollouts import Rollouts
 from varbatch_kit.resources import data_dir
 
@@ -108,6 +109,7 @@ def _read_jsonl(path: Path) -> dict[str, list]:
 
 
 def _read_parquet(path: Path) -> dict[str, list]:
+    require("reading a .parquet trace", "parquet", ("pyarrow",))
     import pyarrow.parquet as pq
 
     try:
@@ -610,6 +612,7 @@ def write_trace(rollouts: Rollouts, path: str | Path, *, extra: bool = True) -> 
             if str(name) not in CORE_COLUMNS:
                 cols[str(name)] = [_plain(v) for v in rollouts.extra[name].tolist()]
     if p.suffix.lower() in (".parquet", ".pq"):
+        require("writing a .parquet trace", "parquet", ("pyarrow",))
         import pyarrow as pa
         import pyarrow.parquet as pq
 
