@@ -13,7 +13,7 @@ Main entry points::
 
     from varbatch_kit import bundled_traces, read_trace, simulate
     agentic = read_trace(bundled_traces()["agentic"])      # a recorded trace
-    simulate(schedule, ModelShape.preset("qwen3-8b"))       # predicted step times
+    simulate(schedule, "H100").step_times                   # predicted step times
 
 Everything else is imported from its layer module, one path per name:
 ``varbatch_kit.report`` (layout-invariant reports), ``varbatch_kit.analysis.sweeps``,

@@ -16,6 +16,7 @@ import argparse
 import importlib
 import sys
 
+from varbatch_kit._extras import MissingExtraError
 from varbatch_kit._version import __version__
 
 # subcommand name -> (module providing ``add_parser(subparsers)``, one-line help for
@@ -65,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return int(args.func(args) or 0)
-    except ValueError as e:
+    except (ValueError, MissingExtraError) as e:
         print(f"varbatch-kit {args.command}: error: {e}", file=sys.stderr)
         return 2
 

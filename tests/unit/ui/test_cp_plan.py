@@ -1,4 +1,5 @@
-"""viz.cp_plan_figure: a step's CP plan, ranks x rounds, blocks over CP groups coloured by degree."""
+"""viz.cp_plan_figure: a step's CP plan, ranks x rounds, blocks over CP groups coloured by
+degree."""
 
 import numpy as np
 import plotly.graph_objects as go
