@@ -17,8 +17,12 @@ import importlib.util
 __all__ = ["MissingExtraError", "require"]
 
 
-class MissingExtraError(ImportError):
-    """A library of an optional extra is not installed (an :class:`ImportError`)."""
+class MissingExtraError(ModuleNotFoundError):
+    """A library of an optional extra is not installed.
+
+    A :class:`ModuleNotFoundError` (so an :class:`ImportError`, and
+    ``pytest.importorskip`` skips on it) whose ``name`` is the first missing library.
+    """
 
 
 def require(package: str, extra: str, libraries: tuple[str, ...]) -> None:

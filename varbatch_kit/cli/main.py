@@ -34,6 +34,11 @@ SUBCOMMANDS = {
 }
 
 
+#: subcommands that parse their own arguments: ``main(rest of argv)`` of their module
+#: (``varbatch-kit demo --out DIR`` is ``python -m varbatch_kit.cli.demo --out DIR``)
+OWN_PARSER = {"demo"}
+
+
 def _command(argv: list[str]) -> str | None:
     """The subcommand ``argv`` asks for (the first word that is not an option), if any."""
     return next((a for a in argv if not a.startswith("-")), None)
@@ -59,6 +64,8 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     command = _command(argv)
     try:
+        if command in OWN_PARSER and argv.index(command) == 0:
+            return int(importlib.import_module(SUBCOMMANDS[command][0]).main(argv[1:]) or 0)
         parser = build_parser(command)
     except ImportError as e:
         print(f"varbatch-kit {command}: error: {e}", file=sys.stderr)
