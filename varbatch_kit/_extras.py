@@ -30,7 +30,8 @@ def require(package: str, extra: str, libraries: tuple[str, ...]) -> None:
 
     ``package`` is the shell asking (``"varbatch_kit.ui"``) or the feature that
     needs the libraries (``"reading a .parquet trace"``); ``libraries`` are
-    top-level import names (``"plotly"``). Only the libraries' specs are looked
+    import names (``"plotly"``; a dotted ``"megatron.core"`` imports its parent
+    package, a namespace for megatron). Only the libraries' specs are looked
     up (:func:`importlib.util.find_spec`), nothing is imported, so the check costs
     microseconds.
     """

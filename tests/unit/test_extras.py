@@ -119,6 +119,19 @@ def test_parquet_without_pyarrow_names_the_parquet_extra(tmp_path):
                                   "pip install 'varbatch_kit[parquet]' (missing: pyarrow)")
 
 
+def test_the_exact_solver_without_ortools_names_the_dev_extra():
+    res = _python("""
+        from varbatch_kit.policies.optimal import solve_min_max_rank_flops
+        try:
+            solve_min_max_rank_flops([10, 20, 30], [1.0, 2.0, 3.0], 64, 2, 1)
+        except ImportError as e:
+            print(e)
+        """, ("ortools",))
+    assert res.stdout.strip() == (
+        "the exact solver (solve_min_max_rank_flops) needs the [dev] extra: "
+        "pip install 'varbatch_kit[dev]' (missing: ortools)"), res.stderr
+
+
 def _cli(args: list[str], blocked, cwd) -> subprocess.CompletedProcess:
     return _python(f"""
         import sys
