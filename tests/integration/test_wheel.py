@@ -186,6 +186,7 @@ def test_installed_wheel_works_outside_the_checkout(full_venv, tmp_path):
     copied = _run([exe, "notebooks", tmp_path / "nb"], cwd=tmp_path, env=env).split()
     assert len(copied) == 5 and all(Path(p).is_file() for p in copied)
 
+    assert "--notebooks" in _run([exe, "demo", "--help"], cwd=tmp_path, env=env)
     out = tmp_path / "demo_out"
     _run([py, "-m", "varbatch_kit.cli.demo", "--notebooks", "01", "--out", out,
           "--no-progress"], cwd=tmp_path, env=env, timeout=900)
