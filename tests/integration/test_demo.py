@@ -14,7 +14,8 @@ from varbatch_kit.core.traces import bundled_traces, read_trace
 
 pytestmark = pytest.mark.timeout(300)
 
-FIGURE = """from varbatch_kit import Rollouts, ScheduleConfig, build_schedule, viz, widgets
+FIGURE = """from varbatch_kit import Rollouts, ScheduleConfig, build_schedule
+from varbatch_kit.ui import viz, widgets
 r = Rollouts.synthetic(64, seed=0)
 s = build_schedule(r, ScheduleConfig(dp=2, global_batch_size=32, max_tokens_per_gpu=8192))
 viz.packing_figure(s)"""

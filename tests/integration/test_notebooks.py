@@ -74,7 +74,7 @@ def test_committed_without_outputs_and_self_explaining(path):
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
 def test_no_latex_and_no_removed_calls(path):
     """The demo's HTML export loads MathJax from a CDN (not there offline), so math is written
-    in Unicode; schedules and tables come from varbatch_kit.sweeps, not from viz."""
+    in Unicode; schedules and tables come from varbatch_kit.analysis.sweeps, not from viz."""
     nb = nbformat.read(path, as_version=4)
     for cell in nb.cells:
         if cell.cell_type == "markdown":

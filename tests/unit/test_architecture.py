@@ -31,9 +31,12 @@ ALLOWED = {
 SHELL_LIBRARIES = {"plotly", "ipywidgets", "anywidget", "megatron", "nbclient", "nbconvert",
                    "jupyterlab", "playwright"}
 PURE = {"resources", "policies", "core", "report", "analysis"}
-#: the stable import paths at the top (``varbatch_kit.viz`` is ``varbatch_kit.ui.viz``, ...)
-ALIASES = {"__init__", "io", "viz", "widgets", "quality", "simulate", "sweeps", "optimal",
-           "demo"}
+#: modules at the top that belong to no layer (any layer may import them)
+NEUTRAL = {"_version", "_extras"}
+#: the alias modules that are gone (each name has one import path: its layer module's)
+REMOVED_ALIASES = ("io", "viz", "widgets", "quality", "simulate", "sweeps", "optimal", "demo")
+#: the modules that gather names defined elsewhere (besides package ``__init__`` files)
+GATHERERS = {"varbatch_kit.ui.viz", "varbatch_kit.ui.widgets"}
 
 
 def _module_name(path: Path) -> str:
@@ -64,9 +67,9 @@ def _imports(path: Path) -> list[tuple[str, int]]:
 
 
 def _layer(module: str) -> str | None:
-    """The layer folder of a module; None for the package root and ``_version`` (neutral)."""
+    """The layer folder of a module; None for the package root and :data:`NEUTRAL` modules."""
     parts = module.split(".")
-    if parts[0] != "varbatch_kit" or len(parts) < 2 or parts[1] == "_version":
+    if parts[0] != "varbatch_kit" or len(parts) < 2 or parts[1] in NEUTRAL:
         return None
     return parts[1]
 
@@ -85,7 +88,7 @@ def _edges():
 
 def test_every_module_sits_in_a_layer():
     loose = [n for n in MODULES.values() if n.count(".") == 1
-             and n.split(".")[1] not in ALIASES | set(ALLOWED) | {"_version"}]
+             and n.split(".")[1] not in set(ALLOWED) | NEUTRAL]
     assert not loose, f"modules outside every layer folder: {loose}"
 
 
@@ -93,11 +96,9 @@ def test_layers_import_only_downwards():
     bad = []
     for _path, name, target, line in _edges():
         src, dst = _layer(name), _layer(target)
-        if src in ALIASES or src is None or dst is None:
+        if src is None or dst is None:
             continue
-        if dst in ALIASES:
-            bad.append(f"{name}:{line} imports the alias {target}; import the module itself")
-        elif dst not in ALLOWED[src]:
+        if dst not in ALLOWED[src]:
             bad.append(f"{name}:{line} ({src}) imports {target} ({dst})")
     assert not bad, "\n".join(bad)
 
@@ -140,25 +141,139 @@ def test_no_import_cycles():
     assert not cycles, "import cycles:\n" + "\n".join(" -> ".join(c) for c in cycles)
 
 
-@pytest.mark.parametrize("alias,module", [
-    ("io", "varbatch_kit.core.traces"), ("viz", "varbatch_kit.ui.viz"),
-    ("widgets", "varbatch_kit.ui.widgets"), ("quality", "varbatch_kit.analysis.quality"),
-    ("simulate", "varbatch_kit.analysis.simulate"), ("sweeps", "varbatch_kit.analysis.sweeps"),
-    ("demo", "varbatch_kit.cli.demo"),
-])
-def test_stable_import_paths_are_the_modules_themselves(alias, module):
+def _assigns_sys_modules(path: Path) -> list[int]:
+    """Lines of ``path`` that assign, delete or update an entry of ``sys.modules``."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+
+    def is_sys_modules(node) -> bool:
+        return (isinstance(node, ast.Attribute) and node.attr == "modules"
+                and isinstance(node.value, ast.Name) and node.value.id == "sys")
+
+    lines = []
+    for node in ast.walk(tree):
+        targets = []
+        if isinstance(node, ast.Assign | ast.AugAssign | ast.AnnAssign | ast.Delete):
+            targets = node.targets if isinstance(node, ast.Assign | ast.Delete) else [node.target]
+        lines += [node.lineno for t in targets
+                  if isinstance(t, ast.Subscript) and is_sys_modules(t.value)]
+        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                and node.func.attr in ("update", "setdefault", "__setitem__", "pop")
+                and is_sys_modules(node.func.value)):
+            lines.append(node.lineno)
+    return lines
+
+
+def test_no_module_replaces_itself_in_sys_modules():
+    bad = [f"{name}:{line}" for path, name in MODULES.items()
+           for line in _assigns_sys_modules(path)]
+    assert not bad, "modules that write sys.modules (an alias layer):\n" + "\n".join(bad)
+
+
+@pytest.mark.parametrize("alias", REMOVED_ALIASES)
+def test_the_alias_modules_are_gone(alias):
+    """``varbatch_kit.viz`` & co. no longer exist: the package holds no such module.
+
+    Looked up with the path finder on the package's own folder, so an editable
+    install of another checkout (whose finder would map the name) does not hide
+    a leftover file.
+    """
+    import importlib.machinery
+
+    import varbatch_kit
+
+    assert not (PKG / f"{alias}.py").exists() and not (PKG / alias).exists()
+    assert importlib.machinery.PathFinder.find_spec(
+        f"varbatch_kit.{alias}", list(varbatch_kit.__path__)) is None
+    assert alias not in {m.name for m in __import__("pkgutil").iter_modules(
+        list(varbatch_kit.__path__))}
+
+
+def _public_exports() -> dict[str, dict[str, object]]:
+    """Every module's ``__all__``: module name -> {exported name: object}."""
     import importlib
 
-    assert importlib.import_module(f"varbatch_kit.{alias}") is importlib.import_module(module)
+    out = {}
+    for name in sorted(KNOWN):
+        mod = importlib.import_module(name)
+        out[name] = {n: getattr(mod, n) for n in getattr(mod, "__all__", ())}
+    return out
 
 
-def test_optimal_path_holds_the_solver_and_the_gap_study():
-    from varbatch_kit import optimal
-    from varbatch_kit.analysis.optimum_gap import gap_to_optimal
-    from varbatch_kit.policies.optimal import solve_min_max_rank_flops
+def _ours(obj) -> bool:
+    """A class or function defined in the package (constants and re-exported libraries aside)."""
+    import inspect
 
-    assert optimal.solve_min_max_rank_flops is solve_min_max_rank_flops
-    assert optimal.gap_to_optimal is gap_to_optimal
+    return ((inspect.isclass(obj) or inspect.isfunction(obj))
+            and getattr(obj, "__module__", "").startswith("varbatch_kit."))
+
+
+@pytest.fixture(scope="module")
+def exports():
+    return _public_exports()
+
+
+def test_no_function_or_class_has_a_second_name(exports):
+    """``cp_plan = cp_plan_figure`` and the like: one object, one public name."""
+    names: dict[int, set[str]] = {}
+    where: dict[int, str] = {}
+    for table in exports.values():
+        for n, obj in table.items():
+            if _ours(obj):
+                names.setdefault(id(obj), set()).add(n)
+                where[id(obj)] = f"{obj.__module__}.{obj.__qualname__}"
+    bad = [f"{where[k]} is exported as {sorted(v)}" for k, v in names.items() if len(v) > 1]
+    assert not bad, "\n".join(bad)
+
+
+def test_a_plain_module_exports_only_what_it_defines(exports):
+    """Outside package ``__init__`` files and the gatherers, ``__all__`` is the module's own."""
+    bad = []
+    for module, table in exports.items():
+        path = next(p for p, n in MODULES.items() if n == module)
+        if path.name == "__init__.py" or module in GATHERERS:
+            continue
+        bad += [f"{module} exports {n}, defined in {obj.__module__}"
+                for n, obj in table.items() if _ours(obj) and obj.__module__ != module]
+    assert not bad, "\n".join(bad)
+
+
+def test_each_name_is_re_exported_by_at_most_one_module(exports):
+    """A name defined in one module is gathered by at most one package or gatherer."""
+    by: dict[int, list[str]] = {}
+    for module, table in exports.items():
+        for n, obj in table.items():
+            if _ours(obj) and obj.__module__ != module:
+                by.setdefault(id(obj), []).append(f"{module}.{n}")
+    bad = [" and ".join(v) for v in by.values() if len(v) > 1]
+    assert not bad, "names with two import paths:\n" + "\n".join(bad)
+
+
+def test_the_top_level_names_come_from_the_pure_layers(exports):
+    import varbatch_kit
+
+    assert {"read_trace", "bundled_traces", "simulate", "build_schedule"} <= set(
+        varbatch_kit.__all__)
+    for n, obj in exports["varbatch_kit"].items():
+        if _ours(obj):
+            assert _layer(obj.__module__) in PURE, f"varbatch_kit.{n} is from {obj.__module__}"
+
+
+def test_import_varbatch_kit_imports_no_shell_library():
+    import subprocess
+    import sys
+
+    code = ("import sys, varbatch_kit\n"
+            f"print(sorted({{m.split('.')[0] for m in sys.modules}} & {SHELL_LIBRARIES!r}))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120, check=True).stdout
+    assert out.strip() == "[]"
+
+
+def test_the_sys_modules_checker_sees_an_alias(tmp_path):
+    f = tmp_path / "alias.py"
+    f.write_text("import sys\nfrom x import y as _m\nsys.modules[__name__] = _m\n"
+                 "sys.modules.update(a=1)\n")
+    assert _assigns_sys_modules(f) == [3, 4]
 
 
 def test_the_checker_sees_a_violation(tmp_path):

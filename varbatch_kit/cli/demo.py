@@ -1,6 +1,7 @@
 """``make demo``: run the five notebooks headless and render them as HTML.
 
-``python -m varbatch_kit.cli.demo`` executes ``notebooks/*.ipynb`` top to bottom
+``varbatch-kit demo`` (or ``python -m varbatch_kit.cli.demo``; needs the ``[ui]``
+extra, and ``[train]`` for notebooks 03 and 04) executes ``notebooks/*.ipynb`` top to bottom
 in a fresh kernel each (nbclient), writes ``build/demo/<name>.html`` with
 every figure (plotly.js is written once next to them as ``plotly.min.js``, so
 the pages open offline), the executed notebooks as ``.ipynb`` and
@@ -35,7 +36,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from varbatch_kit._extras import require
 from varbatch_kit.resources import notebooks_dir
+
+# the notebooks draw with plotly and run in a kernel driven by nbclient/nbconvert
+require(__name__, "ui", ("plotly", "nbclient", "nbconvert", "nbformat"))
 
 __all__ = ["NOTEBOOKS_DIR", "SUMMARIES", "NotebookRun", "export_html", "invariance_summary",
            "main", "notebook_title", "policy_summary", "run_notebook", "write_index"]
@@ -326,10 +331,6 @@ def main(argv: list[str] | None = None) -> int:
     return 1 if failed else 0
 
 
-if __name__ == "__main__":
-    sys.exit(main())
-
-
 def add_parser(subparsers) -> argparse.ArgumentParser:
     """``varbatch-kit demo [options]``: the options are :func:`main`'s (``--out DIR``, ...)."""
     p = subparsers.add_parser("demo", add_help=False,
@@ -337,3 +338,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("demo_args", nargs=argparse.REMAINDER)
     p.set_defaults(func=lambda args: main(args.demo_args))
     return p
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -228,7 +228,7 @@ def _print(table, columns) -> None:
 
 
 def _train(args: argparse.Namespace) -> int:
-    from varbatch_kit.train.launch import TrainingError, run
+    from varbatch_kit.train import TrainingError, run
 
     (config,) = configs_from_args(args)
     rollouts = rollouts_from_args(args)
@@ -250,7 +250,7 @@ def _train(args: argparse.Namespace) -> int:
 
 
 def _compare(args: argparse.Namespace) -> int:
-    from varbatch_kit.train.launch import TrainingError, compare
+    from varbatch_kit.train import TrainingError, compare
 
     configs = configs_from_args(args)
     rollouts = rollouts_from_args(args)

@@ -58,7 +58,7 @@ class Rollouts:
     extra:
         Optional pandas DataFrame of further per-sample fields (one row per
         sample, same order; e.g. a slime dump's ``reward``, ``status``,
-        ``group_index``, ``tokens``: see :func:`varbatch_kit.io.read_trace`).
+        ``group_index``, ``tokens``: see :func:`varbatch_kit.core.traces.read_trace`).
         Stored with a fresh ``0..n-1`` index; :meth:`subset` keeps the rows of
         the kept samples and :meth:`to_frame` joins the columns.
 

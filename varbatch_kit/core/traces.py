@@ -10,9 +10,8 @@ hands slime's ``.pt`` debug dumps (``--save-debug-rollout-data``) to
 :mod:`varbatch_kit.core.slime_dumps`, which reads them with the meaning slime's
 trainer gives them, without unpickling anything. :func:`write_trace` writes
 JSONL or Parquet; :func:`bundled_traces` lists the traces shipped with the
-package. ``SlimeSampleError``, ``flatten_slime_samples`` and
-``slime_train_data`` are :mod:`~varbatch_kit.core.slime_dumps`' own, importable
-from here too.
+package. Errors are :class:`~varbatch_kit.core.trace_errors.TraceError`
+(also ``varbatch_kit.TraceError``).
 """
 
 from __future__ import annotations
@@ -23,13 +22,9 @@ from typing import Any
 
 import numpy as np
 
+from varbatch_kit._extras import require
 from varbatch_kit.core.rollouts import Rollouts
-from varbatch_kit.core.slime_dumps import (
-    SlimeSampleError,
-    flatten_slime_samples,
-    read_slime_dump,
-    slime_train_data,
-)
+from varbatch_kit.core.slime_dumps import read_slime_dump
 from varbatch_kit.core.trace_errors import TraceError
 from varbatch_kit.resources import data_dir
 
@@ -38,10 +33,6 @@ __all__ = [
     "write_trace",
     "TRACES_DIR",
     "bundled_traces",
-    "TraceError",
-    "SlimeSampleError",
-    "flatten_slime_samples",
-    "slime_train_data",
 ]
 
 #: the rollout traces shipped with the package (``data/traces``)
@@ -107,6 +98,7 @@ def _read_jsonl(path: Path) -> dict[str, list]:
 
 
 def _read_parquet(path: Path) -> dict[str, list]:
+    require("reading a .parquet trace", "parquet", ("pyarrow",))
     import pyarrow.parquet as pq
 
     try:
@@ -195,6 +187,7 @@ def write_trace(rollouts: Rollouts, path: str | Path, *, extra: bool = True) -> 
             if str(name) not in CORE_COLUMNS:
                 cols[str(name)] = [_plain(v) for v in rollouts.extra[name].tolist()]
     if p.suffix.lower() in (".parquet", ".pq"):
+        require("writing a .parquet trace", "parquet", ("pyarrow",))
         import pyarrow as pa
         import pyarrow.parquet as pq
 

@@ -22,6 +22,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from varbatch_kit._extras import require
+
 __all__ = [
     "MAX_SAMPLES",
     "OptimalResult",
@@ -129,6 +131,7 @@ def solve_min_max_rank_flops(
     ValueError
         For bad input or an infeasible instance (e.g. too few samples).
     """
+    require("the exact solver (solve_min_max_rank_flops)", "dev", ("ortools",))
     from ortools.sat.python import cp_model
 
     L, F = _check(lengths, flops, cap, dp, micro_batches_per_rank)

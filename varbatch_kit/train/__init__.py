@@ -11,19 +11,20 @@ Devices: CUDA + NCCL when GPUs are present, else CPU + gloo through
 :mod:`varbatch_kit.train.cpu_shim`. Context parallelism is emulated at the
 loss level (see :mod:`varbatch_kit.train.loop`).
 
-Importing this package does not import megatron-core; the workers do.
+Needs the ``[train]`` extra (``pip install 'varbatch_kit[train]'``): importing
+this package without megatron-core raises an ``ImportError`` that says so.
+Importing it does not import megatron-core itself (only its presence is
+checked); the workers import it.
 """
 
-from varbatch_kit.train.config import TrainConfig
-from varbatch_kit.train.launch import (
-    Run,
-    TrainingError,
-    TrainingTimeout,
-    compare,
-    param_rel_diff,
-    run,
-    run_many,
-)
+from varbatch_kit._extras import require
+
+require(__name__, "train", ("megatron.core",))
+
+from varbatch_kit.train.config import TrainConfig  # noqa: E402  (after the extra's check)
+from varbatch_kit.train.launch import compare, run, run_many  # noqa: E402
+from varbatch_kit.train.results import Run, param_rel_diff  # noqa: E402
+from varbatch_kit.train.supervise import TrainingError, TrainingTimeout  # noqa: E402
 
 __all__ = [
     "Run",

@@ -338,7 +338,7 @@ def _load_tensors(spec: HFModelSpec, names: list[str]) -> dict[str, Any]:
     except ImportError:
         raise ImportError(
             "loading a Hugging Face checkpoint needs the safetensors package: "
-            "pip install safetensors (or pip install 'varbatch_kit[model]')") from None
+            "pip install safetensors (or pip install 'varbatch_kit[train]')") from None
     import torch
 
     by_file: dict[str, list[str]] = {}

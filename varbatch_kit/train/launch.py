@@ -51,7 +51,6 @@ from varbatch_kit.train.config import TrainConfig
 from varbatch_kit.train.results import Run, load_run, param_rel_diff
 from varbatch_kit.train.steplog import read_records, truncate_to_step
 from varbatch_kit.train.supervise import (
-    TrainingError,
     TrainingTimeout,
     _alive,
     kill_job,
@@ -61,8 +60,7 @@ from varbatch_kit.train.supervise import (
     worker_pids,
 )
 
-__all__ = ["Run", "TrainingError", "TrainingTimeout", "compare", "param_rel_diff", "run",
-           "run_many"]
+__all__ = ["compare", "run", "run_many"]
 
 
 # ----------------------------------------------------------------------------- helpers

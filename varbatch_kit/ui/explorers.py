@@ -131,7 +131,7 @@ class PackingExplorer(Explorer):
     (Dropdown of the schedule's steps).
 
     Below the packing figure, :attr:`cp_figure` shows the step's CP plan
-    (:func:`varbatch_kit.ui.viz.cp_plan`: world ranks x rounds, each
+    (:func:`varbatch_kit.ui.viz.cp_plan_figure`: world ranks x rounds, each
     micro-batch over its CP group, coloured by degree). Under dynamic CP the
     packing figure shows the fixed-CP plan of the same settings (the one the
     planner compares against) and the CP plan figure the dynamic one.
@@ -367,7 +367,7 @@ class PackingExplorer(Explorer):
 
     def _render_cp_plan(self, schedule: Schedule, step: int) -> None:
         """Redraw :attr:`cp_figure` (its traces depend on the degrees present)."""
-        new = viz.cp_plan(schedule, step, max_ranks=64)
+        new = viz.cp_plan_figure(schedule, step, max_ranks=64)
         fig = getattr(self, "cp_figure", None)
         if fig is None:  # first render, before the widget exists
             self.cp_figure = new

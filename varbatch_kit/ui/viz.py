@@ -37,7 +37,7 @@ Pictures
 - :func:`step_sizes_figure` and :func:`training_figure`: samples / tokens /
   micro-batches per step of a variable global batch size, and training
   curves from a per-step report table.
-- :func:`cp_plan_figure` (alias :func:`cp_plan`; its table :func:`cp_plan_table`): one
+- :func:`cp_plan_figure` (its table :func:`cp_plan_table`): one
   step's context-parallel plan, world ranks x rounds, each micro-batch a block over
   its CP group coloured by its degree; fixed and dynamic CP alike.
 - :func:`step_time_figure` and :func:`timeline_figure`: simulated step times
@@ -45,7 +45,7 @@ Pictures
   :mod:`varbatch_kit.analysis.simulate`).
 """
 
-from varbatch_kit.ui.figures.cp import cp_plan, cp_plan_figure, cp_plan_table
+from varbatch_kit.ui.figures.cp import cp_plan_figure, cp_plan_table
 from varbatch_kit.ui.figures.policies import policy_figure, sweep_heatmap
 from varbatch_kit.ui.figures.reports import report_figure, training_figure
 from varbatch_kit.ui.figures.schedule import (
@@ -69,7 +69,6 @@ __all__ = [
     "apply_traces",
     "balance_figure",
     "balance_traces",
-    "cp_plan",
     "cp_plan_figure",
     "cp_plan_table",
     "empty_balance_figure",

@@ -35,7 +35,8 @@ R8 = rollouts([5, 3, 8, 2, 7, 1, 4, 6])
 # ------------------------------------------------------------------ purity
 def test_sweeps_imports_neither_plotly_nor_torch():
     code = ("import sys\n"
-            "from varbatch_kit import Rollouts, ScheduleConfig, sweeps\n"
+            "from varbatch_kit import Rollouts, ScheduleConfig\n"
+            "from varbatch_kit.analysis import sweeps\n"
             "r = Rollouts.synthetic(64, seed=0)\n"
             "sweeps.policy_table(r, ScheduleConfig(dp=2, global_batch_size=16, "
             "max_tokens_per_gpu=4096), None)\n"

@@ -276,7 +276,7 @@ def test_config_from_the_flags_is_the_with_batching_of_the_base(trace_file):
     from varbatch_kit.cli.schedule import _config
 
     path, r = trace_file
-    parser = build_parser()
+    parser = build_parser("schedule")
     base = ScheduleConfig(dp=16, global_batch_size=16, max_tokens_per_gpu=16384)
     assert _config(parser.parse_args(["schedule", str(path)]), r) == base
     got = _config(parser.parse_args(["schedule", str(path), "--cp", "2", "--vpp", "2",

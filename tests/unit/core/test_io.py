@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from varbatch_kit import Rollouts
-from varbatch_kit.core.traces import TraceError, bundled_traces, read_trace, write_trace
+from varbatch_kit.core.trace_errors import TraceError
+from varbatch_kit.core.traces import bundled_traces, read_trace, write_trace
 
 
 def sample():

@@ -1,4 +1,5 @@
-"""viz.cp_plan: a step's CP plan, ranks x rounds, blocks over CP groups coloured by degree."""
+"""viz.cp_plan_figure: a step's CP plan, ranks x rounds, blocks over CP groups coloured by
+degree."""
 
 import numpy as np
 import plotly.graph_objects as go
@@ -34,7 +35,7 @@ def hand_plan() -> Schedule:
 
 
 def test_cp_plan_draws_each_micro_batch_over_its_group_coloured_by_degree():
-    fig = viz.cp_plan(hand_plan(), step=0)
+    fig = viz.cp_plan_figure(hand_plan(), step=0)
     assert isinstance(fig, go.Figure)
     names = [t.name for t in fig.data]
     assert names == ["idle", "c = 1 (3 micro-batches)", "c = 4 (1 micro-batches)",
@@ -80,7 +81,7 @@ def test_fixed_cp_is_drawn_as_its_plan():
         for j, b in enumerate(bins):
             row = t[t.bin == b].iloc[0]
             assert row["round"] == j and row["ranks"] == (2 * d, 2 * d + 1)
-    fig = viz.cp_plan(sched)
+    fig = viz.cp_plan_figure(sched)
     assert [x.name for x in fig.data] == ["idle", "c = 2 (4 micro-batches)", "CP groups",
                                           "tokens per rank"]
     assert len(fig.data[0].y) == 0 and fig.data[0].showlegend is False
@@ -93,7 +94,7 @@ def test_dynamic_plan_of_the_planner_is_drawn_and_covers_every_micro_batch():
                          cp_mode="dynamic")
     sched = build_schedule(r, cfg, TINY).check()
     st = sched.steps[0]
-    fig = viz.cp_plan(sched, 0)
+    fig = viz.cp_plan_figure(sched, 0)
     cells = sum(len(t.y) for t in fig.data if t.name.startswith("c = "))
     assert cells == sum(p.degree for p in st.placements)
     assert len(fig.data[-1].text) == len(st.micro_batches)
@@ -102,14 +103,14 @@ def test_dynamic_plan_of_the_planner_is_drawn_and_covers_every_micro_batch():
 def test_cp_plan_errors_and_rank_limit():
     sched = hand_plan()
     with pytest.raises(ValueError, match="step=3 is out of range"):
-        viz.cp_plan(sched, 3)
-    fig = viz.cp_plan(sched, 0, max_ranks=2)
+        viz.cp_plan_figure(sched, 3)
+    fig = viz.cp_plan_figure(sched, 0, max_ranks=2)
     assert "first 2 of 4 ranks shown" in fig.layout.title.text
     assert all(max(t.y, default=0) < 2 for t in fig.data if t.type == "bar")
 
 
 def test_cp_plan_follows_the_figure_conventions():
-    fig = viz.cp_plan(hand_plan())
+    fig = viz.cp_plan_figure(hand_plan())
     legend = fig.layout.legend
     assert (legend.yref, legend.y, legend.yanchor) == ("container", 0, "bottom")
     text = [fig.layout.title.text] + [t.name or "" for t in fig.data]
@@ -170,7 +171,7 @@ def test_a_group_of_non_adjacent_ranks_gets_one_outline_per_run():
                               cp=4)
     sched = Schedule(cfg, r, [st], base.dropped_rollout_ids, base.dropped_samples, TINY,
                      base.sample_flops).check()
-    fig = viz.cp_plan(sched)
+    fig = viz.cp_plan_figure(sched)
     groups = next(t for t in fig.data if t.name == "CP groups")
     assert len(groups.x) == 6 * 3  # ranks 0 and 3 (two runs) + rank 1
     assert list(fig.data[-1].text) == ["200", "100"]  # one label per micro-batch

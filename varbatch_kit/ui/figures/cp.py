@@ -17,7 +17,7 @@ from varbatch_kit.core.placement import Placement
 from varbatch_kit.core.schedule import Schedule
 from varbatch_kit.ui.figures.style import LEGEND_BELOW, TEMPLATE
 
-__all__ = ["DEGREE_COLORS", "cp_plan", "cp_plan_figure", "cp_plan_table", "step_placements"]
+__all__ = ["DEGREE_COLORS", "cp_plan_figure", "cp_plan_table", "step_placements"]
 
 #: colour of each CP degree (others: grey); light for c = 1, darker as c grows
 DEGREE_COLORS = {1: "#9ecae1", 2: "#fdae6b", 3: "#c7e9c0", 4: "#e6550d", 6: "#74c476",
@@ -158,6 +158,3 @@ def cp_plan_figure(schedule: Schedule, step: int = 0, *, max_ranks: int = 128) -
     )
     return fig
 
-
-cp_plan = cp_plan_figure
-"""Alias: ``viz.cp_plan(schedule, step=0)``."""
