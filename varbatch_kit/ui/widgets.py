@@ -1,5 +1,12 @@
 """ipywidgets explorers: move a control, see the schedule change.
 
+This module makes them (:func:`packing_explorer`, :func:`balance_explorer`)
+and says how they behave; the explorers themselves are
+:class:`~varbatch_kit.ui.packing_explorer.PackingExplorer` and
+:class:`~varbatch_kit.ui.balance_explorer.BalanceExplorer`, built on
+:mod:`varbatch_kit.ui.explorer_engine` (with
+:func:`~varbatch_kit.ui.explorer_engine.measure_latency`).
+
 :func:`packing_explorer` shows how one step is packed into micro-batches and
 spread over DP ranks; :func:`balance_explorer` shows the per-rank FLOPs and
 tokens of every step against their lower bound. Both draw on a
@@ -46,28 +53,64 @@ line ``vbk-summary`` (its numbers are in ``<span>`` elements with classes
 explorer with the simulator; ``computing…`` appears in the line while a
 background update runs); the error box ``vbk-error`` (hidden
 when there is no error; the message is in ``.vbk-error-text``). Control
-names (also their ``description``): see :data:`PACKING_CONTROLS` and
-:data:`BALANCE_CONTROLS`. In the packing figure the second bar trace
-(``"micro-batches"``) has exactly one bar per micro-batch of the shown step.
+names (also their ``description``): see
+:data:`varbatch_kit.ui.packing_explorer.PACKING_CONTROLS` and
+:data:`varbatch_kit.ui.balance_explorer.BALANCE_CONTROLS`. In the packing figure
+the second bar trace (``"micro-batches"``) has exactly one bar per
+micro-batch of the shown step.
 """
 
-from varbatch_kit.ui.explorer_engine import Explorer, measure_latency
-from varbatch_kit.ui.explorers import (
-    BALANCE_CONTROLS,
-    PACKING_CONTROLS,
-    BalanceExplorer,
-    PackingExplorer,
-    balance_explorer,
-    packing_explorer,
-)
+from __future__ import annotations
 
-__all__ = [
-    "BALANCE_CONTROLS",
-    "PACKING_CONTROLS",
-    "BalanceExplorer",
-    "Explorer",
-    "PackingExplorer",
-    "balance_explorer",
-    "measure_latency",
-    "packing_explorer",
-]
+from typing import Any
+
+from varbatch_kit.core.flops import ModelShape
+from varbatch_kit.core.rollouts import Rollouts
+from varbatch_kit.ui import balance_explorer as _balance
+from varbatch_kit.ui import packing_explorer as _packing
+
+__all__ = ["balance_explorer", "packing_explorer"]
+
+
+def packing_explorer(rollouts: Rollouts, model: ModelShape | None = None, **kwargs: Any
+                     ) -> _packing.PackingExplorer:
+    """An interactive view of one step's packing.
+
+    Returns a :class:`~varbatch_kit.ui.packing_explorer.PackingExplorer` (its
+    controls, ``state`` keys and figures are described there).
+
+    Parameters
+    ----------
+    rollouts:
+        The batch to schedule.
+    model:
+        Model shape for FLOPs (hover, imbalance, FLOPs-balanced policies).
+    config:
+        Initial :class:`ScheduleConfig` (default: dp 8, cap 16384, four
+        steps, ``flops_kk`` distribution when a model is given).
+    step:
+        Initial step.
+    debounce_s, background:
+        Responsiveness knobs (see the module docstring).
+    """
+    return _packing.PackingExplorer(rollouts, model, **kwargs)
+
+
+def balance_explorer(rollouts: Rollouts, model: str = "qwen3-8b", **kwargs: Any
+                     ) -> _balance.BalanceExplorer:
+    """An interactive view of per-rank FLOPs balance.
+
+    Returns a :class:`~varbatch_kit.ui.balance_explorer.BalanceExplorer` (its
+    controls and ``state`` keys are described there).
+
+    Parameters
+    ----------
+    rollouts:
+        The batch to schedule.
+    model:
+        Initial model preset name (see :func:`varbatch_kit.core.flops.available_presets`).
+    config:
+        Initial token-capped :class:`ScheduleConfig` (default dp 16, cap
+        16384, four steps, ``flops_kk`` distribution).
+    """
+    return _balance.BalanceExplorer(rollouts, model, **kwargs)

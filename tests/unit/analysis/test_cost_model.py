@@ -17,7 +17,8 @@ from varbatch_kit.analysis.cost_model import (
     micro_batch_rows,
     r_squared,
 )
-from varbatch_kit.analysis.simulate import simulate, simulate_with_cost_model
+from varbatch_kit.analysis.simulate import simulate
+from varbatch_kit.analysis.simulate_cost_model import simulate_with_cost_model
 
 C = (2e-3, 3e-6, 4e-9)
 

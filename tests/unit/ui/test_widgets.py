@@ -9,6 +9,8 @@ from varbatch_kit import ModelShape, Rollouts, ScheduleConfig, build_schedule
 from varbatch_kit.analysis.quality import step_quality
 from varbatch_kit.policies.registry import PACKERS
 from varbatch_kit.ui import widgets
+from varbatch_kit.ui.explorer_engine import measure_latency
+from varbatch_kit.ui.packing_explorer import PACKING_CONTROLS
 
 TINY = ModelShape(num_layers=2, hidden_size=16, num_attention_heads=2, num_query_groups=2,
                   vocab_size=32, ffn_hidden_size=64, kv_channels=8)
@@ -144,9 +146,9 @@ def test_css_hooks_and_descriptions(explorer):
     assert "vbk-summary" in explorer.summary._dom_classes
     assert "vbk-error" in explorer.error._dom_classes
     assert "vbk-figure" in explorer.figure._dom_classes
-    assert list(explorer.controls) == list(widgets.PACKING_CONTROLS)
+    assert list(explorer.controls) == list(PACKING_CONTROLS)
     for name, ctl in explorer.controls.items():
-        assert ctl.description == widgets.PACKING_CONTROLS[name]
+        assert ctl.description == PACKING_CONTROLS[name]
         assert f"vbk-control-{name.replace('_', '-')}" in ctl._dom_classes
     bundle = explorer._repr_mimebundle_()
     assert "application/vnd.jupyter.widget-view+json" in bundle
@@ -214,7 +216,20 @@ def test_balance_explorer_follows_model_and_dp(batch):
 
 
 def test_measure_latency_table(explorer):
-    table = widgets.measure_latency(explorer, [{"max_tokens_per_gpu": 4096}, {"step": 1}])
+    table = measure_latency(explorer, [{"max_tokens_per_gpu": 4096}, {"step": 1}])
     assert list(table.change) == ["max_tokens_per_gpu=4096", "step=1"]
     assert (table.total_ms >= table.figure_ms).all()
     assert table.schedule_ms.iloc[1] == 0.0
+
+
+def test_each_explorer_name_has_one_import_path():
+    """widgets makes the explorers; the classes, control tables and engine live in their modules."""
+    from varbatch_kit.ui import balance_explorer, explorer_engine, packing_explorer
+
+    assert widgets.__all__ == ["balance_explorer", "packing_explorer"]
+    for name in ("PackingExplorer", "BalanceExplorer", "PACKING_CONTROLS", "BALANCE_CONTROLS",
+                 "Explorer", "measure_latency"):
+        assert not hasattr(widgets, name), name
+    assert packing_explorer.__all__ == ["PACKING_CONTROLS", "PackingExplorer"]
+    assert balance_explorer.__all__ == ["BALANCE_CONTROLS", "BalanceExplorer"]
+    assert "measure_latency" in explorer_engine.__all__
