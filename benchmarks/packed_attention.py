@@ -44,7 +44,7 @@ COMPOSITIONS = (1, 8, 64)  # samples per micro-batch, equal lengths T / n
 
 def _setup() -> torch.device:
     """torch.distributed (gloo, world 1) and megatron's parallel state in this process."""
-    from varbatch_kit.train.loop import setup_process
+    from varbatch_kit.train.process import setup_process
 
     if not torch.distributed.is_initialized():
         with socket.socket() as s:

@@ -458,7 +458,7 @@ def test_smollm2_training_step_descends_on_a_repeated_batch(smollm2, megatron_si
     from varbatch_kit.core.schedule import build_schedule
     from varbatch_kit.report import get_report_mode
     from varbatch_kit.train.data import make_toy_data
-    from varbatch_kit.train.loop import train_step
+    from varbatch_kit.train.step import train_step
     from varbatch_kit.train.model import build_gpt
 
     device = megatron_single_process
