@@ -213,7 +213,8 @@ def calibrate(
     return Calibration(rows, fit, info)
 
 
-def _sweep(cfg, model, dev, fit_set, out_set, longest, repeats, warmup, seed, progress) -> list[dict]:
+def _sweep(cfg, model, dev, fit_set, out_set, longest, repeats, warmup, seed,
+           progress) -> list[dict]:
     import torch
     from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
     from tqdm.auto import tqdm

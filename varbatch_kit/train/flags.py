@@ -113,7 +113,7 @@ def config_kwargs(args: argparse.Namespace, *, groups: tuple[str, ...] | None = 
     chosen = chosen or {}
     values: dict[str, dict[str, Any]] = {}
     top: dict[str, Any] = {}
-    for dest, _, f, tp in flag_fields(groups):
+    for dest, _, _field, tp in flag_fields(groups):
         v = chosen.get(dest, getattr(args, dest))
         if _scalar_type(tp)[2]:
             v = tuple(v)

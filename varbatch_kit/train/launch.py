@@ -411,7 +411,7 @@ def run(config: TrainConfig, rollouts: Rollouts, *, out_dir=None, progress: bool
     """Train one configuration in ``dp * cp`` torchrun workers; return its per-step reports.
 
     Raises :class:`TrainingError` (with the failing rank's traceback) when a
-    worker fails or ``config.timeout_s`` passes; no worker is left running.
+    worker fails or ``config.run.timeout_s`` passes; no worker is left running.
     ``resume=True``: continue the run in ``out_dir`` from its newest complete
     checkpoint (see :func:`run_many`).
     """
@@ -428,7 +428,7 @@ def compare(configs: Sequence[TrainConfig], rollouts: Rollouts, *, reference: in
     num_microbatches, loss, metrics, grad_norm, lr, step_time_s, ...), and,
     against the reference at the same step: ``loss_rel_diff``,
     ``grad_norm_rel_diff`` and ``param_rel_diff`` (``||p - p_ref|| / ||p_ref||``
-    where both saved parameters at that step, see ``save_params_at``; else NaN).
+    where both saved parameters at that step, see ``RunConfig.save_params_at``; else NaN).
 
     ``reference``: an index into ``configs``; ``None`` (default) compares each
     configuration with the first one of the same report mode. Pass a list as

@@ -1,8 +1,9 @@
 """What the launcher prepares before any worker starts: one :class:`PlannedRun` per config.
 
-:func:`plan_runs` resolves each distinct model once (:func:`~varbatch_kit.train.model_spec.resolve_model`:
-the checkpoint's ``config.json`` and weights index are read once) and builds
-each configuration's schedule **once** (:func:`~varbatch_kit.core.schedule.build_schedule`);
+:func:`plan_runs` resolves each distinct model once
+(:func:`~varbatch_kit.train.model_spec.resolve_model`: the checkpoint's
+``config.json`` and weights index are read once) and builds each
+configuration's schedule **once** (:func:`~varbatch_kit.core.schedule.build_schedule`);
 the steps go to the workers in the job file, the checkpoint fingerprint and
 the step count come from the same build. It also refuses, with a ValueError,
 a configuration that cannot train on the rollouts.

@@ -16,6 +16,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from varbatch_kit.train.steplog import append_record
+
 __all__ = ["kill_self", "restore", "save"]
 
 

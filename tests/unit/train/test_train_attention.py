@@ -22,8 +22,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from varbatch_kit.train import ModelConfig, cpu_shim
-from varbatch_kit.train.model_spec import resolve_model
 from varbatch_kit.train.batch import block_causal_mask, pack, response_token_stats
+from varbatch_kit.train.model_spec import resolve_model
 
 warnings.filterwarnings("ignore", message=".*Transformer Engine and Apex are not installed.*")
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning", "ignore::DeprecationWarning")

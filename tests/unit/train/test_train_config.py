@@ -258,7 +258,8 @@ def test_run_many_plans_once_and_the_fingerprint_uses_the_same_steps(tmp_path, m
     monkeypatch.setattr(launch, "_launch", fake_launch)
     cfg = TrainConfig(schedule=ScheduleConfig(global_batch_size=4, max_tokens_per_gpu=64))
     with pytest.raises(RuntimeError, match="stop before torchrun"):
-        launch.run_many([cfg, cfg.with_(max_steps=2)], _rollouts(), out_dir=tmp_path, progress=False)
+        launch.run_many([cfg, cfg.with_(max_steps=2)], _rollouts(), out_dir=tmp_path,
+                        progress=False)
     assert len(builds) == 2 and seen["steps"] == [4, 2]
     assert [p["num_steps"] for p in seen["prints"]] == [4, 2]
 

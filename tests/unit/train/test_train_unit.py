@@ -13,9 +13,9 @@ from _megatron import single_process_megatron
 
 from varbatch_kit import Rollouts, ScheduleConfig
 from varbatch_kit.train import ModelConfig, TrainConfig, cpu_shim
-from varbatch_kit.train.model_spec import resolve_model
 from varbatch_kit.train.batch import block_causal_mask, pack, response_token_stats
 from varbatch_kit.train.data import grpo_advantages, make_toy_data
+from varbatch_kit.train.model_spec import resolve_model
 
 warnings.filterwarnings("ignore", message=".*Transformer Engine and Apex are not installed.*")
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning", "ignore::DeprecationWarning")
