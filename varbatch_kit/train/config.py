@@ -13,16 +13,24 @@ documentation and the help of its generated CLI flag (:mod:`.flags`).
 
 from __future__ import annotations
 
-import math
-import os
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from varbatch_kit.core.config import ScheduleConfig
 from varbatch_kit.core.flops import ModelShape
+from varbatch_kit.train.checks import documented as _f
+from varbatch_kit.train.checks import need_choice, need_int, need_number
 
-__all__ = ["KILL_POINTS", "SCHEDULE_FIELDS", "SUB_CONFIGS", "CheckpointConfig", "DataConfig",
-           "FaultConfig", "LossConfig", "ModelConfig", "NodesConfig", "OptimConfig",
+# ModelConfig lives with its resolver (model_spec); TrainConfig's sub-configs are all here too
+from varbatch_kit.train.model_spec import (
+    TOY_DEFAULTS,
+    ModelConfig,
+    ResolvedModel,
+    resolve_model,
+)
+
+__all__ = ["KILL_POINTS", "SCHEDULE_FIELDS", "SUB_CONFIGS", "TOY_DEFAULTS", "CheckpointConfig",
+           "DataConfig", "FaultConfig", "LossConfig", "ModelConfig", "NodesConfig", "OptimConfig",
            "RunConfig", "TrainConfig"]
 
 # ScheduleConfig fields that TrainConfig.with_() routes to the schedule
@@ -36,91 +44,7 @@ KILL_POINTS = ("before_step", "mid_step", "after_step", "ckpt_after_model", "ckp
                "after_ckpt")
 
 
-def _f(default: Any, help: str, **meta: Any):  # noqa: A002 - the CLI word
-    """A dataclass field with its documentation (``metadata["help"]``, the CLI flag's help)."""
-    if isinstance(default, (list, tuple)):
-        return field(default=tuple(default), metadata={"help": help, **meta})
-    return field(default=default, metadata={"help": help, **meta})
-
-
-def _is_int(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
-def _need_int(owner: str, name: str, v: Any, lo: int, *, optional: bool = False) -> None:
-    if optional and v is None:
-        return
-    if not _is_int(v) or v < lo:
-        what = "a positive integer" if lo == 1 else f"an integer >= {lo}"
-        raise ValueError(f"{owner}.{name}={v!r}: give {what}" + (" or None" if optional else ""))
-
-
-def _need_number(owner: str, name: str, v: Any, *, lo: float, lo_open: bool = False,
-                 hi: float | None = None, hi_open: bool = False, optional: bool = False) -> None:
-    if optional and v is None:
-        return
-    ok = (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-          and (v > lo if lo_open else v >= lo)
-          and (hi is None or (v < hi if hi_open else v <= hi)))
-    if not ok:
-        lo_s = f"{'(' if lo_open else '['}{lo:g}"
-        hi_s = f"{hi:g}{')' if hi_open else ']'}" if hi is not None else "inf)"
-        raise ValueError(f"{owner}.{name}={v!r}: give a number in {lo_s}, {hi_s}"
-                         + (" or None" if optional else ""))
-
-
-def _need_choice(owner: str, name: str, v: Any, choices: tuple[str, ...]) -> None:
-    if v not in choices:
-        raise ValueError(f"{owner}.{name}={v!r}: choose one of {choices}")
-
-
 # --------------------------------------------------------------------------- sub-configs
-#: the toy GPT's shape for the fields left unset when ``ModelConfig.path`` is None
-TOY_DEFAULTS = {"num_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "vocab_size": 64}
-
-
-@dataclass(frozen=True)
-class ModelConfig:
-    """The model (megatron-core ``GPTModel``, local layer spec).
-
-    ``path=None`` (default): the tiny toy GPT (random init, learned absolute
-    positions), shape fields default to :data:`TOY_DEFAULTS` and
-    ``ffn_hidden_size`` to ``4 * hidden_size``. Or a local Hugging Face
-    checkpoint directory (Llama, Qwen2, Qwen3, Mistral): the shape comes from
-    its ``config.json`` (read once, by :func:`~varbatch_kit.train.model_spec.resolve_model`),
-    ``num_layers`` keeps the first N layers, the other shape fields may be
-    left unset and must match the checkpoint when given. The path is stored
-    absolute. Resolved shape values: ``resolve_model(ModelConfig(...))``.
-    """
-
-    path: str | None = _f(None, "a local Hugging Face checkpoint directory (Llama/Qwen2/Qwen3/"
-                                "Mistral); default: the tiny toy GPT")
-    num_layers: int | None = _f(None, "layers (toy GPT: 2; checkpoint: all of them, or keep the "
-                                      "first N)")
-    hidden_size: int | None = _f(None, "hidden width (toy GPT: 64; checkpoint: its own)")
-    num_attention_heads: int | None = _f(None, "attention heads (toy GPT: 4; checkpoint: its own)")
-    ffn_hidden_size: int | None = _f(None, "FFN width (toy GPT: 4 * hidden_size)")
-    vocab_size: int | None = _f(None, "vocabulary size (toy GPT: 64; checkpoint: its own)")
-    max_seq_len: int | None = _f(None, "longest sequence (default: the longest sample of the "
-                                       "rollouts)")
-
-    def __post_init__(self) -> None:
-        for name in ("num_layers", "hidden_size", "num_attention_heads", "ffn_hidden_size",
-                     "vocab_size", "max_seq_len"):
-            _need_int("model", name, getattr(self, name), 1, optional=True)
-        if self.path is not None:
-            if not isinstance(self.path, (str, os.PathLike)) or not str(self.path):
-                raise ValueError(f"model.path={self.path!r}: give a checkpoint directory path "
-                                 "or None (the toy GPT)")
-            object.__setattr__(self, "path", os.path.abspath(os.path.expanduser(self.path)))
-            return
-        hidden = self.hidden_size or TOY_DEFAULTS["hidden_size"]
-        heads = self.num_attention_heads or TOY_DEFAULTS["num_attention_heads"]
-        if hidden % heads:
-            raise ValueError(f"model.hidden_size={hidden} is not divisible by "
-                             f"model.num_attention_heads={heads}; pick a multiple")
-
-
 @dataclass(frozen=True)
 class OptimConfig:
     """megatron-core Adam and its ``OptimizerParamScheduler``."""
@@ -140,17 +64,17 @@ class OptimConfig:
     clip_grad: float = _f(1.0, "gradient-norm clipping (0 = off)")
 
     def __post_init__(self) -> None:
-        _need_number("optim", "lr", self.lr, lo=0, lo_open=True)
-        _need_number("optim", "min_lr", self.min_lr, lo=0, hi=self.lr)
-        _need_choice("optim", "lr_decay_style", self.lr_decay_style, LR_DECAY_STYLES)
-        _need_number("optim", "lr_warmup_fraction", self.lr_warmup_fraction, lo=0, hi=1,
+        need_number("optim", "lr", self.lr, lo=0, lo_open=True)
+        need_number("optim", "min_lr", self.min_lr, lo=0, hi=self.lr)
+        need_choice("optim", "lr_decay_style", self.lr_decay_style, LR_DECAY_STYLES)
+        need_number("optim", "lr_warmup_fraction", self.lr_warmup_fraction, lo=0, hi=1,
                      hi_open=True)
-        _need_choice("optim", "lr_increment", self.lr_increment, LR_INCREMENTS)
-        _need_number("optim", "weight_decay", self.weight_decay, lo=0)
-        _need_number("optim", "adam_beta1", self.adam_beta1, lo=0, hi=1, hi_open=True)
-        _need_number("optim", "adam_beta2", self.adam_beta2, lo=0, hi=1, hi_open=True)
-        _need_number("optim", "adam_eps", self.adam_eps, lo=0, lo_open=True)
-        _need_number("optim", "clip_grad", self.clip_grad, lo=0)
+        need_choice("optim", "lr_increment", self.lr_increment, LR_INCREMENTS)
+        need_number("optim", "weight_decay", self.weight_decay, lo=0)
+        need_number("optim", "adam_beta1", self.adam_beta1, lo=0, hi=1, hi_open=True)
+        need_number("optim", "adam_beta2", self.adam_beta2, lo=0, hi=1, hi_open=True)
+        need_number("optim", "adam_eps", self.adam_eps, lo=0, lo_open=True)
+        need_number("optim", "clip_grad", self.clip_grad, lo=0)
 
 
 @dataclass(frozen=True)
@@ -178,8 +102,8 @@ class DataConfig:
     n_samples_per_prompt: int = _f(4, "GRPO group size, in rollouts")
 
     def __post_init__(self) -> None:
-        _need_int("data", "seed", self.seed, 0)
-        _need_int("data", "n_samples_per_prompt", self.n_samples_per_prompt, 1)
+        need_int("data", "seed", self.seed, 0)
+        need_int("data", "n_samples_per_prompt", self.n_samples_per_prompt, 1)
 
 
 @dataclass(frozen=True)
@@ -199,12 +123,12 @@ class RunConfig:
     label: str | None = _f(None, "the run's name (default: layout and mode)")
 
     def __post_init__(self) -> None:
-        _need_int("run", "max_steps", self.max_steps, 1, optional=True)
-        _need_choice("run", "device", self.device, DEVICES)
-        _need_number("run", "timeout_s", self.timeout_s, lo=0, lo_open=True)
-        _need_number("run", "step_timeout_s", self.step_timeout_s, lo=0, lo_open=True,
+        need_int("run", "max_steps", self.max_steps, 1, optional=True)
+        need_choice("run", "device", self.device, DEVICES)
+        need_number("run", "timeout_s", self.timeout_s, lo=0, lo_open=True)
+        need_number("run", "step_timeout_s", self.step_timeout_s, lo=0, lo_open=True,
                      optional=True)
-        _need_int("run", "threads_per_worker", self.threads_per_worker, 1)
+        need_int("run", "threads_per_worker", self.threads_per_worker, 1)
         try:
             steps = tuple(int(s) for s in self.save_params_at)
         except (TypeError, ValueError):
@@ -222,8 +146,8 @@ class CheckpointConfig:
     keep_last: int = _f(2, "complete checkpoints kept")
 
     def __post_init__(self) -> None:
-        _need_int("checkpoint", "save_every", self.save_every, 0)
-        _need_int("checkpoint", "keep_last", self.keep_last, 1)
+        need_int("checkpoint", "save_every", self.save_every, 0)
+        need_int("checkpoint", "keep_last", self.keep_last, 1)
 
 
 @dataclass(frozen=True)
@@ -236,8 +160,8 @@ class NodesConfig:
     rdzv_timeout_s: float = _f(300.0, "seconds a node waits for the others to join")
 
     def __post_init__(self) -> None:
-        _need_int("nodes", "nnodes", self.nnodes, 1)
-        _need_int("nodes", "node_rank", self.node_rank, 0)
+        need_int("nodes", "nnodes", self.nnodes, 1)
+        need_int("nodes", "node_rank", self.node_rank, 0)
         if self.node_rank >= self.nnodes:
             raise ValueError(f"nodes.node_rank={self.node_rank}: give a node in "
                              f"[0, nnodes={self.nnodes})")
@@ -249,7 +173,7 @@ class NodesConfig:
         elif self.nnodes > 1:
             raise ValueError(f"nodes.nnodes={self.nnodes} needs nodes.rdzv_endpoint='host:port' "
                              "(node 0's address, the same on every node)")
-        _need_number("nodes", "rdzv_timeout_s", self.rdzv_timeout_s, lo=0, lo_open=True)
+        need_number("nodes", "rdzv_timeout_s", self.rdzv_timeout_s, lo=0, lo_open=True)
 
 
 @dataclass(frozen=True)
@@ -273,8 +197,8 @@ class FaultConfig:
 
     def __post_init__(self) -> None:
         for name in ("fail_at_step", "hang_at_step", "disk_full_at_step"):
-            _need_int("faults", name, getattr(self, name), 1, optional=True)
-        _need_int("faults", "fail_rank", self.fail_rank, 0)
+            need_int("faults", name, getattr(self, name), 1, optional=True)
+        need_int("faults", "fail_rank", self.fail_rank, 0)
         if self.kill_at is not None:
             point, _, step = str(self.kill_at).partition(":")
             if point not in KILL_POINTS or not step.isdigit() or int(step) < 1:
@@ -386,10 +310,8 @@ class TrainConfig:
         """Worker processes: dp * cp."""
         return self.schedule.dp * self.schedule.cp
 
-    def resolve_model(self):
+    def resolve_model(self) -> ResolvedModel:
         """The model read once: :func:`~varbatch_kit.train.model_spec.resolve_model`."""
-        from varbatch_kit.train.model_spec import resolve_model
-
         return resolve_model(self.model)
 
     def model_shape(self) -> ModelShape:

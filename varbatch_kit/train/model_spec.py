@@ -1,4 +1,5 @@
-"""The model of a run, resolved once: :class:`ResolvedModel` from a :class:`ModelConfig`.
+"""The model of a run: :class:`ModelConfig` (what the user asks for, TrainConfig's
+``model``), resolved once into a :class:`ResolvedModel`.
 
 For a Hugging Face checkpoint, :func:`resolve_model` reads its ``config.json``
 and its weights index (the safetensors headers: tensor -> file, shape) once,
@@ -13,14 +14,62 @@ result to the workers. For the toy GPT the unset shape fields get
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from varbatch_kit.core.flops import ModelShape
-from varbatch_kit.train.config import TOY_DEFAULTS, ModelConfig
+from varbatch_kit.train.checks import documented as _f
+from varbatch_kit.train.checks import need_int
 
-__all__ = ["ResolvedModel", "resolve_model"]
+__all__ = ["TOY_DEFAULTS", "ModelConfig", "ResolvedModel", "resolve_model"]
+
+
+#: the toy GPT's shape for the fields left unset when ``ModelConfig.path`` is None
+TOY_DEFAULTS = {"num_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "vocab_size": 64}
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """The model (megatron-core ``GPTModel``, local layer spec).
+
+    ``path=None`` (default): the tiny toy GPT (random init, learned absolute
+    positions), shape fields default to :data:`TOY_DEFAULTS` and
+    ``ffn_hidden_size`` to ``4 * hidden_size``. Or a local Hugging Face
+    checkpoint directory (Llama, Qwen2, Qwen3, Mistral): the shape comes from
+    its ``config.json`` (read once, by :func:`~varbatch_kit.train.model_spec.resolve_model`),
+    ``num_layers`` keeps the first N layers, the other shape fields may be
+    left unset and must match the checkpoint when given. The path is stored
+    absolute. Resolved shape values: ``resolve_model(ModelConfig(...))``.
+    """
+
+    path: str | None = _f(None, "a local Hugging Face checkpoint directory (Llama/Qwen2/Qwen3/"
+                                "Mistral); default: the tiny toy GPT")
+    num_layers: int | None = _f(None, "layers (toy GPT: 2; checkpoint: all of them, or keep the "
+                                      "first N)")
+    hidden_size: int | None = _f(None, "hidden width (toy GPT: 64; checkpoint: its own)")
+    num_attention_heads: int | None = _f(None, "attention heads (toy GPT: 4; checkpoint: its own)")
+    ffn_hidden_size: int | None = _f(None, "FFN width (toy GPT: 4 * hidden_size)")
+    vocab_size: int | None = _f(None, "vocabulary size (toy GPT: 64; checkpoint: its own)")
+    max_seq_len: int | None = _f(None, "longest sequence (default: the longest sample of the "
+                                       "rollouts)")
+
+    def __post_init__(self) -> None:
+        for name in ("num_layers", "hidden_size", "num_attention_heads", "ffn_hidden_size",
+                     "vocab_size", "max_seq_len"):
+            need_int("model", name, getattr(self, name), 1, optional=True)
+        if self.path is not None:
+            if not isinstance(self.path, (str, os.PathLike)) or not str(self.path):
+                raise ValueError(f"model.path={self.path!r}: give a checkpoint directory path "
+                                 "or None (the toy GPT)")
+            object.__setattr__(self, "path", os.path.abspath(os.path.expanduser(self.path)))
+            return
+        hidden = self.hidden_size or TOY_DEFAULTS["hidden_size"]
+        heads = self.num_attention_heads or TOY_DEFAULTS["num_attention_heads"]
+        if hidden % heads:
+            raise ValueError(f"model.hidden_size={hidden} is not divisible by "
+                             f"model.num_attention_heads={heads}; pick a multiple")
 
 
 @dataclass(frozen=True)
