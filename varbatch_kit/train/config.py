@@ -1,5 +1,6 @@
 """`TrainConfig`: one training run, as nested sub-configs (the layout, the model, the
 optimiser, the loss, the data, the run, checkpoints, nodes and fault injection).
+:class:`ModelConfig` is defined with its resolver in :mod:`.model_spec`.
 
 Every sub-config is a frozen dataclass that checks its own fields in
 ``__post_init__`` (ValueError naming the field, the value and what works);
