@@ -176,6 +176,24 @@ def write_job(job_dir: Path, plans: list[PlannedRun], rollouts: Rollouts, device
     return job_dir / "job.pkl"
 
 
+def _torchrun_command(c0: TrainConfig, job_dir: Path, fingerprints) -> tuple[list[str], dict]:
+    """The torchrun command line (workers: ``python -m varbatch_kit.train.loop JOB_DIR``) and
+    its environment, for a launch whose configs share ``c0``'s world size and nodes."""
+    env = dict(os.environ)
+    env.update(OMP_NUM_THREADS=str(c0.run.threads_per_worker), PYTHONUNBUFFERED="1",
+               PYTHONPATH=os.pathsep.join(filter(None, [_package_root(),
+                                                         env.get("PYTHONPATH")])))
+    rdzv_id = hashlib.sha256(json.dumps([fingerprints, c0.nodes.rdzv_endpoint], sort_keys=True,
+                                        default=str).encode()).hexdigest()[:16]
+    cmd = [sys.executable, "-c", _DIE_WITH_PARENT, str(os.getpid()),
+           "-m", "torch.distributed.run",
+           f"--nproc_per_node={c0.world_size // c0.nodes.nnodes}",
+           *_rendezvous_args(c0, rdzv_id),
+           "--max_restarts=0", "--monitor_interval=0.2",
+           "-m", "varbatch_kit.train.loop", str(job_dir)]
+    return cmd, env
+
+
 def _launch(plans: list[PlannedRun], rollouts: Rollouts, device: str, job_dir: Path,
             out_dirs: list[Path], progress: bool, *,
             resume_from: list | None = None, fingerprints: list | None = None,
@@ -184,21 +202,9 @@ def _launch(plans: list[PlannedRun], rollouts: Rollouts, device: str, job_dir: P
     configs = [p.config for p in plans]
     planned = [p.num_steps for p in plans]
     c0 = configs[0]
-    world = c0.world_size
     write_job(job_dir, plans, rollouts, device, out_dirs, resume_from=resume_from,
               fingerprints=fingerprints)
-    threads = c0.run.threads_per_worker
-    env = dict(os.environ)
-    env.update(OMP_NUM_THREADS=str(threads), PYTHONUNBUFFERED="1",
-               PYTHONPATH=os.pathsep.join(filter(None, [_package_root(),
-                                                         env.get("PYTHONPATH")])))
-    rdzv_id = hashlib.sha256(json.dumps([fingerprints, c0.nodes.rdzv_endpoint], sort_keys=True,
-                                        default=str).encode()).hexdigest()[:16]
-    cmd = [sys.executable, "-c", _DIE_WITH_PARENT, str(os.getpid()),
-           "-m", "torch.distributed.run", f"--nproc_per_node={world // c0.nodes.nnodes}",
-           *_rendezvous_args(c0, rdzv_id),
-           "--max_restarts=0", "--monitor_interval=0.2",
-           "-m", "varbatch_kit.train.loop", str(job_dir)]
+    cmd, env = _torchrun_command(c0, job_dir, fingerprints)
     timeout = sum(c.run.timeout_s for c in configs) + (
         c0.nodes.rdzv_timeout_s if c0.nodes.nnodes > 1 else 0)
     step_timeout = c0.run.step_timeout_s
@@ -352,15 +358,15 @@ def run_many(configs: Sequence[TrainConfig], rollouts: Rollouts, *, out_dir=None
     and nodes share one torchrun launch. Run ``k`` lives in ``out_dir/runKK-<label>``.
 
     ``resume=True`` (needs ``out_dir``) continues every run from the newest complete
-    checkpoint in its folder (``save_every``; docs/checkpoints.md): the step log is cut back
-    to that step and training goes on from there; a finished run is read back as is; a run
-    without a checkpoint starts from scratch (with a warning). A checkpoint whose model,
-    optimiser, mode, seed, rollouts, ... differ from the configuration is refused
-    (ValueError naming the differences); the layout (dp, cp, packing, distribution) may
-    change.
+    checkpoint in its folder (``checkpoint.save_every``; docs/checkpoints.md): the step log
+    is cut back to that step and training goes on from there; a finished run is read back
+    as is; a run without a checkpoint starts from scratch (with a warning). A checkpoint
+    whose model, optimiser, mode, seed, rollouts, ... differ from the configuration is
+    refused (ValueError naming the differences); the layout (dp, cp, packing,
+    distribution) may change.
 
-    Several nodes (``nnodes > 1``): call this with the same arguments on every node (only
-    ``node_rank`` differs); ``out_dir`` must be a folder every node sees (a shared
+    Several nodes (``nodes.nnodes > 1``): call this with the same arguments on every node
+    (only ``nodes.node_rank`` differs); ``out_dir`` must be a folder every node sees (a shared
     filesystem). Rank 0 — wherever the rendezvous put it — writes reports and checkpoints
     there; each node's launcher keeps its torchrun log in ``out_dir/jobG-...-nodeR``.
     """
