@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import re
 import types
 import typing
 from typing import Any
@@ -71,10 +72,11 @@ def add_config_flags(parser: argparse.ArgumentParser, *, groups: tuple[str, ...]
     """
     titles: dict[str, argparse._ArgumentGroup] = {}
     for dest, flag, f, tp in flag_fields(groups):
-        group = dest.partition(".")[0] if "." in dest else "train"
+        group = dest.partition(".")[0] if "." in dest else "mode"
         if group not in titles:
             cls = SUB_CONFIGS.get(group)
-            doc = (cls.__doc__ or "").strip().splitlines()[0] if cls else "the run"
+            doc = (cls.__doc__ or "").strip().splitlines()[0] if cls else "the report mode"
+            doc = re.sub(r":\w+:`~?([^`]+)`", r"\1", doc.rstrip(".").replace("``", ""))
             titles[group] = parser.add_argument_group(f"{group}: {doc}")
         elem, optional, several = _scalar_type(tp)
         default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
