@@ -26,7 +26,14 @@ import time
 from pathlib import Path
 
 from varbatch_kit import Rollouts, ScheduleConfig
-from varbatch_kit.train import TrainConfig, run
+from varbatch_kit.train import (
+    CheckpointConfig,
+    ModelConfig,
+    OptimConfig,
+    RunConfig,
+    TrainConfig,
+    run,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -81,13 +88,14 @@ def main(argv: list[str] | None = None) -> None:
                                   response_len=12, response_sigma=0.5, max_response_len=24,
                                   seed=3)
     sched = ScheduleConfig(global_batch_size=4, max_tokens_per_gpu=256)
-    models = [("toy GPT (default TrainConfig)", TrainConfig(schedule=sched, save_every=1,
-                                                            keep_last=steps))]
+    every = CheckpointConfig(save_every=1, keep_last=steps)
+    models = [("toy GPT (default TrainConfig)", TrainConfig(schedule=sched, checkpoint=every))]
     smol = None if args.no_smollm2 else _smollm2(args.models)
     if smol is not None:
         models.append(("SmolLM2-135M, first 2 of 30 layers", TrainConfig(
-            schedule=sched, model=smol, num_layers=2, lr=1e-4, min_lr=1e-4, save_every=1,
-            keep_last=steps, timeout_s=1800)))
+            schedule=sched, model=ModelConfig(path=str(smol), num_layers=2),
+            optim=OptimConfig(lr=1e-4, min_lr=1e-4), checkpoint=every,
+            run=RunConfig(timeout_s=1800))))
     rows = []
     with tempfile.TemporaryDirectory(prefix="varbatch_ckpt_bench_") as tmp:
         for k, (name, cfg) in enumerate(models):

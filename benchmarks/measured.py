@@ -69,17 +69,19 @@ def make_rollouts(p: dict):
 
 def configs(p: dict):
     from varbatch_kit import ScheduleConfig
-    from varbatch_kit.train import TrainConfig
+    from varbatch_kit.train import ModelConfig, OptimConfig, RunConfig, TrainConfig
 
     out = []
     for packing, dist in POLICIES * p["rounds"]:  # rounds: the policies in turn, again
         sched = ScheduleConfig(dp=2, global_batch_size=p["gbs"], max_tokens_per_gpu=p["cap"],
                                packing=packing, distribution=dist)
-        out.append(TrainConfig(schedule=sched, num_layers=p["layers"], hidden_size=p["hidden"],
-                               num_attention_heads=p["heads"], vocab_size=64, lr=1e-4,
-                               min_lr=1e-4, lr_decay_style="constant", max_steps=p["steps"],
-                               threads_per_worker=1, timeout_s=1800,
-                               label=f"{packing}+{dist}"))
+        out.append(TrainConfig(
+            schedule=sched,
+            model=ModelConfig(num_layers=p["layers"], hidden_size=p["hidden"],
+                              num_attention_heads=p["heads"], vocab_size=64),
+            optim=OptimConfig(lr=1e-4, min_lr=1e-4, lr_decay_style="constant"),
+            run=RunConfig(max_steps=p["steps"], threads_per_worker=1, timeout_s=1800,
+                          label=f"{packing}+{dist}")))
     return out
 
 
@@ -148,7 +150,7 @@ def predicted_row(cfg, rollouts, model, overhead: float, skip: int = 1) -> dict:
 
     sched = build_schedule(rollouts, cfg.schedule, model=cfg.model_shape())
     sim = simulate(sched, hardware=model, step_overhead_s=overhead, timelines=False)
-    st = sim.step_times.iloc[skip:cfg.max_steps]
+    st = sim.step_times.iloc[skip:cfg.run.max_steps]
     return {"predicted_step_s": float(st["time_s"].mean()),
             "predicted_busiest_s": float(st["busiest_rank_s"].mean()),
             "predicted_straggler_s": float(st["straggler_wait_s"].mean()),

@@ -44,7 +44,7 @@ COMPOSITIONS = (1, 8, 64)  # samples per micro-batch, equal lengths T / n
 
 def _setup() -> torch.device:
     """torch.distributed (gloo, world 1) and megatron's parallel state in this process."""
-    from varbatch_kit.train.loop import setup_process
+    from varbatch_kit.train.process import setup_process
 
     if not torch.distributed.is_initialized():
         with socket.socket() as s:
@@ -61,12 +61,13 @@ def _models(layers: int, hidden: int, heads: int, vocab: int, max_len: int, devi
     from megatron.core.models.gpt.gpt_model import GPTModel
     from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
 
-    from varbatch_kit.train import TrainConfig
+    from varbatch_kit.train import ModelConfig
     from varbatch_kit.train.attention import local_layer_spec
     from varbatch_kit.train.model import transformer_config
+    from varbatch_kit.train.model_spec import resolve_model
 
-    cfg = TrainConfig(num_layers=layers, hidden_size=hidden, num_attention_heads=heads,
-                      vocab_size=vocab)
+    cfg = resolve_model(ModelConfig(num_layers=layers, hidden_size=hidden,
+                                    num_attention_heads=heads, vocab_size=vocab))
     models = {}
     for path in ("dense", "per_sample"):
         torch.manual_seed(0)

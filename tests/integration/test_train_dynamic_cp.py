@@ -57,10 +57,10 @@ def test_dynamic_cp_trains_like_no_cp(tmp_path):
     rollouts = mixed_rollouts()
     base = dict(TINY, lr=1e-3, min_lr=1e-3, lr_decay_style="constant", n_samples_per_prompt=3,
                 save_params_at=(1, 2), max_steps=2)
-    configs = [TrainConfig(schedule=s, mode=mode, label=f"{name} {mode}", **base)
+    configs = [TrainConfig().with_(schedule=s, mode=mode, label=f"{name} {mode}", **base)
                for mode in ("per_rollout_mean", "per_token") for name, s in schedules().items()]
     small = {k: s.with_(global_batch_size=2) for k, s in schedules().items() if "cp2" in k}
-    configs += [TrainConfig(schedule=s, mode="per_token", label=f"{k} gbs2",
+    configs += [TrainConfig().with_(schedule=s, mode="per_token", label=f"{k} gbs2",
                             **{**base, "save_params_at": (2,)})
                 for k, s in small.items()]
 

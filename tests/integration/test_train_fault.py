@@ -24,7 +24,14 @@ import pytest
 import torch
 
 from varbatch_kit import Rollouts, ScheduleConfig
-from varbatch_kit.train import TrainConfig, TrainingError, TrainingTimeout, run
+from varbatch_kit.train import (
+    CheckpointConfig,
+    RunConfig,
+    TrainConfig,
+    TrainingError,
+    TrainingTimeout,
+    run,
+)
 from varbatch_kit.train.checkpoint import checkpoint_dirs
 from varbatch_kit.train.results import param_rel_diff
 from varbatch_kit.train.supervise import _alive, job_processes
@@ -44,7 +51,8 @@ def _rollouts(seed: int = 3) -> Rollouts:
 
 
 BASE = TrainConfig(schedule=ScheduleConfig(dp=2, global_batch_size=4, max_tokens_per_gpu=256),
-                   save_every=1, save_params_at=(4,), timeout_s=120)
+                   checkpoint=CheckpointConfig(save_every=1),
+                   run=RunConfig(save_params_at=(4,), timeout_s=120))
 
 
 def _free_port() -> int:
@@ -222,7 +230,7 @@ from varbatch_kit import Rollouts, ScheduleConfig
 from varbatch_kit.train import TrainConfig, run
 rollouts = Rollouts.synthetic(16, samples_per_rollout=(1, 2), prompt_len=(4, 8),
                               response_len=12, response_sigma=0.5, max_response_len=24, seed=3)
-cfg = TrainConfig(schedule=ScheduleConfig(global_batch_size=4, max_tokens_per_gpu=256),
+cfg = TrainConfig().with_(schedule=ScheduleConfig(global_batch_size=4, max_tokens_per_gpu=256),
                   hang_at_step=2, timeout_s=120)
 run(cfg, rollouts, out_dir=Path(sys.argv[1]), progress=False)
 """

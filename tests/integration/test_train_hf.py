@@ -28,11 +28,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from _fake_hf import fake_checkpoint, llama_like
 from _megatron import single_process_megatron
 from _paths import REPO
 
 from varbatch_kit import Rollouts, ScheduleConfig
-from varbatch_kit.train import TrainConfig
+from varbatch_kit.train import ModelConfig, TrainConfig
+from varbatch_kit.train.model_spec import resolve_model
 
 warnings.filterwarnings("ignore", message=".*Transformer Engine and Apex are not installed.*")
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning", "ignore::DeprecationWarning",
@@ -95,7 +97,8 @@ def _megatron(path, num_layers=None, max_seq_len=256, device=None):
     from varbatch_kit.train.model import build_gpt
 
     t0 = time.perf_counter()
-    gpt = build_gpt(TrainConfig(model=path, num_layers=num_layers), max_seq_len=max_seq_len)
+    gpt = build_gpt(resolve_model(ModelConfig(path=str(path), num_layers=num_layers)),
+                    max_seq_len=max_seq_len)
     print(f"megatron build + load ({num_layers or 'all'} layers): "
           f"{time.perf_counter() - t0:.2f} s")
     return gpt.to(device).eval()
@@ -284,7 +287,7 @@ def test_every_family_maps_onto_megatron_like_transformers(family, tmp_path,
                                                            megatron_single_process):
     device = megatron_single_process
     path = _tiny_checkpoint(family, tmp_path / family)
-    spec = TrainConfig(model=path).hf_model()
+    spec = resolve_model(ModelConfig(path=str(path))).hf
     assert spec.qkv_bias == (family.startswith("qwen2"))
     assert spec.qk_norm == (family.startswith("qwen3"))
     assert spec.tie_word_embeddings == family.endswith("_tied")
@@ -300,97 +303,69 @@ def test_every_family_maps_onto_megatron_like_transformers(family, tmp_path,
 
 
 # --------------------------------------------------------------------------- validation
-def _fake_checkpoint(out: Path, config: dict, tensors: dict[str, tuple[int, ...]]) -> Path:
-    """A checkpoint directory with the given config and tensor *headers* (zero data)."""
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "config.json").write_text(json.dumps(config))
-    header, offset = {}, 0
-    for name, shape in tensors.items():
-        n = 4 * math.prod(shape)
-        header[name] = {"dtype": "F32", "shape": list(shape), "data_offsets": [offset, offset + n]}
-        offset += n
-    raw = json.dumps(header).encode()
-    with open(out / "model.safetensors", "wb") as f:
-        f.write(len(raw).to_bytes(8, "little") + raw + b"\0" * offset)
-    return out
-
-
-def _llama_like(layers=1, h=8, heads=2, kv=1, f=16, v=32):
-    config = {"model_type": "llama", "hidden_size": h, "num_attention_heads": heads,
-              "num_key_value_heads": kv, "intermediate_size": f, "num_hidden_layers": layers,
-              "vocab_size": v, "tie_word_embeddings": True}
-    d = h // heads
-    tensors = {"model.embed_tokens.weight": (v, h), "model.norm.weight": (h,)}
-    for i in range(layers):
-        p = f"model.layers.{i}."
-        tensors.update({p + "input_layernorm.weight": (h,),
-                        p + "post_attention_layernorm.weight": (h,),
-                        p + "self_attn.q_proj.weight": (heads * d, h),
-                        p + "self_attn.k_proj.weight": (kv * d, h),
-                        p + "self_attn.v_proj.weight": (kv * d, h),
-                        p + "self_attn.o_proj.weight": (h, heads * d),
-                        p + "mlp.gate_proj.weight": (f, h), p + "mlp.up_proj.weight": (f, h),
-                        p + "mlp.down_proj.weight": (h, f)})
-    return config, tensors
+def _resolve(path, **shape):
+    return resolve_model(ModelConfig(path=str(path), **shape))
 
 
 def test_checkpoint_validation_names_the_problem_and_what_is_supported(tmp_path):
     with pytest.raises(ValueError, match=r"does not exist.*Llama.*Qwen2.*Qwen3.*Mistral"):
-        TrainConfig(model=tmp_path / "nowhere")
+        _resolve(tmp_path / "nowhere")
     (tmp_path / "empty").mkdir()
     with pytest.raises(ValueError, match="no config.json"):
-        TrainConfig(model=tmp_path / "empty")
-    config, tensors = _llama_like()
-    ok = _fake_checkpoint(tmp_path / "ok", config, tensors)
-    cfg = TrainConfig(model=ok)
-    assert (cfg.num_layers, cfg.hidden_size, cfg.vocab_size, cfg.ffn) == (1, 8, 32, 16)
-    assert cfg.model == str(ok.resolve())
-    shape = cfg.model_shape()
+        _resolve(tmp_path / "empty")
+    config, tensors = llama_like()
+    ok = fake_checkpoint(tmp_path / "ok", config, tensors)
+    cfg = _resolve(ok)
+    assert (cfg.num_layers, cfg.hidden_size, cfg.vocab_size, cfg.ffn_hidden_size) == (1, 8, 32, 16)
+    assert cfg.path == str(ok.resolve())
+    shape = cfg.shape
     assert (shape.num_query_groups, shape.kv_channels, shape.num_layers) == (1, 4, 1)
 
-    gpt2 = _fake_checkpoint(tmp_path / "gpt2", {**config, "model_type": "gpt2"}, tensors)
+    gpt2 = fake_checkpoint(tmp_path / "gpt2", {**config, "model_type": "gpt2"}, tensors)
     with pytest.raises(ValueError, match=r"model_type='gpt2'.*not supported.*Llama.*Qwen3"):
-        TrainConfig(model=gpt2)
-    moe = _fake_checkpoint(tmp_path / "moe", {**config, "num_local_experts": 8}, tensors)
+        _resolve(gpt2)
+    moe = fake_checkpoint(tmp_path / "moe", {**config, "num_local_experts": 8}, tensors)
     with pytest.raises(ValueError, match="mixture-of-experts"):
-        TrainConfig(model=moe)
-    gelu = _fake_checkpoint(tmp_path / "gelu", {**config, "hidden_act": "gelu"}, tensors)
+        _resolve(moe)
+    gelu = fake_checkpoint(tmp_path / "gelu", {**config, "hidden_act": "gelu"}, tensors)
     with pytest.raises(ValueError, match="hidden_act='gelu'.*silu"):
-        TrainConfig(model=gelu)
-    yarn = _fake_checkpoint(tmp_path / "yarn", {
+        _resolve(gelu)
+    yarn = fake_checkpoint(tmp_path / "yarn", {
         **config, "rope_parameters": {"rope_type": "yarn", "rope_theta": 1e4}}, tensors)
     with pytest.raises(ValueError, match=r"rope_type='yarn'.*supported.*llama3"):
-        TrainConfig(model=yarn)
+        _resolve(yarn)
     missing = dict(tensors)
     del missing["model.layers.0.mlp.up_proj.weight"]
-    lacking = _fake_checkpoint(tmp_path / "lacking", config, missing)
+    lacking = fake_checkpoint(tmp_path / "lacking", config, missing)
     with pytest.raises(ValueError, match=r"lack 1 tensor.*model\.layers\.0\.mlp\.up_proj"):
-        TrainConfig(model=lacking)
-    untied = _fake_checkpoint(tmp_path / "untied", {**config, "tie_word_embeddings": False},
+        _resolve(lacking)
+    untied = fake_checkpoint(tmp_path / "untied", {**config, "tie_word_embeddings": False},
                               tensors)
     with pytest.raises(ValueError, match="lm_head.weight"):
-        TrainConfig(model=untied)
+        _resolve(untied)
     wrong = dict(tensors, **{"model.layers.0.self_attn.k_proj.weight": (8, 8)})
-    bad_shape = _fake_checkpoint(tmp_path / "shape", config, wrong)
+    bad_shape = fake_checkpoint(tmp_path / "shape", config, wrong)
     with pytest.raises(ValueError, match=r"k_proj.weight has shape \[8, 8\].*\[4, 8\]"):
-        TrainConfig(model=bad_shape)
+        _resolve(bad_shape)
     noweights = tmp_path / "noweights"
     noweights.mkdir()
     (noweights / "config.json").write_text(json.dumps(config))
     with pytest.raises(ValueError, match=r"no \*\.safetensors"):
-        TrainConfig(model=noweights)
+        _resolve(noweights)
     # the shape fields: taken from the checkpoint, conflicting values refused
-    with pytest.raises(ValueError, match="num_layers=2.*has 1 layers"):
-        TrainConfig(model=ok, num_layers=2)
-    with pytest.raises(ValueError, match="hidden_size=64 conflicts with the checkpoint"):
-        TrainConfig(model=ok, hidden_size=64)
-    assert TrainConfig(model=ok, vocab_size=32).vocab_size == 32
-    # with_(model=...) re-derives the shape; the toy keeps its defaults
+    with pytest.raises(ValueError, match=r"model\.num_layers=2.*has 1 layers"):
+        _resolve(ok, num_layers=2)
+    with pytest.raises(ValueError, match=r"model\.hidden_size=64 conflicts with the checkpoint"):
+        _resolve(ok, hidden_size=64)
+    assert _resolve(ok, vocab_size=32).vocab_size == 32
+    # with_(path=...) re-derives the shape; the toy keeps its defaults
     toy = TrainConfig()
-    assert (toy.num_layers, toy.hidden_size, toy.num_attention_heads, toy.vocab_size) == (
-        2, 64, 4, 64)
-    assert toy.with_(model=ok).hidden_size == 8 and cfg.with_(model=None).hidden_size == 64
-    assert cfg.with_(dp=1).model == cfg.model
+    t = toy.resolve_model()
+    assert (t.num_layers, t.hidden_size, t.num_attention_heads, t.vocab_size) == (2, 64, 4, 64)
+    on_ok = toy.with_(path=str(ok))
+    assert on_ok.resolve_model().hidden_size == 8
+    assert on_ok.with_(path=None).resolve_model().hidden_size == 64
+    assert on_ok.with_(dp=1).model == on_ok.model
 
 
 def test_smollm2_errors_clearly_without_the_package(monkeypatch, tmp_path):
@@ -416,12 +391,12 @@ def test_smollm2_trains_in_torchrun_workers_at_dp_1_and_2(smollm2, tmp_path):
     from varbatch_kit.train import run_many
 
     rollouts = _train_rollouts()
-    configs = [TrainConfig(model=smollm2, num_layers=2, label=f"smollm2 dp{dp}", lr=1e-4,
-                           min_lr=1e-4, max_steps=3, save_params_at=(3,),
-                           schedule=ScheduleConfig(dp=dp, global_batch_size=4,
-                                                   max_tokens_per_gpu=128))
+    configs = [TrainConfig().with_(path=str(smollm2), num_layers=2, label=f"smollm2 dp{dp}",
+                                   lr=1e-4, min_lr=1e-4, max_steps=3, save_params_at=(3,),
+                                   schedule=ScheduleConfig(dp=dp, global_batch_size=4,
+                                                           max_tokens_per_gpu=128))
                for dp in (1, 2)]
-    assert configs[0].vocab_size == 49152
+    assert configs[0].resolve_model().vocab_size == 49152
     t0 = time.perf_counter()
     runs = run_many(configs, rollouts, out_dir=tmp_path, progress=False)
     print(f"run_many dp1 + dp2, 3 steps each: {time.perf_counter() - t0:.1f} s")
@@ -458,23 +433,25 @@ def test_smollm2_training_step_descends_on_a_repeated_batch(smollm2, megatron_si
     from varbatch_kit.core.build import build_schedule
     from varbatch_kit.report import get_report_mode
     from varbatch_kit.train.data import make_toy_data
-    from varbatch_kit.train.loop import train_step
     from varbatch_kit.train.model import build_gpt
+    from varbatch_kit.train.step import train_step
 
     device = megatron_single_process
     rollouts = _train_rollouts()
-    cfg = TrainConfig(model=smollm2, num_layers=2, lr=3e-5, min_lr=3e-5,
-                      schedule=ScheduleConfig(global_batch_size=4, max_tokens_per_gpu=128))
+    cfg = TrainConfig().with_(path=str(smollm2), num_layers=2, lr=3e-5, min_lr=3e-5,
+                              schedule=ScheduleConfig(global_batch_size=4, max_tokens_per_gpu=128))
     mode = get_report_mode(cfg.mode)
-    step = build_schedule(rollouts, cfg.schedule, model=cfg.model_shape()).steps[0]
-    data = make_toy_data(rollouts, vocab_size=cfg.vocab_size, seed=cfg.seed,
-                         n_samples_per_prompt=cfg.n_samples_per_prompt)
-    gpt = build_gpt(cfg, max_seq_len=int(rollouts.total_len.max())).to(device)
+    spec = cfg.resolve_model()
+    step = build_schedule(rollouts, cfg.schedule, model=spec.shape).steps[0]
+    data = make_toy_data(rollouts, vocab_size=spec.vocab_size, seed=cfg.data.seed,
+                         n_samples_per_prompt=cfg.data.n_samples_per_prompt)
+    gpt = build_gpt(spec, max_seq_len=int(rollouts.total_len.max())).to(device)
     model = DistributedDataParallel(gpt.config, DistributedDataParallelConfig(), gpt)
     gpt.config.finalize_model_grads_func = finalize_model_grads
     gpt.config.no_sync_func = model.no_sync
     optimizer = get_megatron_optimizer(
-        OptimizerConfig(optimizer="adam", lr=cfg.lr, clip_grad=cfg.clip_grad), [model])
+        OptimizerConfig(optimizer="adam", lr=cfg.optim.lr, clip_grad=cfg.optim.clip_grad),
+        [model])
     losses = [train_step(cfg, mode, model, optimizer, step, rollouts, data, device)["loss"]
               for _ in range(4)]
     print("loss on the repeated batch:", [round(x, 4) for x in losses])
@@ -498,7 +475,8 @@ def test_hf_module_imports_without_torch_at_module_level():
 
 @needs_transformers
 def test_cli_trains_a_checkpoint_given_by_path(tmp_path):
-    """``varbatch-kit train --model DIR --layers N`` builds the checkpoint's config."""
+    """``varbatch-kit train --model.path DIR --model.num_layers N`` builds the checkpoint's
+    config."""
     import argparse
 
     from varbatch_kit.cli import train as cli
@@ -506,9 +484,13 @@ def test_cli_trains_a_checkpoint_given_by_path(tmp_path):
     path = _tiny_checkpoint("qwen2_bias_tied", tmp_path / "qwen2")
     p = argparse.ArgumentParser()
     cli.add_parser(p.add_subparsers())
-    (cfg,) = cli.configs_from_args(p.parse_args(["train", "--model", str(path), "--layers", "1"]))
-    assert cfg.model is not None and Path(cfg.model) == path.resolve()
-    assert cfg.num_layers == 1 and cfg.hf_model().qkv_bias
-    assert cfg.vocab_size == TINY["vocab_size"]
+    (cfg,) = cli.configs_from_args(p.parse_args(["train", "--model.path", str(path),
+                                                 "--model.num_layers", "1"]))
+    assert cfg.model.path is not None and Path(cfg.model.path) == path.resolve()
+    spec = cfg.resolve_model()
+    assert spec.num_layers == 1 and spec.hf.qkv_bias
+    assert spec.vocab_size == TINY["vocab_size"]
+    (nope,) = cli.configs_from_args(p.parse_args(["train", "--model.path",
+                                                  str(tmp_path / "nope")]))
     with pytest.raises(ValueError, match="does not exist|no such|not a directory"):
-        cli.configs_from_args(p.parse_args(["train", "--model", str(tmp_path / "nope")]))
+        nope.resolve_model()  # the launcher resolves it before any worker starts

@@ -96,16 +96,17 @@ def test_smollm2_layout_matrix(real_rollouts, smollm2_path, tmp_path):
         assert np.abs(adv[rows]).max() > 0.1, (
             "the generated rollouts have no reward variance in a step; change GEN['seed']")
 
-    base = dict(model=str(smollm2_path), num_layers=2, lr=1e-4, min_lr=1e-4,
+    base = dict(path=str(smollm2_path), num_layers=2, lr=1e-4, min_lr=1e-4,
                 lr_decay_style="constant", n_samples_per_prompt=GEN["n_samples_per_prompt"],
                 save_params_at=(1, 2), max_steps=2, timeout_s=600)
     layouts = list(_layouts())
-    configs = [TrainConfig(schedule=s, mode=m, **base)
+    configs = [TrainConfig().with_(schedule=s, mode=m, **base)
                for m in ("per_rollout_mean", "per_token") for s in layouts]
     # pack-first: dp alone hands the same micro-batches to more ranks, so the naive mean moves
     # with the packing and with cp: dp1 cp1 first_fit (ref), dp1 cp2 first_fit, dp2 cp2 balanced
     naive = [layouts[i] for i in (0, 4, 7)]
-    configs += [TrainConfig(schedule=s, mode="naive_microbatch_mean", **base) for s in naive]
+    configs += [TrainConfig().with_(schedule=s, mode="naive_microbatch_mean", **base)
+                for s in naive]
     t0 = time.monotonic()
     runs: list = []
     table = compare(configs, r, out_dir=tmp_path, progress=False, runs=runs)
@@ -175,17 +176,18 @@ def test_engine_loss_is_the_documented_formula(megatron_here, tmp_path):
     modes = ("per_rollout_mean", "per_token")
     for old in (False, True):
         r = _token_rollouts(old)
-        cfgs = [TrainConfig(schedule=sched, mode=mode, hidden_size=32, num_attention_heads=2,
-                            n_samples_per_prompt=3, max_steps=1, clip_eps=0.1) for mode in modes]
+        cfgs = [TrainConfig().with_(schedule=sched, mode=mode, hidden_size=32,
+                                    num_attention_heads=2, n_samples_per_prompt=3, max_steps=1,
+                                    clip_eps=0.1) for mode in modes]
         runs = run_many(cfgs, r, out_dir=tmp_path / f"old{old}", progress=False)
         for mode, cfg, result in zip(modes, cfgs, runs):
             got = result.steps
             assert got.loc[0, "samples"] == len(r)  # one step holds every sample
             assert result.meta["data"] == "rollouts" and result.meta["ppo_clipped"] == old
-            torch.manual_seed(cfg.seed)
-            model_parallel_cuda_manual_seed(cfg.seed, inference_rng_tracker=True,
+            torch.manual_seed(cfg.data.seed)
+            model_parallel_cuda_manual_seed(cfg.data.seed, inference_rng_tracker=True,
                                             force_reset_rng=True)
-            gpt = build_gpt(cfg, max_seq_len=int(r.total_len.max()),
+            gpt = build_gpt(cfg.resolve_model(), max_seq_len=int(r.total_len.max()),
                             per_token_loss=mode == "per_token").eval()
             data = make_training_data(r, vocab_size=64, seed=0, n_samples_per_prompt=3)
             logps = []

@@ -52,10 +52,10 @@ def test_reports_gradients_and_parameters_do_not_move_with_the_layout(tmp_path):
     base = dict(TINY, lr=1e-3, min_lr=1e-3, lr_decay_style="constant", n_samples_per_prompt=3,
                 save_params_at=(1, 3))
     layouts = list(_layouts())
-    configs = [TrainConfig(schedule=s, mode=mode, **base)
+    configs = [TrainConfig().with_(schedule=s, mode=mode, **base)
                for mode in ("per_rollout_mean", "per_token") for s in layouts]
     naive_layouts = [layouts[i] for i in (0, 2, 8, 15)]  # ref, first_fit, cp=2, dp2 cp2 kk
-    configs += [TrainConfig(schedule=s, mode="naive_microbatch_mean", **base)
+    configs += [TrainConfig().with_(schedule=s, mode="naive_microbatch_mean", **base)
                 for s in naive_layouts]
     runs: list = []
     table = compare(configs, rollouts, out_dir=tmp_path, progress=False, runs=runs)
@@ -126,10 +126,11 @@ def test_variable_batch_lr_schedule_and_loss_curve(tmp_path):
     curve_rollouts = Rollouts.synthetic(240, samples_per_rollout=(1, 2), prompt_len=(4, 8),
                                         response_len=12, response_sigma=0.5,
                                         max_response_len=24, seed=3)
-    curve_cfg = TrainConfig(schedule=ScheduleConfig(global_batch_size=8, max_tokens_per_gpu=256),
+    gbs8 = ScheduleConfig(global_batch_size=8, max_tokens_per_gpu=256)
+    curve_cfg = TrainConfig().with_(schedule=gbs8,
                             num_layers=2, hidden_size=64, num_attention_heads=4, vocab_size=64,
                             lr=3e-3, min_lr=3e-4, n_samples_per_prompt=4, label="curve")
-    lr_cfg = TrainConfig(schedule=ScheduleConfig(global_batch_size=8, max_tokens_per_gpu=256),
+    lr_cfg = TrainConfig().with_(schedule=gbs8,
                          mode="per_token", lr=1e-3, min_lr=0.0, lr_decay_style="linear",
                          max_steps=5, label="lr", **TINY)
     curve, lr_run = run_many([curve_cfg, lr_cfg], curve_rollouts, out_dir=tmp_path,
@@ -163,7 +164,7 @@ def test_variable_batch_lr_schedule_and_loss_curve(tmp_path):
 
 def test_failing_worker_stops_everything_and_raises_its_traceback(tmp_path):
     rollouts = _invariance_rollouts()
-    cfg = TrainConfig(schedule=ScheduleConfig(dp=2, global_batch_size=4, max_tokens_per_gpu=32),
+    cfg = TrainConfig().with_(dp=2, global_batch_size=4, max_tokens_per_gpu=32,
                       fail_at_step=2, fail_rank=1, timeout_s=120, **TINY)
     t0 = time.monotonic()
     with pytest.raises(TrainingError) as info:
@@ -188,7 +189,8 @@ def test_cli_train_writes_the_table(tmp_path, capsys):
 
     csv = tmp_path / "steps.csv"
     rc = main(["train", "--rollouts", "8", "--global-batch-size", "4", "--dp", "1",
-               "--hidden", "32", "--heads", "2", "--quiet", "--out", str(tmp_path / "run"),
+               "--model.hidden_size", "32", "--model.num_attention_heads", "2", "--quiet",
+               "--out", str(tmp_path / "run"),
                "--csv", str(csv)])
     assert rc == 0
     out = capsys.readouterr().out
@@ -203,7 +205,7 @@ def test_cli_train_writes_the_table(tmp_path, capsys):
 def test_timeout_kills_torchrun_and_workers(tmp_path):
     from varbatch_kit.train import TrainingTimeout
 
-    cfg = TrainConfig(schedule=ScheduleConfig(dp=2, global_batch_size=4, max_tokens_per_gpu=32),
+    cfg = TrainConfig().with_(dp=2, global_batch_size=4, max_tokens_per_gpu=32,
                       timeout_s=4, **TINY)
     t0 = time.monotonic()
     with pytest.raises(TrainingTimeout) as info:

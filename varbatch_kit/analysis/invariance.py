@@ -45,9 +45,10 @@ class InvarianceExperiment:
     Every layout is trained once per report mode on the same rollouts
     (``runs()`` lists the ``(layout, mode)`` pairs, mode after mode, the
     reference layout first in each mode). ``train_kwargs`` are the
-    :class:`varbatch_kit.train.TrainConfig` fields shared by every run, so::
+    :class:`varbatch_kit.train.TrainConfig` fields shared by every run, by name
+    (``TrainConfig.with_`` routes each to its sub-config), so::
 
-        configs = [TrainConfig(schedule=s, mode=m, **experiment.train_kwargs)
+        configs = [TrainConfig().with_(schedule=s, mode=m, **experiment.train_kwargs)
                    for s, m in experiment.runs()]
         table = train.compare(configs, experiment.rollouts)
     """
@@ -74,7 +75,7 @@ def invariance_experiment(
     ``per_rollout_mean``, ``per_token`` and the naive ``naive_microbatch_mean``,
     ``naive_rank_mean``; a 2-layer, 32-wide GPT at a constant learning rate,
     parameters saved after step 3. ``train_kwargs`` override the model and
-    optimiser fields.
+    optimiser fields (TrainConfig field names: ``path`` for a checkpoint, ``lr``, ...).
     """
     if rollouts is None:
         rollouts = Rollouts.synthetic(24, samples_per_rollout=(1, 4), prompt_len=(3, 8),

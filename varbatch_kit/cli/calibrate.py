@@ -3,10 +3,12 @@
 Examples::
 
     varbatch-kit calibrate --out cost_model.json
-    varbatch-kit calibrate --layers 2 --hidden 128 --heads 4 --max-tokens 4096 --repeats 3 \\
+    varbatch-kit calibrate --model.num_layers 2 --model.hidden_size 128 \\
+        --model.num_attention_heads 4 --max-tokens 4096 --repeats 3 \\
         --out build/cost_model.json --csv build/calibration.csv
 
-Builds the training engine's model (the toy GPT, or ``--model DIR``) with
+Builds the training engine's model (the toy GPT, or ``--model.path DIR``; the
+``--model.*`` flags are generated from :class:`~varbatch_kit.train.ModelConfig`) with
 per-sample packed attention, times forward and backward of micro-batches
 that vary ``sum L`` and ``sum L^2`` independently, fits
 ``t = c0 + c1 sum L + c2 sum L^2`` and reports R² on held-out random
@@ -26,13 +28,9 @@ def add_parser(subparsers: Any) -> None:
     p = subparsers.add_parser("calibrate", help="fit the micro-batch cost model on this device",
                               description=__doc__.splitlines()[0],
                               formatter_class=argparse.RawDescriptionHelpFormatter)
-    m = p.add_argument_group("model (defaults: TrainConfig's toy GPT)")
-    m.add_argument("--model", default=None, metavar="DIR", help="a Hugging Face checkpoint")
-    m.add_argument("--layers", type=int, default=None)
-    m.add_argument("--hidden", type=int, default=None, help="toy GPT only")
-    m.add_argument("--heads", type=int, default=None, help="toy GPT only")
-    m.add_argument("--ffn", type=int, default=None, help="toy GPT only")
-    m.add_argument("--vocab", type=int, default=None, help="toy GPT only")
+    from varbatch_kit.train.flags import add_config_flags
+
+    add_config_flags(p, groups=("model",))  # --model.path, --model.num_layers, ...
     s = p.add_argument_group("sweep")
     s.add_argument("--max-tokens", type=int, default=2048,
                    help="largest micro-batch in tokens (default 2048)")
@@ -62,11 +60,9 @@ def add_parser(subparsers: Any) -> None:
 def _calibrate(args: argparse.Namespace) -> int:
     from varbatch_kit.train.calibrate import calibrate, grid_compositions, random_compositions
     from varbatch_kit.train.config import TrainConfig
+    from varbatch_kit.train.flags import config_kwargs
 
-    shape = {"model": args.model, "num_layers": args.layers, "hidden_size": args.hidden,
-             "num_attention_heads": args.heads, "ffn_hidden_size": args.ffn,
-             "vocab_size": args.vocab}
-    cfg = TrainConfig(**{k: v for k, v in shape.items() if v is not None})
+    cfg = TrainConfig(**config_kwargs(args, groups=("model",)))
     grid = grid_compositions(args.max_tokens, budgets=args.budgets, splits=args.splits,
                              min_len=args.min_len)
     held = (random_compositions(args.heldout, args.max_tokens, min_len=args.min_len,

@@ -120,7 +120,8 @@ def invariance_summary(progress: bool = False) -> str:
     from varbatch_kit.train import TrainConfig, compare
 
     experiment = invariance.invariance_experiment()
-    configs = [TrainConfig(schedule=s, mode=m, **experiment.train_kwargs)
+    # train_kwargs name TrainConfig fields (lr, num_layers, ...): with_ routes them
+    configs = [TrainConfig().with_(schedule=s, mode=m, **experiment.train_kwargs)
                for s, m in experiment.runs()]
     table = compare(configs, experiment.rollouts, progress=progress)
     return str(invariance.invariance_verdict(table))

@@ -3,13 +3,19 @@
 Examples::
 
     varbatch-kit train --dp 2 --global-batch-size 8 --max-tokens-per-gpu 256 --rollouts 240
-    varbatch-kit train --steps 20 --save-every 5 --out run1     # killed? continue it:
-    varbatch-kit train --steps 20 --save-every 5 --resume run1
-    varbatch-kit train --dp 4 --nnodes 2 --node-rank R --rdzv-endpoint node0:29400 --out /shared/r
+    varbatch-kit train --run.max_steps 20 --checkpoint.save_every 5 --out run1  # killed? then:
+    varbatch-kit train --run.max_steps 20 --checkpoint.save_every 5 --resume run1
+    varbatch-kit train --dp 4 --nodes.nnodes 2 --nodes.node_rank R \\
+        --nodes.rdzv_endpoint node0:29400 --out /shared/r
+    varbatch-kit train --model.path DIR --model.num_layers 2 --optim.lr 1e-4
     varbatch-kit compare --dp 1 2 --cp 1 2 --packing static first_fit \\
         --micro-batch-size 2 --max-tokens-per-gpu 64 --mode per_rollout_mean per_token \\
-        --steps 3 --csv comparison.csv
+        --run.max_steps 3 --csv comparison.csv
 
+The training flags are generated from :class:`~varbatch_kit.train.TrainConfig`'s
+fields and carry their names: ``--GROUP.FIELD`` for a sub-config's field
+(``--optim.lr``, ``--run.timeout_s``, ``--model.num_layers``), ``--mode``; the
+layout flags are ScheduleConfig's fields (``--dp``, ``--global-batch-size``).
 Both commands take the same options; ``compare`` accepts several values for
 ``--dp``, ``--cp``, ``--cp-mode``, ``--packing``, ``--distribution`` and ``--mode`` and runs
 every combination on the same rollouts and seed (static packings use
@@ -36,9 +42,8 @@ COMPARE_COLUMNS = ["config", "label", "step", "samples", "num_microbatches", "lo
 
 
 def _common(p: argparse.ArgumentParser, many: bool) -> None:
-    from varbatch_kit.train.config import TrainConfig
+    from varbatch_kit.train.flags import add_config_flags
 
-    D = TrainConfig()
     nargs = "+" if many else None
     several = " (several values: every combination)" if many else ""
     d = p.add_argument_group("rollouts (a trace, or the synthetic generator)")
@@ -78,63 +83,16 @@ def _common(p: argparse.ArgumentParser, many: bool) -> None:
                         "CP degree and group per micro-batch (needs --cp >= 2 and "
                         "--max-tokens-per-gpu)" + several)
 
-    m = p.add_argument_group("model and optimisation (defaults: TrainConfig's)")
-    m.add_argument("--model", default=None, metavar="DIR",
-                   help="a Hugging Face checkpoint directory (Llama/Qwen2/Qwen3/Mistral; "
-                        "--layers N keeps its first N layers); default: the tiny toy GPT")
-    m.add_argument("--mode", nargs=nargs, default=[D.mode] if many else D.mode,
-                   help=f"loss/report mode (default {D.mode})" + several)
-    m.add_argument("--layers", type=int, default=None,
-                   help=f"layers (toy GPT: {D.num_layers}; --model: all of the checkpoint's)")
-    m.add_argument("--hidden", type=int, default=None, help=f"toy GPT only ({D.hidden_size})")
-    m.add_argument("--heads", type=int, default=None,
-                   help=f"toy GPT only ({D.num_attention_heads})")
-    m.add_argument("--ffn", type=int, default=None,
-                   help="toy GPT only: FFN width (default 4*hidden)")
-    m.add_argument("--vocab", type=int, default=None, help=f"toy GPT only ({D.vocab_size})")
-    m.add_argument("--lr", type=float, default=D.lr)
-    m.add_argument("--min-lr", type=float, default=D.min_lr)
-    m.add_argument("--lr-decay-style", default=D.lr_decay_style,
-                   choices=["constant", "linear", "cosine"])
-    m.add_argument("--lr-warmup-fraction", type=float, default=D.lr_warmup_fraction)
-    m.add_argument("--lr-increment", default=D.lr_increment,
-                   choices=["auto", "rollouts", "samples"])
-    m.add_argument("--clip-grad", type=float, default=D.clip_grad)
-    m.add_argument("--weight-decay", type=float, default=D.weight_decay)
-    m.add_argument("--seed", type=int, default=D.seed, help="model init and toy-task seed")
-    m.add_argument("--n-samples-per-prompt", type=int, default=D.n_samples_per_prompt,
-                   help="GRPO group size (rollouts)")
+    add_config_flags(p, many=("mode",) if many else ())
 
-    r = p.add_argument_group("run")
-    r.add_argument("--steps", type=int, default=None, help="train at most this many steps")
-    r.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
-    r.add_argument("--timeout", type=float, default=D.timeout_s,
-                   help="seconds per configuration")
-    r.add_argument("--save-params-at", type=int, nargs="*", default=[],
-                   help="save parameters after these steps (1-based)")
+    r = p.add_argument_group("output")
     r.add_argument("--out", default=None, help="output folder (default: a new temp folder)")
     r.add_argument("--csv", default=None, help="also write the full table to this CSV file")
     r.add_argument("--quiet", action="store_true", help="no progress bar")
-    r.add_argument("--step-timeout", type=float, default=None,
-                   help="seconds a step may take after the previous report (default: none)")
-
-    k = p.add_argument_group("checkpoints and several nodes (docs/checkpoints.md)")
-    k.add_argument("--save-every", type=int, default=D.save_every,
-                   help="checkpoint after every N-th step (default 0: off)")
-    k.add_argument("--keep-last", type=int, default=D.keep_last,
-                   help=f"complete checkpoints kept (default {D.keep_last})")
     if not many:
-        k.add_argument("--resume", default=None, metavar="DIR",
+        r.add_argument("--resume", default=None, metavar="DIR",
                        help="continue the run in DIR (an earlier --out) from its newest "
                             "checkpoint; without one it starts from scratch")
-    k.add_argument("--nnodes", type=int, default=D.nnodes,
-                   help="nodes of the job (torchrun's c10d rendezvous; default 1)")
-    k.add_argument("--node-rank", type=int, default=D.node_rank,
-                   help="this node (0 hosts the rendezvous; default 0)")
-    k.add_argument("--rdzv-endpoint", default=None, metavar="HOST:PORT",
-                   help="node 0's address for the rendezvous (needed with --nnodes > 1)")
-    k.add_argument("--rdzv-timeout", type=float, default=D.rdzv_timeout_s,
-                   help=f"seconds to wait for every node to join (default {D.rdzv_timeout_s:g})")
 
 
 def add_parser(subparsers: Any) -> None:
@@ -169,10 +127,13 @@ def _as_list(v):
 
 
 def configs_from_args(args: argparse.Namespace):
-    """Every combination of the (possibly multi-valued) layout and mode options."""
+    """Every combination of the (possibly multi-valued) layout and mode options; the other
+    training flags (generated from TrainConfig's fields, :mod:`varbatch_kit.train.flags`)
+    fill its sub-configs."""
     from varbatch_kit.core.config import ScheduleConfig
     from varbatch_kit.policies.registry import get_packer
     from varbatch_kit.train.config import TrainConfig
+    from varbatch_kit.train.flags import config_kwargs
 
     mbs, mtpg = args.micro_batch_size, args.max_tokens_per_gpu
     packings = _as_list(args.packing) if args.packing else [None]
@@ -202,19 +163,8 @@ def configs_from_args(args: argparse.Namespace):
         schedule = ScheduleConfig(dp=dp, cp=cp, cp_mode=cp_mode,
                                   global_batch_size=args.global_batch_size, packing=packing,
                                   **sizes)
-        configs.append(TrainConfig(
-            schedule=schedule, mode=mode, model=args.model, num_layers=args.layers,
-            hidden_size=args.hidden,
-            num_attention_heads=args.heads, ffn_hidden_size=args.ffn, vocab_size=args.vocab,
-            lr=args.lr, min_lr=args.min_lr, lr_decay_style=args.lr_decay_style,
-            lr_warmup_fraction=args.lr_warmup_fraction, lr_increment=args.lr_increment,
-            clip_grad=args.clip_grad, weight_decay=args.weight_decay, seed=args.seed,
-            n_samples_per_prompt=args.n_samples_per_prompt, max_steps=args.steps,
-            device=args.device, timeout_s=args.timeout,
-            save_params_at=tuple(args.save_params_at), save_every=args.save_every,
-            keep_last=args.keep_last, nnodes=args.nnodes, node_rank=args.node_rank,
-            rdzv_endpoint=args.rdzv_endpoint, rdzv_timeout_s=args.rdzv_timeout,
-            step_timeout_s=args.step_timeout))
+        configs.append(TrainConfig(schedule=schedule,
+                                   **config_kwargs(args, chosen={"mode": mode})))
     return configs
 
 

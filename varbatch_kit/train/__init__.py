@@ -1,7 +1,9 @@
 """Training engine: megatron-core GPT, variable global batch size, reports compared across layouts.
 
 - :class:`TrainConfig`: layout (a :class:`~varbatch_kit.ScheduleConfig`),
-  report mode, model size, optimiser, debug hooks.
+  report mode, and the sub-configs :class:`ModelConfig`, :class:`OptimConfig`,
+  :class:`LossConfig`, :class:`DataConfig`, :class:`RunConfig`,
+  :class:`CheckpointConfig`, :class:`NodesConfig`, :class:`FaultConfig`.
 - :func:`run`: train one configuration in ``dp * cp`` ``torchrun`` workers
   (the caller stays single-process) → :class:`Run` with one report row per step.
 - :func:`compare`: several configurations on the same rollouts and seed → one table.
@@ -9,7 +11,7 @@
 
 Devices: CUDA + NCCL when GPUs are present, else CPU + gloo through
 :mod:`varbatch_kit.train.cpu_shim`. Context parallelism is emulated at the
-loss level (see :mod:`varbatch_kit.train.loop`).
+loss level (see :mod:`varbatch_kit.train.step`).
 
 Needs the ``[train]`` extra (``pip install 'varbatch_kit[train]'``): importing
 this package without megatron-core raises an ``ImportError`` that says so.
@@ -21,13 +23,31 @@ from varbatch_kit._extras import require
 
 require(__name__, "train", ("megatron.core",))
 
-from varbatch_kit.train.config import TrainConfig  # noqa: E402  (after the extra's check)
+from varbatch_kit.train.config import (  # noqa: E402  (after the extra's check)
+    CheckpointConfig,
+    DataConfig,
+    FaultConfig,
+    LossConfig,
+    NodesConfig,
+    OptimConfig,
+    RunConfig,
+    TrainConfig,
+)
 from varbatch_kit.train.launch import compare, run, run_many  # noqa: E402
+from varbatch_kit.train.model_spec import ModelConfig  # noqa: E402
 from varbatch_kit.train.results import Run, param_rel_diff  # noqa: E402
 from varbatch_kit.train.supervise import TrainingError, TrainingTimeout  # noqa: E402
 
 __all__ = [
+    "CheckpointConfig",
+    "DataConfig",
+    "FaultConfig",
+    "LossConfig",
+    "ModelConfig",
+    "NodesConfig",
+    "OptimConfig",
     "Run",
+    "RunConfig",
     "TrainConfig",
     "TrainingError",
     "TrainingTimeout",

@@ -152,8 +152,8 @@ def calibrate(
     Parameters
     ----------
     config:
-        The model (:class:`TrainConfig`'s shape fields or ``model=DIR``);
-        default ``TrainConfig()``'s toy GPT.
+        The model (its :class:`ModelConfig` ``config.model``, resolved once) and
+        ``config.data.seed``; default ``TrainConfig()``'s toy GPT.
     compositions:
         Sample lengths (prompt + response) of each fitted micro-batch;
         default :func:`grid_compositions` up to ``max_tokens``.
@@ -195,11 +195,13 @@ def calibrate(
         raise ValueError(f"{len(fit_set)} compositions to fit: need at least 3")
     longest = max(max(c) for c in fit_set + out_set)
 
-    from varbatch_kit.train.loop import single_process
+    from varbatch_kit.train.process import single_process
+
+    model = cfg.resolve_model()  # the checkpoint's config.json read once, before the sweep
 
     t_start = time.perf_counter()
     with single_process(device, threads) as dev:
-        rows = _sweep(cfg, dev, fit_set, out_set, longest, repeats, warmup, seed, progress)
+        rows = _sweep(cfg, model, dev, fit_set, out_set, longest, repeats, warmup, seed, progress)
         dev_name = _device_name(dev)
     mask = np.array([r["heldout"] for r in rows])
     fit = fit_with_holdout(
@@ -211,7 +213,8 @@ def calibrate(
     return Calibration(rows, fit, info)
 
 
-def _sweep(cfg, dev, fit_set, out_set, longest, repeats, warmup, seed, progress) -> list[dict]:
+def _sweep(cfg, model, dev, fit_set, out_set, longest, repeats, warmup, seed,
+           progress) -> list[dict]:
     import torch
     from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
     from tqdm.auto import tqdm
@@ -221,14 +224,15 @@ def _sweep(cfg, dev, fit_set, out_set, longest, repeats, warmup, seed, progress)
     from varbatch_kit.train.model import build_gpt
     from varbatch_kit.train.timing import MicroBatchTimer
 
-    torch.manual_seed(cfg.seed)
-    model_parallel_cuda_manual_seed(cfg.seed, inference_rng_tracker=True, force_reset_rng=True)
-    gpt = build_gpt(cfg, max_seq_len=max(longest, cfg.max_seq_len or 0)).to(dev)
+    torch.manual_seed(cfg.data.seed)
+    model_parallel_cuda_manual_seed(cfg.data.seed, inference_rng_tracker=True,
+                                    force_reset_rng=True)
+    gpt = build_gpt(model, max_seq_len=max(longest, model.max_seq_len or 0)).to(dev)
     gpt.train()
     rng = np.random.default_rng(seed)
 
     def one(lengths, timer):
-        seqs = [rng.integers(0, cfg.vocab_size, n) for n in lengths]
+        seqs = [rng.integers(0, model.vocab_size, n) for n in lengths]
         batch = pack(seqs, [1] * len(lengths), device=dev)
         timer.forward_start(batch.lengths)
         logits = response_logits(gpt, batch)  # as the training engine does

@@ -19,7 +19,7 @@ complete. Old checkpoints beyond ``keep_last`` are renamed to ``.trash-...``
 and removed.
 
 :func:`fingerprint` holds what a resumed run must not change: every
-:class:`TrainConfig` field except the layout and run fields in
+:class:`TrainConfig` field (``group.name``) except the layout and run fields in
 :data:`MAY_CHANGE`, the rollouts (a hash of every per-sample field) and the
 schedule's steps (which rollouts each step trains). :func:`check_resumable`
 names what differs.
@@ -33,7 +33,7 @@ import os
 import re
 import shutil
 from collections.abc import Callable
-from dataclasses import fields
+from dataclasses import fields, is_dataclass
 from pathlib import Path
 from typing import Any
 
@@ -48,15 +48,17 @@ FORMAT = "varbatch-checkpoint-1"
 FILES = ("model.pt", "optimizer.pt", "state.pt")
 _NAME = re.compile(r"^step_(\d{6,})$")
 # TrainConfig / ScheduleConfig fields a resumed run may change: the layout, where and how long
-# it runs, and the debug hooks. Everything else (model, optimiser, mode, seed, max_steps:
+# it runs, and the fault hooks. Everything else (model, optimiser, mode, seed, run.max_steps:
 # the LR horizon, global batch size, ...) is fixed by the checkpoint.
 MAY_CHANGE = frozenset({
     "schedule.dp", "schedule.cp", "schedule.packing", "schedule.distribution",
     "schedule.micro_batch_size", "schedule.max_tokens_per_gpu",
-    "device", "timeout_s", "threads_per_worker", "save_params_at", "label",
-    "save_every", "keep_last", "nnodes", "node_rank", "rdzv_endpoint", "rdzv_timeout_s",
-    "step_timeout_s", "fail_at_step", "fail_rank", "hang_at_step", "kill_at",
-    "disk_full_at_step",
+    "run.device", "run.timeout_s", "run.threads_per_worker", "run.save_params_at", "run.label",
+    "run.step_timeout_s",
+    "checkpoint.save_every", "checkpoint.keep_last",
+    "nodes.nnodes", "nodes.node_rank", "nodes.rdzv_endpoint", "nodes.rdzv_timeout_s",
+    "faults.fail_at_step", "faults.fail_rank", "faults.hang_at_step", "faults.kill_at",
+    "faults.disk_full_at_step",
 })
 
 
@@ -92,15 +94,16 @@ def rollouts_hash(rollouts) -> str:
 
 
 def _config_fields(cfg) -> dict[str, str]:
+    """Every field of ``cfg`` as ``"name"`` or ``"group.name"`` (sub-configs, the schedule)."""
     out = {}
     for f in fields(cfg):
         if not f.init:
             continue
         v = getattr(cfg, f.name)
-        if f.name == "schedule":
+        if is_dataclass(v):
             for g in fields(v):
                 if g.init:
-                    out[f"schedule.{g.name}"] = repr(getattr(v, g.name))
+                    out[f"{f.name}.{g.name}"] = repr(getattr(v, g.name))
         else:
             out[f.name] = repr(v)
     return {k: v for k, v in out.items() if k not in MAY_CHANGE}

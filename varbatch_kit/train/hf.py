@@ -54,7 +54,9 @@ __all__ = [
     "hf_tensor_names",
     "load_hf_weights",
     "megatron_state_dict",
+    "read_config_json",
     "read_hf_model",
+    "spec_from_config",
     "rope_inv_freq",
 ]
 
@@ -242,7 +244,8 @@ def read_hf_model(path: str | Path) -> HFModelSpec:
     return _read_cached(str(p), stamp)
 
 
-def _read(p: Path) -> HFModelSpec:
+def read_config_json(p: Path) -> dict[str, Any]:
+    """The checkpoint directory's ``config.json`` as a dict (ValueError naming what is wrong)."""
     cfg_file = p / "config.json"
     if not cfg_file.is_file():
         raise _fail(p, "has no config.json; pass a Hugging Face checkpoint directory")
@@ -252,6 +255,17 @@ def _read(p: Path) -> HFModelSpec:
         raise _fail(p, f"config.json is not valid JSON: {e}") from None
     if not isinstance(cfg, dict):
         raise _fail(p, "config.json does not hold a JSON object")
+    return cfg
+
+
+def _read(p: Path) -> HFModelSpec:
+    return spec_from_config(p, read_config_json(p), checkpoint_tensors(p))
+
+
+def spec_from_config(p: Path, cfg: Mapping[str, Any],
+                     tensors: Mapping[str, tuple[str, tuple[int, ...]]]) -> HFModelSpec:
+    """Validate a parsed ``config.json`` and the weights index (:func:`checkpoint_tensors`)
+    of the checkpoint directory ``p``; reads no file."""
     model_type = cfg.get("model_type")
     if model_type not in SUPPORTED_FAMILIES:
         arch = cfg.get("architectures")
@@ -290,7 +304,6 @@ def _read(p: Path) -> HFModelSpec:
     window = cfg.get("sliding_window")
     if model_type in ("qwen2", "qwen3") and not cfg.get("use_sliding_window", False):
         window = None
-    tensors = checkpoint_tensors(p)
     if "model.embed_tokens.weight" in tensors:
         prefix = "model."
     elif "embed_tokens.weight" in tensors:

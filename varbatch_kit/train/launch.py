@@ -15,8 +15,8 @@ traceback. Workers die with torchrun, and torchrun with the launcher
 ``step_timeout_s`` stops a run whose steps stop reporting. The finished run
 is read back by :mod:`varbatch_kit.train.results`.
 
-Checkpoints and resume (``save_every``, ``run(..., resume=True)``) and
-several nodes (``nnodes``, ``node_rank``, ``rdzv_endpoint``: torchrun's c10d
+Checkpoints and resume (``checkpoint.save_every``, ``run(..., resume=True)``) and
+several nodes (``NodesConfig``: ``nnodes``, ``node_rank``, ``rdzv_endpoint``: torchrun's c10d
 rendezvous, node 0 hosting its store) are described in docs/checkpoints.md.
 
 :func:`run_many` / :func:`compare` run several configurations on the same
@@ -48,6 +48,7 @@ import numpy as np
 from varbatch_kit.core.rollouts import Rollouts
 from varbatch_kit.train.checkpoint import check_resumable, fingerprint, latest_checkpoint
 from varbatch_kit.train.config import TrainConfig
+from varbatch_kit.train.plan import PlannedRun, plan_runs, resolve_device
 from varbatch_kit.train.results import Run, load_run, param_rel_diff
 from varbatch_kit.train.steplog import read_records, truncate_to_step
 from varbatch_kit.train.supervise import (
@@ -68,47 +69,6 @@ def _free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def _resolve_device(cfg: TrainConfig) -> str:
-    import torch
-
-    has_gpus = torch.cuda.is_available() and torch.cuda.device_count() >= cfg.world_size
-    if cfg.device == "cuda" and not has_gpus:
-        raise ValueError(
-            f"device='cuda' but {torch.cuda.device_count()} CUDA devices for dp*cp="
-            f"{cfg.world_size} ranks; use device='cpu' or 'auto'")
-    if cfg.device == "auto":
-        return "cuda" if has_gpus else "cpu"
-    return cfg.device
-
-
-def _validate(cfg: TrainConfig, rollouts: Rollouts) -> int:
-    """Raise ValueError for a config that cannot train on ``rollouts``; return its step count."""
-    from varbatch_kit.core.build import build_schedule
-    from varbatch_kit.train.data import validate_rollout_data
-
-    if not isinstance(cfg, TrainConfig):
-        raise ValueError(  # noqa: TRY004 - user errors are ValueError (docs/architecture.md)
-            f"configs must be TrainConfig objects, got {type(cfg).__name__}")
-    if (rollouts.prompt_len < 1).any():
-        i = int(np.flatnonzero(rollouts.prompt_len < 1)[0])
-        raise ValueError(
-            f"prompt_len[{i}] = 0: training needs >= 1 prompt token per sample (the first "
-            "response token is predicted from the token before it)")
-    longest = int(rollouts.total_len.max())
-    if cfg.max_seq_len is not None and cfg.max_seq_len < longest:
-        raise ValueError(
-            f"max_seq_len={cfg.max_seq_len} < longest sample ({longest} tokens); raise it "
-            "or leave it None")
-    # real token sequences are checked here, before any worker starts (no TrainingError wrap)
-    validate_rollout_data(rollouts, vocab_size=cfg.vocab_size,
-                          n_samples_per_prompt=cfg.n_samples_per_prompt)
-    schedule = build_schedule(rollouts, cfg.schedule, model=cfg.model_shape())
-    n = schedule.num_steps if cfg.max_steps is None else min(cfg.max_steps, schedule.num_steps)
-    if cfg.fail_at_step is None and n < 1:
-        raise ValueError("the schedule has no step to train")
-    return n
 
 
 def _slug(text: str) -> str:
@@ -136,12 +96,13 @@ _DIE_WITH_PARENT = (
 
 def _rendezvous_args(cfg: TrainConfig, rdzv_id: str) -> list[str]:
     """torchrun's node options: one local node, or the c10d rendezvous of ``nnodes`` nodes."""
-    if cfg.nnodes == 1 and cfg.rdzv_endpoint is None:
+    n = cfg.nodes
+    if n.nnodes == 1 and n.rdzv_endpoint is None:
         return ["--nnodes=1", "--master_addr=127.0.0.1", f"--master_port={_free_port()}"]
-    join = max(1, round(cfg.rdzv_timeout_s))
-    is_host = 1 if cfg.node_rank == 0 else 0  # node 0 hosts the rendezvous store
-    return [f"--nnodes={cfg.nnodes}", f"--node_rank={cfg.node_rank}", "--rdzv_backend=c10d",
-            f"--rdzv_endpoint={cfg.rdzv_endpoint}", f"--rdzv_id={rdzv_id}",
+    join = max(1, round(n.rdzv_timeout_s))
+    is_host = 1 if n.node_rank == 0 else 0  # node 0 hosts the rendezvous store
+    return [f"--nnodes={n.nnodes}", f"--node_rank={n.node_rank}", "--rdzv_backend=c10d",
+            f"--rdzv_endpoint={n.rdzv_endpoint}", f"--rdzv_id={rdzv_id}",
             f"--rdzv_conf=join_timeout={join},is_host={is_host}"]
 
 
@@ -173,8 +134,9 @@ def _finished_but_lingering(job_dir: Path, out_dirs: list[Path], state: dict, no
 def _torchrun_failure(cfg: TrainConfig, log_text: str) -> tuple[str, int | None] | None:
     """A clear message for a failure without a worker traceback (rendezvous, killed rank)."""
     if "RendezvousTimeoutError" in log_text or "RendezvousClosedError" in log_text:
-        return (f"node {cfg.node_rank}: the rendezvous at {cfg.rdzv_endpoint} did not complete "
-                f"within rdzv_timeout_s={cfg.rdzv_timeout_s:g} s: not all nnodes={cfg.nnodes} "
+        n = cfg.nodes
+        return (f"node {n.node_rank}: the rendezvous at {n.rdzv_endpoint} did not complete "
+                f"within rdzv_timeout_s={n.rdzv_timeout_s:g} s: not all nnodes={n.nnodes} "
                 "nodes joined (start the same command with every --node-rank); all local "
                 "processes were stopped", None)
     # torchrun's summary lists every failed rank; one killed by a signal wrote no traceback
@@ -194,42 +156,64 @@ def _torchrun_failure(cfg: TrainConfig, log_text: str) -> tuple[str, int | None]
     return None
 
 
-def _launch(configs: list[TrainConfig], rollouts: Rollouts, device: str, job_dir: Path,
-            out_dirs: list[Path], planned: list[int], progress: bool, *,
-            resume_from: list | None = None, fingerprints: list | None = None,
-            done_steps: list[int] | None = None) -> float:
-    """One torchrun for ``configs`` (same world size); returns its wall time."""
+def write_job(job_dir: Path, plans: list[PlannedRun], rollouts: Rollouts, device: str,
+              out_dirs: list[Path], *, resume_from: list | None = None,
+              fingerprints: list | None = None) -> Path:
+    """``job_dir/job.pkl`` for the workers: the configs, their resolved models and the
+    steps of their schedules (built once, by :func:`~varbatch_kit.train.plan.plan_runs`)."""
     from varbatch_kit.train.loop import Job
 
-    c0 = configs[0]
-    world = c0.world_size
     if job_dir.exists():  # pids and errors of an earlier (killed) launch must not count
         shutil.rmtree(job_dir)
     job_dir.mkdir(parents=True, exist_ok=True)
+    job = Job([p.config for p in plans], [p.model for p in plans], [p.steps for p in plans],
+              rollouts, [str(d) for d in out_dirs], device, resume_from=resume_from,
+              fingerprints=fingerprints)
     with open(job_dir / "job.pkl", "wb") as f:
-        pickle.dump(Job(list(configs), rollouts, [str(d) for d in out_dirs], device,
-                        resume_from=resume_from, fingerprints=fingerprints), f)
-    threads = c0.threads_per_worker
+        pickle.dump(job, f)
+    return job_dir / "job.pkl"
+
+
+def _torchrun_command(c0: TrainConfig, job_dir: Path, fingerprints) -> tuple[list[str], dict]:
+    """The torchrun command line (workers: ``python -m varbatch_kit.train.loop JOB_DIR``) and
+    its environment, for a launch whose configs share ``c0``'s world size and nodes."""
     env = dict(os.environ)
-    env.update(OMP_NUM_THREADS=str(threads), PYTHONUNBUFFERED="1",
+    env.update(OMP_NUM_THREADS=str(c0.run.threads_per_worker), PYTHONUNBUFFERED="1",
                PYTHONPATH=os.pathsep.join(filter(None, [_package_root(),
                                                          env.get("PYTHONPATH")])))
-    rdzv_id = hashlib.sha256(json.dumps([fingerprints, c0.rdzv_endpoint], sort_keys=True,
+    rdzv_id = hashlib.sha256(json.dumps([fingerprints, c0.nodes.rdzv_endpoint], sort_keys=True,
                                         default=str).encode()).hexdigest()[:16]
     cmd = [sys.executable, "-c", _DIE_WITH_PARENT, str(os.getpid()),
-           "-m", "torch.distributed.run", f"--nproc_per_node={world // c0.nnodes}",
+           "-m", "torch.distributed.run",
+           f"--nproc_per_node={c0.world_size // c0.nodes.nnodes}",
            *_rendezvous_args(c0, rdzv_id),
            "--max_restarts=0", "--monitor_interval=0.2",
            "-m", "varbatch_kit.train.loop", str(job_dir)]
-    timeout = sum(c.timeout_s for c in configs) + (c0.rdzv_timeout_s if c0.nnodes > 1 else 0)
-    step_timeout = c0.step_timeout_s
+    return cmd, env
+
+
+def _launch(plans: list[PlannedRun], rollouts: Rollouts, device: str, job_dir: Path,
+            out_dirs: list[Path], progress: bool, *,
+            resume_from: list | None = None, fingerprints: list | None = None,
+            done_steps: list[int] | None = None) -> float:
+    """One torchrun for ``plans`` (same world size); returns its wall time."""
+    configs = [p.config for p in plans]
+    planned = [p.num_steps for p in plans]
+    c0 = configs[0]
+    write_job(job_dir, plans, rollouts, device, out_dirs, resume_from=resume_from,
+              fingerprints=fingerprints)
+    cmd, env = _torchrun_command(c0, job_dir, fingerprints)
+    timeout = sum(c.run.timeout_s for c in configs) + (
+        c0.nodes.rdzv_timeout_s if c0.nodes.nnodes > 1 else 0)
+    step_timeout = c0.run.step_timeout_s
     log_path = job_dir / "torchrun.log"
     bar = None
     done_steps = done_steps or [0] * len(configs)
     if progress:
         from tqdm.auto import tqdm
 
-        bar = tqdm(total=sum(planned), initial=sum(done_steps) if c0.node_rank == 0 else 0,
+        first = sum(done_steps) if c0.nodes.node_rank == 0 else 0
+        bar = tqdm(total=sum(planned), initial=first,
                    desc=c0.name, unit="step", leave=True)
     t0 = time.monotonic()
     since_ns = time.time_ns() - 1_000_000_000
@@ -239,7 +223,8 @@ def _launch(configs: list[TrainConfig], rollouts: Rollouts, device: str, job_dir
     # resumed runs: the lines before the checkpoint are not news
     # (node 0 cut the log back before it launched; another node may have looked earlier)
     states: list[dict] = [{"offset": (out / "steps.jsonl").stat().st_size}
-                          if n and c0.node_rank == 0 and (out / "steps.jsonl").is_file() else {}
+                          if n and c0.nodes.node_rank == 0 and (out / "steps.jsonl").is_file()
+                          else {}
                           for out, n in zip(out_dirs, done_steps)]
     last_mark, last_progress = 0, None
     linger: dict = {}
@@ -285,7 +270,7 @@ def _launch(configs: list[TrainConfig], rollouts: Rollouts, device: str, job_dir
                 follow_reports()
                 break
             now = time.monotonic()
-            if c0.nnodes > 1 and _finished_but_lingering(job_dir, out_dirs, linger, now):
+            if c0.nodes.nnodes > 1 and _finished_but_lingering(job_dir, out_dirs, linger, now):
                 # every run is done and our workers exited, but torchrun waits in its exit
                 # barrier for an agent on another node that is gone: the job is complete
                 kill_job(proc, job_dir)
@@ -343,17 +328,17 @@ def _prepare_resume(cfg: TrainConfig, out: Path, fp: dict, planned: int
     if (out / "done").is_file() and len(read_records(out / "steps.jsonl", warn=False)) == planned:
         return None, planned, True
     if found is None:
-        if cfg.node_rank == 0 and out.exists():
+        if cfg.nodes.node_rank == 0 and out.exists():
             warnings.warn(f"resume: no complete checkpoint in {out}; training from scratch",
                           stacklevel=3)
             for name in ("steps.jsonl", "done", "meta.json"):
                 (out / name).unlink(missing_ok=True)
-        elif cfg.node_rank == 0:
+        elif cfg.nodes.node_rank == 0:
             warnings.warn(f"resume: {out} holds no run yet; training from scratch", stacklevel=3)
         return None, 0, False
     step = int(meta["step"])
     kept = step
-    if cfg.node_rank == 0:
+    if cfg.nodes.node_rank == 0:
         (out / "done").unlink(missing_ok=True)
         kept = truncate_to_step(out / "steps.jsonl", step)
         truncate_to_step(out / "checkpoints.jsonl", step)  # save timings, one per checkpoint
@@ -365,19 +350,21 @@ def run_many(configs: Sequence[TrainConfig], rollouts: Rollouts, *, out_dir=None
              progress: bool = True, resume: bool = False) -> list[Run]:
     """Train every configuration on ``rollouts``; one :class:`Run` per configuration, in order.
 
-    Configurations with the same world size (dp * cp), device, ``threads_per_worker`` and
-    nodes share one torchrun launch. Run ``k`` lives in ``out_dir/runKK-<label>``.
+    Every model is resolved and every schedule built once, here, before any worker starts
+    (:func:`~varbatch_kit.train.plan.plan_runs`); the workers receive the steps.
+    Configurations with the same world size (dp * cp), device, ``run.threads_per_worker``
+    and nodes share one torchrun launch. Run ``k`` lives in ``out_dir/runKK-<label>``.
 
     ``resume=True`` (needs ``out_dir``) continues every run from the newest complete
-    checkpoint in its folder (``save_every``; docs/checkpoints.md): the step log is cut back
-    to that step and training goes on from there; a finished run is read back as is; a run
-    without a checkpoint starts from scratch (with a warning). A checkpoint whose model,
-    optimiser, mode, seed, rollouts, ... differ from the configuration is refused
-    (ValueError naming the differences); the layout (dp, cp, packing, distribution) may
-    change.
+    checkpoint in its folder (``checkpoint.save_every``; docs/checkpoints.md): the step log
+    is cut back to that step and training goes on from there; a finished run is read back
+    as is; a run without a checkpoint starts from scratch (with a warning). A checkpoint
+    whose model, optimiser, mode, seed, rollouts, ... differ from the configuration is
+    refused (ValueError naming the differences); the layout (dp, cp, packing,
+    distribution) may change.
 
-    Several nodes (``nnodes > 1``): call this with the same arguments on every node (only
-    ``node_rank`` differs); ``out_dir`` must be a folder every node sees (a shared
+    Several nodes (``nodes.nnodes > 1``): call this with the same arguments on every node
+    (only ``nodes.node_rank`` differs); ``out_dir`` must be a folder every node sees (a shared
     filesystem). Rank 0 — wherever the rendezvous put it — writes reports and checkpoints
     there; each node's launcher keeps its torchrun log in ``out_dir/jobG-...-nodeR``.
     """
@@ -389,32 +376,32 @@ def run_many(configs: Sequence[TrainConfig], rollouts: Rollouts, *, out_dir=None
             f"rollouts must be a varbatch_kit.Rollouts, got {type(rollouts).__name__}")
     if resume and out_dir is None:
         raise ValueError("resume=True needs out_dir: the folder of the run to continue")
-    planned = [_validate(c, rollouts) for c in configs]
-    devices = [_resolve_device(c) for c in configs]
+    plans = plan_runs(configs, rollouts)  # each model resolved, each schedule built: once
+    devices = [resolve_device(c) for c in configs]
     root = (Path(out_dir).expanduser().resolve() if out_dir is not None  # workers run in it
             else Path(tempfile.mkdtemp(prefix="varbatch_train_")))
     root.mkdir(parents=True, exist_ok=True)
     out_dirs = [_run_dir(root, k, c, resume) for k, c in enumerate(configs)]
-    prints = [fingerprint(c, rollouts, _planned_steps(c, rollouts)) for c in configs]
+    prints = [fingerprint(p.config, rollouts, p.steps) for p in plans]
     resume_from: list[str | None] = [None] * len(configs)
     done_steps, finished = [0] * len(configs), [False] * len(configs)
     for k, (c, d) in enumerate(zip(configs, out_dirs)):
         if resume:
-            resume_from[k], done_steps[k], finished[k] = _prepare_resume(c, d, prints[k],
-                                                                         planned[k])
-        elif c.node_rank == 0 and (d / "steps.jsonl").exists():
+            resume_from[k], done_steps[k], finished[k] = _prepare_resume(
+                c, d, prints[k], plans[k].num_steps)
+        elif c.nodes.node_rank == 0 and (d / "steps.jsonl").exists():
             raise ValueError(f"{d} already holds a run; pass a fresh out_dir (or resume=True)")
     groups: dict[tuple, list[int]] = {}
     for k, (c, dev) in enumerate(zip(configs, devices)):
         if not finished[k]:
-            key = (c.world_size, dev, c.threads_per_worker, c.nnodes, c.node_rank,
-                   c.rdzv_endpoint)
+            key = (c.world_size, dev, c.run.threads_per_worker, c.nodes.nnodes,
+                   c.nodes.node_rank, c.nodes.rdzv_endpoint)
             groups.setdefault(key, []).append(k)
     walls = [float("nan")] * len(configs)
     for g, ((world, dev, _, nnodes, node, _), members) in enumerate(groups.items()):
         name = f"job{g}-world{world}-{dev}" + (f"-node{node}" if nnodes > 1 else "")
-        wall = _launch([configs[k] for k in members], rollouts, dev, root / name,
-                       [out_dirs[k] for k in members], [planned[k] for k in members], progress,
+        wall = _launch([plans[k] for k in members], rollouts, dev, root / name,
+                       [out_dirs[k] for k in members], progress,
                        resume_from=[resume_from[k] for k in members],
                        fingerprints=[prints[k] for k in members],
                        done_steps=[done_steps[k] for k in members])
@@ -423,19 +410,12 @@ def run_many(configs: Sequence[TrainConfig], rollouts: Rollouts, *, out_dir=None
     return [load_run(c, d, w) for c, d, w in zip(configs, out_dirs, walls)]
 
 
-def _planned_steps(cfg: TrainConfig, rollouts: Rollouts) -> list:
-    from varbatch_kit.core.build import build_schedule
-
-    steps = build_schedule(rollouts, cfg.schedule, model=cfg.model_shape()).steps
-    return steps[: cfg.max_steps] if cfg.max_steps else steps
-
-
 def run(config: TrainConfig, rollouts: Rollouts, *, out_dir=None, progress: bool = True,
         resume: bool = False) -> Run:
     """Train one configuration in ``dp * cp`` torchrun workers; return its per-step reports.
 
     Raises :class:`TrainingError` (with the failing rank's traceback) when a
-    worker fails or ``config.timeout_s`` passes; no worker is left running.
+    worker fails or ``config.run.timeout_s`` passes; no worker is left running.
     ``resume=True``: continue the run in ``out_dir`` from its newest complete
     checkpoint (see :func:`run_many`).
     """
@@ -452,7 +432,7 @@ def compare(configs: Sequence[TrainConfig], rollouts: Rollouts, *, reference: in
     num_microbatches, loss, metrics, grad_norm, lr, step_time_s, ...), and,
     against the reference at the same step: ``loss_rel_diff``,
     ``grad_norm_rel_diff`` and ``param_rel_diff`` (``||p - p_ref|| / ||p_ref||``
-    where both saved parameters at that step, see ``save_params_at``; else NaN).
+    where both saved parameters at that step, see ``RunConfig.save_params_at``; else NaN).
 
     ``reference``: an index into ``configs``; ``None`` (default) compares each
     configuration with the first one of the same report mode. Pass a list as
@@ -485,7 +465,7 @@ def compare(configs: Sequence[TrainConfig], rollouts: Rollouts, *, reference: in
             df["grad_norm_rel_diff"] = np.abs(df["grad_norm"].to_numpy() - ref_gn) / np.abs(ref_gn)
         diffs = []
         for s in df["step"]:
-            if s in r.config.save_params_at and s in ref.config.save_params_at:
+            if s in r.config.run.save_params_at and s in ref.config.run.save_params_at:
                 if (ref_k, s) not in ref_params:
                     ref_params[(ref_k, s)] = ref.params(s)
                 diffs.append(param_rel_diff(r.params(s), ref_params[(ref_k, s)]))

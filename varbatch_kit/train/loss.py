@@ -30,7 +30,7 @@ rollout, ``Z`` = the step's rollout count (each rollout's token mean,
 averaged over rollouts); ``per_token``: ``d_i = 1``, ``Z`` = the step's
 unmasked token count. The training loop feeds these per-token values
 through the same per-micro-batch loss sums and prescale as every metric
-(:func:`varbatch_kit.train.loop.train_step`), so the loss and its gradient
+(:func:`varbatch_kit.train.step.train_step`), so the loss and its gradient
 do not move with dp, cp or packing.
 
 :func:`step_loss` computes the reduced loss in one process from per-sample

@@ -1,10 +1,12 @@
 """The GPT: megatron-core ``GPTModel`` with the local (non-TransformerEngine) layer spec.
 
-Two kinds, chosen by :class:`TrainConfig`:
+Two kinds, chosen by the run's model (a
+:class:`~varbatch_kit.train.model_spec.ResolvedModel`, read once by
+:func:`~varbatch_kit.train.model_spec.resolve_model`):
 
-- the tiny toy GPT (no ``model=``): LayerNorm, GeLU MLP, learned absolute
+- the tiny toy GPT (``ModelConfig(path=None)``): LayerNorm, GeLU MLP, learned absolute
   positions, random initial weights from the torch CPU RNG;
-- a Hugging Face checkpoint (``model=DIR``, Llama / Qwen2 / Qwen3 / Mistral):
+- a Hugging Face checkpoint (``ModelConfig(path=DIR)``, Llama / Qwen2 / Qwen3 / Mistral):
   RMSNorm, SwiGLU, rotary embeddings with the config's ``rope_theta``,
   grouped-query attention, tied or untied embeddings, Qwen2's q/k/v biases,
   Qwen3's QK-norm, and the checkpoint's weights (the first ``num_layers``
@@ -21,7 +23,7 @@ import importlib.util
 
 import torch
 
-from varbatch_kit.train.config import TrainConfig
+from varbatch_kit.train.model_spec import ResolvedModel
 
 __all__ = ["build_gpt", "layer_spec", "transformer_config"]
 
@@ -42,6 +44,13 @@ def layer_spec(*, normalization: str = "LayerNorm", qk_layernorm: bool = False):
     return local_layer_spec(normalization=normalization, qk_layernorm=qk_layernorm)
 
 
+def _check(model) -> None:
+    if not isinstance(model, ResolvedModel):
+        raise ValueError(  # noqa: TRY004 - user errors are ValueError (docs/architecture.md)
+            f"model={type(model).__name__}: give a ResolvedModel "
+            "(varbatch_kit.train.model_spec.resolve_model(ModelConfig(...)))")
+
+
 def _common(per_token_loss: bool) -> dict:
     """TransformerConfig settings shared by both kinds: deterministic float32 on CPU too."""
     return dict(
@@ -58,31 +67,32 @@ def _common(per_token_loss: bool) -> dict:
     )
 
 
-def transformer_config(cfg: TrainConfig, *, per_token_loss: bool = False):
-    """The megatron-core ``TransformerConfig`` of ``cfg``'s model.
+def transformer_config(model: ResolvedModel, *, per_token_loss: bool = False):
+    """The megatron-core ``TransformerConfig`` of ``model``.
 
     No dropout (training must be deterministic and layout-independent), float32,
     CPU initialisation (so the initial weights are the same on CPU and GPU for a
     given seed). ``per_token_loss`` sets ``calculate_per_token_loss`` (Megatron's
     per-token path, used by the ``per_token`` report mode). For a checkpoint
-    (``cfg.model``) the shape, norms, MLP and attention options come from its
-    ``config.json``; no random initialisation (the weights are loaded).
+    the shape, norms, MLP and attention options come from its ``config.json``
+    (``model.hf``, read once); no random initialisation (the weights are loaded).
     """
     from megatron.core.transformer.transformer_config import TransformerConfig
 
-    if cfg.model is None:
+    _check(model)
+    if model.is_toy:
         return TransformerConfig(
-            num_layers=cfg.num_layers,
-            hidden_size=cfg.hidden_size,
-            num_attention_heads=cfg.num_attention_heads,
-            ffn_hidden_size=cfg.ffn,
+            num_layers=model.num_layers,
+            hidden_size=model.hidden_size,
+            num_attention_heads=model.num_attention_heads,
+            ffn_hidden_size=model.ffn_hidden_size,
             **_common(per_token_loss),
         )
     import torch.nn.functional as F
 
-    spec = cfg.hf_model()
+    spec = model.hf
     return TransformerConfig(
-        num_layers=cfg.num_layers,
+        num_layers=model.num_layers,
         hidden_size=spec.hidden_size,
         num_attention_heads=spec.num_attention_heads,
         num_query_groups=spec.num_query_groups,
@@ -101,23 +111,23 @@ def transformer_config(cfg: TrainConfig, *, per_token_loss: bool = False):
     )
 
 
-def build_gpt(cfg: TrainConfig, *, max_seq_len: int, per_token_loss: bool = False):
-    """A ``GPTModel`` for ``cfg``, on the CPU.
+def build_gpt(model: ResolvedModel, *, max_seq_len: int, per_token_loss: bool = False):
+    """A ``GPTModel`` for ``model``, on the CPU.
 
     The toy model is initialised from the current torch CPU RNG state (call
     ``torch.manual_seed(seed)`` first for reproducible weights). A checkpoint
-    model (``cfg.model``) holds the checkpoint's weights of its first
-    ``cfg.num_layers`` layers; its rotary embeddings follow the forward's
+    model holds the checkpoint's weights of its first ``model.num_layers``
+    layers; its rotary embeddings follow the forward's
     ``position_ids`` (restarting per packed sample).
     """
     from megatron.core.models.gpt.gpt_model import GPTModel
 
-    config = transformer_config(cfg, per_token_loss=per_token_loss)
-    if cfg.model is None:
+    config = transformer_config(model, per_token_loss=per_token_loss)
+    if model.is_toy:
         return GPTModel(
             config=config,
             transformer_layer_spec=layer_spec(),  # per-sample attention (attention.py)
-            vocab_size=cfg.vocab_size,
+            vocab_size=model.vocab_size,
             max_sequence_length=max_seq_len,
             position_embedding_type="learned_absolute",
             share_embeddings_and_output_weights=False,
@@ -125,7 +135,7 @@ def build_gpt(cfg: TrainConfig, *, max_seq_len: int, per_token_loss: bool = Fals
         )
     from varbatch_kit.train import hf
 
-    spec = cfg.hf_model()
+    spec = model.hf
     if spec.sliding_window is not None and max_seq_len > spec.sliding_window:
         raise ValueError(
             f"max_seq_len={max_seq_len} exceeds the sliding_window={spec.sliding_window} of "
@@ -142,5 +152,5 @@ def build_gpt(cfg: TrainConfig, *, max_seq_len: int, per_token_loss: bool = Fals
         parallel_output=True,
     )
     hf.attach_position_ids_rope(gpt, spec)
-    hf.load_hf_weights(gpt, spec, cfg.num_layers)
+    hf.load_hf_weights(gpt, spec, model.num_layers)
     return gpt

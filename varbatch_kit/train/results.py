@@ -69,7 +69,7 @@ class Run:
         path = self.out_dir / f"params_step{step}.pt"
         if not path.is_file():
             raise ValueError(
-                f"no parameters saved after step {step}; set save_params_at=({step},) "
+                f"no parameters saved after step {step}; set RunConfig(save_params_at=({step},)) "
                 f"(saved: {sorted(p.name for p in self.out_dir.glob('params_step*.pt'))})"
             )
         return torch.load(path, map_location="cpu", weights_only=True)

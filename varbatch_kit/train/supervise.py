@@ -40,7 +40,7 @@ class TrainingError(RuntimeError):
 
 
 class TrainingTimeout(TrainingError):
-    """The launch ran past its timeout (the sum of its configurations' ``timeout_s``)."""
+    """The launch ran past its timeout (the sum of its configurations' ``run.timeout_s``)."""
 
 
 def _alive(pid: int) -> bool:

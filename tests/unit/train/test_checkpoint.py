@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from varbatch_kit import Rollouts, ScheduleConfig
-from varbatch_kit.train import TrainConfig
+from varbatch_kit.train import FaultConfig, NodesConfig, TrainConfig
 from varbatch_kit.train.checkpoint import (
     CheckpointError,
     check_resumable,
@@ -20,7 +20,7 @@ from varbatch_kit.train.checkpoint import (
     load_checkpoint,
     save_checkpoint,
 )
-from varbatch_kit.train.launch import _planned_steps
+from varbatch_kit.train.plan import plan_runs
 from varbatch_kit.train.results import load_run
 from varbatch_kit.train.steplog import (
     TornLogWarning,
@@ -122,34 +122,38 @@ def test_a_failed_write_raises_checkpoint_error_and_keeps_the_earlier_one(tmp_pa
 
 
 # ----------------------------------------------------------------------------- fingerprint
+def _steps(cfg, rollouts):
+    return plan_runs([cfg], rollouts)[0].steps
+
+
 def test_resume_fingerprint_allows_the_layout_and_names_what_differs(tmp_path):
     r = _rollouts()
     cfg = TrainConfig(schedule=ScheduleConfig(global_batch_size=4, max_tokens_per_gpu=256))
-    fp = fingerprint(cfg, r, _planned_steps(cfg, r))
+    fp = fingerprint(cfg, r, _steps(cfg, r))
     json.dumps(fp)  # stored in meta.json
     # layout and run settings may change
     other = cfg.with_(dp=2, cp=2, max_tokens_per_gpu=128, distribution="flops_kk",
                       timeout_s=5, save_every=3, label="x", kill_at="mid_step:2")
-    check_resumable(fp, fingerprint(other, r, _planned_steps(other, r)), tmp_path)
+    check_resumable(fp, fingerprint(other, r, _steps(other, r)), tmp_path)
     # model, optimiser, mode, seed, horizon may not
     bad = cfg.with_(lr=1e-2, seed=7, mode="per_token")
     with pytest.raises(ValueError) as info:
-        check_resumable(fp, fingerprint(bad, r, _planned_steps(bad, r)), tmp_path)
+        check_resumable(fp, fingerprint(bad, r, _steps(bad, r)), tmp_path)
     msg = str(info.value)
-    assert "lr: checkpoint 0.003, now 0.01" in msg
-    assert "seed: checkpoint 1234, now 7" in msg and "mode:" in msg
+    assert "optim.lr: checkpoint 0.003, now 0.01" in msg
+    assert "data.seed: checkpoint 1234, now 7" in msg and "mode:" in msg
     r2 = _rollouts(seed=4)
     with pytest.raises(ValueError, match="rollouts: a different rollout set"):
-        check_resumable(fp, fingerprint(cfg, r2, _planned_steps(cfg, r2)), tmp_path)
+        check_resumable(fp, fingerprint(cfg, r2, _steps(cfg, r2)), tmp_path)
     # the same lengths with other loss masks are other rollouts too
     masks = [m.copy() for m in r.masks()]
     masks[0][0] = 0
     r3 = Rollouts(r.prompt_len, r.response_len, r.rollout_id, masks)
     with pytest.raises(ValueError, match="rollouts"):
-        check_resumable(fp, fingerprint(cfg, r3, _planned_steps(cfg, r3)), tmp_path)
+        check_resumable(fp, fingerprint(cfg, r3, _steps(cfg, r3)), tmp_path)
     shorter = cfg.with_(max_steps=2)  # the LR horizon changes
-    with pytest.raises(ValueError, match="max_steps"):
-        check_resumable(fp, fingerprint(shorter, r, _planned_steps(shorter, r)), tmp_path)
+    with pytest.raises(ValueError, match="run.max_steps"):
+        check_resumable(fp, fingerprint(shorter, r, _steps(shorter, r)), tmp_path)
 
 
 @pytest.mark.parametrize("kw, match", [
@@ -167,15 +171,16 @@ def test_resume_fingerprint_allows_the_layout_and_names_what_differs(tmp_path):
 ])
 def test_config_validation_of_checkpoint_and_node_fields(kw, match):
     with pytest.raises(ValueError, match=match):
-        TrainConfig(**kw)
+        TrainConfig().with_(**kw)  # each name routed to its sub-config
 
 
 def test_config_kill_point_and_node_fields():
-    assert TrainConfig(kill_at="ckpt_after_model:3").kill_point() == ("ckpt_after_model", 3)
-    assert TrainConfig().kill_point() is None
+    assert FaultConfig(kill_at="ckpt_after_model:3").kill_point() == ("ckpt_after_model", 3)
+    assert TrainConfig().faults.kill_point() is None
     cfg = TrainConfig(schedule=ScheduleConfig(dp=2, global_batch_size=4, max_tokens_per_gpu=64),
-                      nnodes=2, node_rank=1, rdzv_endpoint="10.0.0.1:29400")
-    assert (cfg.nnodes, cfg.node_rank, cfg.save_every, cfg.keep_last) == (2, 1, 0, 2)
+                      nodes=NodesConfig(nnodes=2, node_rank=1, rdzv_endpoint="10.0.0.1:29400"))
+    assert (cfg.nodes.nnodes, cfg.nodes.node_rank, cfg.checkpoint.save_every,
+            cfg.checkpoint.keep_last) == (2, 1, 0, 2)
 
 
 def test_resume_without_a_checkpoint_starts_fresh_and_says_so(tmp_path):
@@ -183,7 +188,7 @@ def test_resume_without_a_checkpoint_starts_fresh_and_says_so(tmp_path):
 
     r = _rollouts()
     cfg = TrainConfig(schedule=ScheduleConfig(global_batch_size=4, max_tokens_per_gpu=256))
-    fp = fingerprint(cfg, r, _planned_steps(cfg, r))
+    fp = fingerprint(cfg, r, _steps(cfg, r))
     out = tmp_path / "run00-x"
     out.mkdir()
     append_record(out / "steps.jsonl", {"step": 1})  # a run killed before its first checkpoint
@@ -204,8 +209,8 @@ def test_cli_resume_and_out_must_name_the_same_folder(tmp_path, capsys):
     from varbatch_kit.cli import main
 
     rc = main(["train", "--rollouts", "8", "--global-batch-size", "4", "--quiet",
-               "--resume", str(tmp_path / "a"), "--out", str(tmp_path / "b"), "--save-every",
-               "2", "--nnodes", "1"])
+               "--resume", str(tmp_path / "a"), "--out", str(tmp_path / "b"),
+               "--checkpoint.save_every", "2", "--nodes.nnodes", "1"])
     assert rc == 2
     assert "--resume" in capsys.readouterr().err
 
@@ -242,6 +247,6 @@ def test_a_rank_killed_by_a_signal_is_named_as_the_cause():
     assert rank == 1 and "rank 1 was killed by SIGKILL (exit code -9)" in msg
     assert _torchrun_failure(TrainConfig(), TORCHRUN_SUMMARY.replace("-9", "1")) is None
     cfg = TrainConfig(schedule=ScheduleConfig(dp=2, global_batch_size=4, max_tokens_per_gpu=64),
-                      nnodes=2, rdzv_endpoint="h:5", rdzv_timeout_s=3)
+                      nodes=NodesConfig(nnodes=2, rdzv_endpoint="h:5", rdzv_timeout_s=3))
     msg, rank = _torchrun_failure(cfg, "...RendezvousTimeoutError...")
     assert rank is None and "did not complete within rdzv_timeout_s=3 s" in msg

@@ -21,8 +21,9 @@ from _megatron import single_process_megatron
 from hypothesis import given
 from hypothesis import strategies as st
 
-from varbatch_kit.train import TrainConfig, cpu_shim
+from varbatch_kit.train import ModelConfig, cpu_shim
 from varbatch_kit.train.batch import block_causal_mask, pack, response_token_stats
+from varbatch_kit.train.model_spec import resolve_model
 
 warnings.filterwarnings("ignore", message=".*Transformer Engine and Apex are not installed.*")
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning", "ignore::DeprecationWarning")
@@ -162,7 +163,8 @@ def _toy(per_sample: bool):
     from varbatch_kit.train.attention import local_layer_spec
     from varbatch_kit.train.model import build_gpt, transformer_config
 
-    cfg = TrainConfig(num_layers=2, hidden_size=32, num_attention_heads=4, vocab_size=VOCAB)
+    cfg = resolve_model(ModelConfig(num_layers=2, hidden_size=32, num_attention_heads=4,
+                                    vocab_size=VOCAB))
     if per_sample:
         return build_gpt(cfg, max_seq_len=160)  # the engine's own builder: per-sample default
     return GPTModel(config=transformer_config(cfg), transformer_layer_spec=local_layer_spec(
@@ -307,7 +309,8 @@ def test_local_layer_spec_and_its_refusals(megatron_process):
         is DotProductAttention
     with pytest.raises(ValueError, match="normalization='BatchNorm'"):
         local_layer_spec(normalization="BatchNorm")
-    cfg = transformer_config(TrainConfig(num_layers=1, hidden_size=32, num_attention_heads=4))
+    cfg = transformer_config(resolve_model(ModelConfig(num_layers=1, hidden_size=32,
+                                                       num_attention_heads=4)))
     from megatron.core.transformer.enums import AttnMaskType
 
     attn = PerSampleAttention(cfg, 1, AttnMaskType.causal, "self")

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from varbatch_kit import Rollouts
-from varbatch_kit.train import TrainConfig
+from varbatch_kit.train import LossConfig, TrainConfig
 from varbatch_kit.train.data import (
     RolloutData,
     ToyData,
@@ -76,9 +76,10 @@ def test_loss_shape_and_clip_eps_errors():
     for bad in (0, 1.0, -0.1, "0.2", True):
         with pytest.raises(ValueError, match="clip_eps"):
             policy_gradient_loss(x, x, x, clip_eps=bad)
-        with pytest.raises(ValueError, match="clip_eps"):
-            TrainConfig(clip_eps=bad)
-    assert TrainConfig().clip_eps == 0.2 and TrainConfig(clip_eps=0.1).clip_eps == 0.1
+        with pytest.raises(ValueError, match="loss.clip_eps"):
+            LossConfig(clip_eps=bad)
+    assert TrainConfig().loss.clip_eps == 0.2
+    assert TrainConfig(loss=LossConfig(clip_eps=0.1)).loss.clip_eps == 0.1
 
 
 # --------------------------------------------------------------------------- reduced step loss

@@ -12,9 +12,10 @@ import torch
 from _megatron import single_process_megatron
 
 from varbatch_kit import Rollouts, ScheduleConfig
-from varbatch_kit.train import TrainConfig, cpu_shim
+from varbatch_kit.train import ModelConfig, TrainConfig, cpu_shim
 from varbatch_kit.train.batch import block_causal_mask, pack, response_token_stats
 from varbatch_kit.train.data import grpo_advantages, make_toy_data
+from varbatch_kit.train.model_spec import resolve_model
 
 warnings.filterwarnings("ignore", message=".*Transformer Engine and Apex are not installed.*")
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning", "ignore::DeprecationWarning")
@@ -115,7 +116,8 @@ def test_packed_losses_equal_each_sample_alone(megatron_single_process):
     from varbatch_kit.train.model import build_gpt
 
     device = megatron_single_process
-    cfg = TrainConfig(num_layers=2, hidden_size=32, num_attention_heads=4, vocab_size=64)
+    cfg = resolve_model(ModelConfig(num_layers=2, hidden_size=32, num_attention_heads=4,
+                                    vocab_size=64))
     torch.manual_seed(0)
     model_parallel_cuda_manual_seed(0, inference_rng_tracker=True, force_reset_rng=True)
     gpt = build_gpt(cfg, max_seq_len=32).to(device).eval()
@@ -185,13 +187,13 @@ def test_train_config_validation_and_helpers():
     assert TrainConfig(mode="per_token").lr_increment_unit() == "samples"
     c2 = c.with_(dp=1, packing="first_fit", max_tokens_per_gpu=64, mode="per_token")
     assert (c2.dp, c2.schedule.packing, c2.mode) == (1, "first_fit", "per_token")
-    assert c2.model_shape().hidden_size == c.hidden_size
+    assert c2.model_shape().hidden_size == c.resolve_model().hidden_size == 64
     for bad, match in [({"mode": "nope"}, "report mode"), ({"hidden_size": 30}, "divisible"),
                        ({"lr_decay_style": "step"}, "lr_decay_style"),
                        ({"fail_rank": 3}, "fail_rank"), ({"save_params_at": (0,)}, "1-based"),
                        ({"device": "tpu"}, "device")]:
         with pytest.raises(ValueError, match=match):
-            TrainConfig(**bad)
+            TrainConfig().with_(**bad)  # routed to its sub-config, which refuses it
 
 
 def test_run_rejects_bad_inputs_before_launching():
@@ -203,7 +205,7 @@ def test_run_rejects_bad_inputs_before_launching():
     r = Rollouts(prompt_len=[2, 3], response_len=[4, 4])
     with pytest.raises(ValueError, match="max_seq_len"):
         run(TrainConfig(schedule=ScheduleConfig(global_batch_size=1, micro_batch_size=1),
-                        max_seq_len=5), r)
+                        model=ModelConfig(max_seq_len=5)), r)
     with pytest.raises(ValueError, match="global_batch_size"):
         run(TrainConfig(schedule=ScheduleConfig(global_batch_size=3, micro_batch_size=1)), r)
 
@@ -215,14 +217,14 @@ def test_cli_builds_every_combination():
     cli.add_parser(p.add_subparsers())
     a = p.parse_args(["compare", "--dp", "1", "2", "--cp", "1", "2", "--packing", "static",
                       "first_fit", "--micro-batch-size", "2", "--max-tokens-per-gpu", "64",
-                      "--mode", "per_rollout_mean", "per_token", "--steps", "3"])
+                      "--mode", "per_rollout_mean", "per_token", "--run.max_steps", "3"])
     configs = cli.configs_from_args(a)
     assert len(configs) == 16
     assert {(c.dp, c.cp, c.schedule.packing, c.mode) for c in configs} == {
         (dp, cp, pk, m) for dp in (1, 2) for cp in (1, 2) for pk in ("static", "first_fit")
         for m in ("per_rollout_mean", "per_token")}
     static = [c for c in configs if c.schedule.packing == "static"]
-    assert all(c.schedule.micro_batch_size == 2 and c.max_steps == 3 for c in static)
+    assert all(c.schedule.micro_batch_size == 2 and c.run.max_steps == 3 for c in static)
     a = p.parse_args(["train", "--packing", "static"])
     with pytest.raises(ValueError, match="micro-batch-size"):
         cli.configs_from_args(a)

@@ -1,0 +1,94 @@
+"""What the launcher prepares before any worker starts: one :class:`PlannedRun` per config.
+
+:func:`plan_runs` resolves each distinct model once
+(:func:`~varbatch_kit.train.model_spec.resolve_model`: the checkpoint's
+``config.json`` and weights index are read once) and builds each
+configuration's schedule **once** (:func:`~varbatch_kit.core.schedule.build_schedule`);
+the steps go to the workers in the job file, the checkpoint fingerprint and
+the step count come from the same build. It also refuses, with a ValueError,
+a configuration that cannot train on the rollouts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from varbatch_kit.core.rollouts import Rollouts
+from varbatch_kit.core.build import build_schedule
+from varbatch_kit.train.config import TrainConfig
+from varbatch_kit.train.model_spec import ResolvedModel, resolve_model
+
+__all__ = ["PlannedRun", "plan_runs", "resolve_device"]
+
+
+@dataclass(frozen=True)
+class PlannedRun:
+    """One configuration ready to train: its resolved model, its schedule (built once) and
+    the steps it trains (the schedule's, cut to ``run.max_steps``)."""
+
+    config: TrainConfig
+    model: ResolvedModel
+    schedule: Any  # varbatch_kit.core.schedule.Schedule
+    steps: list
+
+    @property
+    def num_steps(self) -> int:
+        return len(self.steps)
+
+
+def resolve_device(cfg: TrainConfig) -> str:
+    """``cfg.run.device`` resolved to ``cpu`` or ``cuda`` (ValueError without enough GPUs)."""
+    import torch
+
+    has_gpus = torch.cuda.is_available() and torch.cuda.device_count() >= cfg.world_size
+    if cfg.run.device == "cuda" and not has_gpus:
+        raise ValueError(
+            f"run.device='cuda' but {torch.cuda.device_count()} CUDA devices for dp*cp="
+            f"{cfg.world_size} ranks; use device='cpu' or 'auto'")
+    if cfg.run.device == "auto":
+        return "cuda" if has_gpus else "cpu"
+    return cfg.run.device
+
+
+def _check_rollouts(cfg: TrainConfig, model: ResolvedModel, rollouts: Rollouts) -> None:
+    from varbatch_kit.train.data import validate_rollout_data
+
+    if (rollouts.prompt_len < 1).any():
+        i = int(np.flatnonzero(rollouts.prompt_len < 1)[0])
+        raise ValueError(
+            f"prompt_len[{i}] = 0: training needs >= 1 prompt token per sample (the first "
+            "response token is predicted from the token before it)")
+    longest = int(rollouts.total_len.max())
+    if cfg.model.max_seq_len is not None and cfg.model.max_seq_len < longest:
+        raise ValueError(
+            f"model.max_seq_len={cfg.model.max_seq_len} < longest sample ({longest} tokens); "
+            "raise it or leave it None")
+    # real token sequences are checked here, before any worker starts (no TrainingError wrap)
+    validate_rollout_data(rollouts, vocab_size=model.vocab_size,
+                          n_samples_per_prompt=cfg.data.n_samples_per_prompt)
+
+
+def plan_runs(configs: Sequence[TrainConfig], rollouts: Rollouts) -> list[PlannedRun]:
+    """One :class:`PlannedRun` per configuration, in order; ValueError for one that cannot
+    train on ``rollouts`` (not a TrainConfig, bad rollouts, no step to train)."""
+    models: dict[Any, ResolvedModel] = {}
+    plans = []
+    for cfg in configs:
+        if not isinstance(cfg, TrainConfig):
+            raise ValueError(  # noqa: TRY004 - user errors are ValueError
+                f"configs must be TrainConfig objects, got {type(cfg).__name__}")
+        if cfg.model not in models:
+            models[cfg.model] = resolve_model(cfg.model)
+        model = models[cfg.model]
+        _check_rollouts(cfg, model, rollouts)
+        schedule = build_schedule(rollouts, cfg.schedule, model=model.shape)
+        steps = list(schedule.steps[: cfg.run.max_steps] if cfg.run.max_steps
+                     else schedule.steps)
+        if cfg.faults.fail_at_step is None and not steps:
+            raise ValueError("the schedule has no step to train")
+        plans.append(PlannedRun(cfg, model, schedule, steps))
+    return plans
