@@ -334,7 +334,8 @@ class TrainConfig:
         if self.run.label:
             return self.run.label
         s = self.schedule
-        cp = f"cp{s.cp}" + (" dynamic" if s.cp_mode == "dynamic" else "")
+        # a layout whose micro-batches may take several CP degrees says so ("cp2 dynamic")
+        cp = f"cp{s.cp}" + ("" if len(s.cp_degrees) == 1 else f" {s.cp_mode}")
         return f"dp{s.dp} {cp} {s.packing}/{s.distribution} {self.mode}"
 
     def with_(self, **changes: Any) -> TrainConfig:
