@@ -37,6 +37,7 @@ from pathlib import Path
 
 import numpy as np
 
+from benchmarks._batches import CAP, tail_trace
 from varbatch_kit import ModelShape, Rollouts, ScheduleConfig, build_schedule
 from varbatch_kit.analysis.simulate import simulate
 from varbatch_kit.core.hardware import HARDWARE, cp_cost_model
@@ -44,19 +45,9 @@ from varbatch_kit.core.traces import bundled_traces, read_trace
 
 LAYOUTS = [(8, 4), (16, 8)]
 MODELS = ["qwen3-8b", "deepseek-v3"]
-CAP = 16384
 FIXED = {"first_fit": ("first_fit", "strided"), "flops_kk": ("flops_kk", "flops_kk"),
          "balanced": ("balanced", "balanced")}
 OUT = Path("build/bench/dynamic_cp.json")
-
-
-def tail_trace(n: int = 2048, seed: int = 0) -> Rollouts:
-    """Many short samples and a few up to 64k tokens (one sample per rollout)."""
-    rng = np.random.default_rng(seed)
-    short = np.clip(np.ceil(rng.lognormal(np.log(1500), 0.8, n)), 64, CAP).astype(np.int64)
-    long_ = rng.random(n) < 0.04
-    lengths = np.where(long_, rng.integers(CAP, 4 * CAP + 1, n), short)
-    return Rollouts(prompt_len=np.zeros(n, dtype=np.int64), response_len=lengths)
 
 
 def traces(quick: bool) -> dict[str, tuple[Rollouts, int]]:

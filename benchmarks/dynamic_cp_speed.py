@@ -1,6 +1,6 @@
 """Dynamic-CP planning time against the fixed ``balanced`` plan, and the plans' simulated time.
 
-One step of 3000 long-tailed samples (:func:`benchmarks.dynamic_cp.tail_trace`:
+One step of 3000 long-tailed samples (:func:`benchmarks._batches.tail_trace`:
 96% log-normal around 1.5k tokens, 4% between 16k and 64k), 16384 tokens per
 GPU, H100, for Qwen3-8B and DeepSeek-V3 at dp x cp = 8 x 4, 4 x 8 and 16 x 8:
 
@@ -31,9 +31,10 @@ import time
 from functools import partial
 from pathlib import Path
 
-from benchmarks.dynamic_cp import CAP, tail_trace
+from benchmarks._batches import CAP, tail_trace
 from varbatch_kit import ModelShape, ScheduleConfig, build_schedule
-from varbatch_kit.analysis.simulate import HARDWARE, cp_cost_model_for, simulate
+from varbatch_kit.analysis.simulate import simulate
+from varbatch_kit.core.hardware import HARDWARE, cp_cost_model
 
 SAMPLES = 3000
 LAYOUTS = [(8, 4), (4, 8), (16, 8)]
@@ -65,7 +66,7 @@ def run(repeats: int) -> list[dict]:
     rows = []
     for mname in MODELS:
         model = ModelShape.preset(mname)
-        cost = cp_cost_model_for(model, hw)
+        cost = cp_cost_model(model, hw)
         for dp, cp in LAYOUTS:
             cfg = ScheduleConfig(dp=dp, cp=cp, max_tokens_per_gpu=CAP, global_batch_size=SAMPLES,
                                  packing="balanced", distribution="balanced")

@@ -281,7 +281,7 @@ RECORDED_75766C8 = [("qwen3-8b", 4, 4, 11.4604154418527),
 
 @pytest.mark.parametrize("model, dp, cp, recorded", RECORDED_75766C8)
 def test_dynamic_plan_not_slower_than_recorded(model, dp, cp, recorded):
-    from benchmarks.dynamic_cp import tail_trace
+    from benchmarks._batches import tail_trace
 
     r = tail_trace(400, seed=1)  # two steps of 200 samples, 4% of them 16k-64k tokens
     cfg = ScheduleConfig(dp=dp, cp=cp, max_tokens_per_gpu=16384, global_batch_size=200,
