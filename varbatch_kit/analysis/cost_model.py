@@ -36,6 +36,8 @@ from pathlib import Path
 
 import numpy as np
 
+from varbatch_kit.checks import nonnegative_int
+
 __all__ = [
     "CostFit",
     "MicroBatchCostModel",
@@ -90,11 +92,7 @@ class MicroBatchCostModel:
         if not (isinstance(fs, (int, float, np.floating)) and 0.0 <= float(fs) <= 1.0):
             raise ValueError(f"MicroBatchCostModel.forward_share must be in [0, 1], got {fs!r}")
         object.__setattr__(self, "forward_share", float(fs))
-        if isinstance(self.n_fit, bool) or not isinstance(self.n_fit, (int, np.integer)) \
-                or self.n_fit < 0:
-            raise ValueError(f"MicroBatchCostModel.n_fit must be an integer >= 0, "
-                             f"got {self.n_fit!r}")
-        object.__setattr__(self, "n_fit", int(self.n_fit))
+        object.__setattr__(self, "n_fit", nonnegative_int("MicroBatchCostModel.n_fit", self.n_fit))
         object.__setattr__(self, "r2", float(self.r2))
         object.__setattr__(self, "rmse_s", float(self.rmse_s))
 

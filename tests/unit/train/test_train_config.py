@@ -47,7 +47,7 @@ from varbatch_kit.train.model_spec import ResolvedModel, resolve_model
     (OptimConfig, {"adam_beta1": 1.0}, r"optim\.adam_beta1=1\.0"),
     (OptimConfig, {"adam_eps": 0}, r"optim\.adam_eps=0"),
     (OptimConfig, {"clip_grad": -0.5}, r"optim\.clip_grad=-0\.5"),
-    (LossConfig, {"clip_eps": 1.5}, r"loss\.clip_eps must be a number in \(0, 1\)"),
+    (LossConfig, {"clip_eps": 1.5}, r"loss\.clip_eps must be a finite number in \(0, 1\)"),
     (DataConfig, {"seed": -1}, r"data\.seed=-1: give an integer >= 0"),
     (DataConfig, {"n_samples_per_prompt": 0}, r"data\.n_samples_per_prompt=0"),
     (RunConfig, {"max_steps": 0}, r"run\.max_steps=0: give a positive integer or None"),
