@@ -84,16 +84,17 @@ def number_in(name: str, value: Any, lo: float, hi: float = math.inf, *,
     """``value``, a finite real number in the interval from ``lo`` to ``hi``, as a float.
 
     The ends are closed unless ``lo_open`` / ``hi_open``; ``hi=inf`` means no
-    upper end. ``bool`` is refused. Else ``ValueError``
-    ``"NAME must be a finite number in [LO, HI]{note}, got VALUE"``.
+    upper end (``lo=-inf, hi=inf``: any finite number). ``bool`` is refused.
+    Else ``ValueError`` ``"NAME must be a finite number in [LO, HI]{note}, got
+    VALUE"`` (without the interval for any finite number).
     """
     ok = (isinstance(value, numbers.Real) and not isinstance(value, bool)
           and math.isfinite(value) and (value > lo if lo_open else value >= lo)
           and (value < hi if hi_open or hi == math.inf else value <= hi))
     if not ok:
-        raise ValueError(f"{name} must be a finite number in "
-                         f"{interval_text(lo, hi, lo_open=lo_open, hi_open=hi_open)}{note}, "
-                         f"got {value!r}")
+        where = "" if lo == -math.inf and hi == math.inf else \
+            f" in {interval_text(lo, hi, lo_open=lo_open, hi_open=hi_open)}"
+        raise ValueError(f"{name} must be a finite number{where}{note}, got {value!r}")
     return float(value)
 
 

@@ -95,6 +95,9 @@ def test_number_in():
             number_in("eps", bad, 0, 1, lo_open=True, hi_open=True, note=", e.g. 0.2")
     with pytest.raises(ValueError, match=r"^x must be a finite number in \[0, inf\), got -1$"):
         number_in("x", -1, 0)
+    assert number_in("c0", -1e9, -math.inf) == -1e9
+    with pytest.raises(ValueError, match=r"^c0 must be a finite number, got nan$"):
+        number_in("c0", math.nan, -math.inf)
 
 
 def re_repr(v) -> str:
