@@ -71,11 +71,13 @@ def int_in_range(name: str, value: Any, lo: int, hi: int, *, what: str | None = 
 
     Else ``ValueError`` ``"NAME=VALUE is out of range: WHAT"``; ``what`` names
     the valid values (default ``"pass an integer in LO..HI-1"``), e.g.
-    ``"the schedule has steps 0..4"``.
+    ``"the schedule has steps 0..4"``. A command-line flag (a ``name`` that
+    starts with ``--``) reads as typed: ``"--step 9 is out of range: ..."``.
     """
     if not is_int(value) or not lo <= value < hi:
         allowed = what if what is not None else f"pass an integer in {lo}..{hi - 1}"
-        raise ValueError(f"{name}={value!r} is out of range: {allowed}")
+        given = f"{name} {value}" if name.startswith("--") else f"{name}={value!r}"
+        raise ValueError(f"{given} is out of range: {allowed}")
     return int(value)
 
 

@@ -110,3 +110,9 @@ def test_interval_text():
     assert interval_text(0, 1) == "[0, 1]"
     assert interval_text(0, 1, lo_open=True, hi_open=True) == "(0, 1)"
     assert interval_text(0.5) == "[0.5, inf)"
+
+
+def test_int_in_range_names_a_flag_as_typed():
+    with pytest.raises(ValueError, match=r"^--step 9 is out of range: the schedule has 4 steps, "
+                                         r"0\.\.3$"):
+        int_in_range("--step", 9, 0, 4, what="the schedule has 4 steps, 0..3")
