@@ -18,6 +18,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 import pytest
+from _factories import TINY_GPT as TINY
 
 from varbatch_kit import Rollouts, ScheduleConfig, build_schedule
 from varbatch_kit.train import TrainConfig, compare
@@ -25,7 +26,6 @@ from varbatch_kit.train.results import param_rel_diff
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(300)]
 
-TINY = {"num_layers": 2, "hidden_size": 32, "num_attention_heads": 2, "vocab_size": 64}
 CAP = 40  # tokens per rank
 
 

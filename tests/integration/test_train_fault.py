@@ -22,8 +22,9 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+from _factories import synthetic_rollouts
 
-from varbatch_kit import Rollouts, ScheduleConfig
+from varbatch_kit import ScheduleConfig
 from varbatch_kit.train import (
     CheckpointConfig,
     RunConfig,
@@ -41,13 +42,6 @@ pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(300)]
 # columns that differ between two runs of the same training (timings, the label)
 # wall-clock measurements (and the label) differ between runs; everything else must not
 VOLATILE = ["wall_s", "step_time_s", "label", "micro_batch_timing", "busy_s", "straggler_s"]
-
-
-def _rollouts(seed: int = 3) -> Rollouts:
-    """16 rollouts of 1-2 samples: 4 steps of global_batch_size=4."""
-    return Rollouts.synthetic(16, samples_per_rollout=(1, 2), prompt_len=(4, 8),
-                              response_len=12, response_sigma=0.5, max_response_len=24,
-                              seed=seed)
 
 
 BASE = TrainConfig(schedule=ScheduleConfig(dp=2, global_batch_size=4, max_tokens_per_gpu=256),
@@ -80,13 +74,13 @@ def _steps(path: Path) -> list[int]:
 def reference(tmp_path_factory):
     """The uninterrupted run; every checkpoint kept (for the resumes from step 2)."""
     root = tmp_path_factory.mktemp("reference")
-    return run(BASE.with_(keep_last=4, label="reference"), _rollouts(), out_dir=root,
+    return run(BASE.with_(keep_last=4, label="reference"), synthetic_rollouts(), out_dir=root,
                progress=False)
 
 
 def test_killed_at_any_point_and_resumed_equals_the_uninterrupted_run_bitwise(tmp_path,
                                                                              reference):
-    rollouts, root = _rollouts(), tmp_path
+    rollouts, root = synthetic_rollouts(), tmp_path
     cfg = BASE.with_(keep_last=2, label="chain")
 
     # 1. a full disk while writing the checkpoint of step 2: a clear error, step 1's stays
@@ -139,7 +133,7 @@ def test_killed_at_any_point_and_resumed_equals_the_uninterrupted_run_bitwise(tm
     with pytest.raises(ValueError, match=r"(?s)cannot resume.*lr: checkpoint 0.003, now 0.01"):
         run(cfg.with_(lr=1e-2), rollouts, out_dir=root, progress=False, resume=True)
     with pytest.raises(ValueError, match="rollouts: a different rollout set"):
-        run(cfg, _rollouts(seed=4), out_dir=root, progress=False, resume=True)
+        run(cfg, synthetic_rollouts(seed=4), out_dir=root, progress=False, resume=True)
 
 
 def _copy_at_step_2(reference, root: Path) -> None:
@@ -152,7 +146,7 @@ def _copy_at_step_2(reference, root: Path) -> None:
 
 
 def test_resume_with_another_layout_and_on_two_nodes(tmp_path, reference):
-    rollouts = _rollouts()
+    rollouts = synthetic_rollouts()
     # one node, dp=1 (world size 1), from the dp=2 checkpoint of step 2
     _copy_at_step_2(reference, tmp_path / "one")
     one = run(BASE.with_(dp=1, label="dp1"), rollouts, out_dir=tmp_path / "one",
@@ -207,7 +201,7 @@ def test_a_node_that_never_joins_fails_within_the_rendezvous_timeout(tmp_path):
                      rdzv_timeout_s=3, save_every=0)
     t0 = time.monotonic()
     with pytest.raises(TrainingError, match="did not complete within rdzv_timeout_s=3 s") as i:
-        run(cfg, _rollouts(), out_dir=tmp_path, progress=False)
+        run(cfg, synthetic_rollouts(), out_dir=tmp_path, progress=False)
     assert time.monotonic() - t0 < 30
     assert "nnodes=2" in str(i.value)
     _no_process_left(i.value)
@@ -217,7 +211,7 @@ def test_a_hanging_rank_trips_the_step_timeout(tmp_path):
     cfg = BASE.with_(hang_at_step=2, fail_rank=1, step_timeout_s=4, save_every=0)
     t0 = time.monotonic()
     with pytest.raises(TrainingTimeout, match="within step_timeout_s=4 s") as info:
-        run(cfg, _rollouts(), out_dir=tmp_path, progress=False)
+        run(cfg, synthetic_rollouts(), out_dir=tmp_path, progress=False)
     assert time.monotonic() - t0 < 60
     _no_process_left(info.value)
     assert _steps(_run_dir(tmp_path)) == [1]

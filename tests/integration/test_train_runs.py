@@ -12,6 +12,7 @@ import time
 import numpy as np
 import pandas as pd
 import pytest
+from _factories import TINY_GPT as TINY
 
 from varbatch_kit import Rollouts, ScheduleConfig, build_schedule
 from varbatch_kit.train import TrainConfig, TrainingError, compare, run, run_many
@@ -19,7 +20,6 @@ from varbatch_kit.train.supervise import _alive, job_processes
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(420)]
 
-TINY = {"num_layers": 2, "hidden_size": 32, "num_attention_heads": 2, "vocab_size": 64}
 
 
 def _invariance_rollouts() -> Rollouts:

@@ -8,15 +8,17 @@ one in ``docs/architecture.md``.
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
-from _paths import PACKAGE
+from _paths import PACKAGE, REPO
 
 PKG = PACKAGE
 
 #: layer -> the layers it may import (itself included)
 ALLOWED = {
+    "checks": {"checks"},
     "resources": {"resources"},
     "policies": {"policies"},
     "core": {"core", "policies", "resources"},
@@ -27,10 +29,13 @@ ALLOWED = {
     "train": {"train", "core", "policies", "report", "analysis", "resources"},
     "cli": {"cli", "ui", "train", "compat", "analysis", "core", "policies", "report", "resources"},
 }
+#: the integer and range checks (``checks.py``): every layer may import them
+for _layers in ALLOWED.values():
+    _layers.add("checks")
 #: third-party packages a pure layer must never import
 SHELL_LIBRARIES = {"plotly", "ipywidgets", "anywidget", "megatron", "nbclient", "nbconvert",
                    "jupyterlab", "playwright"}
-PURE = {"resources", "policies", "core", "report", "analysis"}
+PURE = {"checks", "resources", "policies", "core", "report", "analysis"}
 #: modules at the top that belong to no layer (any layer may import them)
 NEUTRAL = {"_version", "_extras"}
 #: the alias modules that are gone (each name has one import path: its layer module's)
@@ -90,6 +95,53 @@ def test_every_module_sits_in_a_layer():
     loose = [n for n in MODULES.values() if n.count(".") == 1
              and n.split(".")[1] not in set(ALLOWED) | NEUTRAL]
     assert not loose, f"modules outside every layer folder: {loose}"
+
+
+def _doc_module_cells() -> dict[str, str]:
+    """``docs/architecture.md``'s layer table: layer -> its ``modules`` cell."""
+    rows = {}
+    for line in (REPO / "docs" / "architecture.md").read_text().splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        m = re.fullmatch(r"`(\w+)`", cells[0]) if len(cells) == 4 else None
+        if m:
+            rows[m.group(1)] = cells[1]
+    return rows
+
+
+def _missing_from_doc(rows: dict[str, str]) -> list[str]:
+    """Modules not named in their layer's row: ``name`` for a module, ``name/`` for a package,
+    ``name.py`` for a module at the top; each folder above a module named too."""
+    missing = []
+    for path, name in MODULES.items():
+        parts = name.split(".")[1:]
+        if not parts or parts[0] in NEUTRAL:
+            continue
+        cell = rows.get(parts[0])
+        if cell is None:
+            missing.append(f"{name}: no row for layer {parts[0]!r}")
+            continue
+        if len(parts) == 1:
+            words = [] if path.name == "__init__.py" else [f"`{parts[0]}.py`"]
+        else:
+            words = [f"`{d}/`" for d in parts[1:-1]]
+            words.append(f"`{parts[-1]}/`" if path.name == "__init__.py" else f"`{parts[-1]}`")
+        if not all(w in cell for w in words):
+            missing.append(f"{name} ({path.relative_to(PKG.parent)}): not named in its row")
+    return missing
+
+
+def test_every_module_is_named_in_the_architecture_doc():
+    """The module table of ``docs/architecture.md`` lists every module in its layer's row."""
+    missing = _missing_from_doc(_doc_module_cells())
+    assert not missing, "docs/architecture.md omits:\n" + "\n".join(missing)
+
+
+def test_the_doc_checker_sees_a_missing_module():
+    rows = _doc_module_cells()
+    assert "`checkpoint`" in rows["train"]
+    rows["train"] = rows["train"].replace("`checkpoint`", "")
+    assert _missing_from_doc(rows) == [
+        "varbatch_kit.train.checkpoint (varbatch_kit/train/checkpoint.py): not named in its row"]
 
 
 def test_layers_import_only_downwards():

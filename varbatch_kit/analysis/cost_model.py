@@ -36,6 +36,8 @@ from pathlib import Path
 
 import numpy as np
 
+from varbatch_kit.checks import nonnegative_int, number_in
+
 __all__ = [
     "CostFit",
     "MicroBatchCostModel",
@@ -81,20 +83,13 @@ class MicroBatchCostModel:
 
     def __post_init__(self) -> None:
         for name in ("c0", "c1", "c2"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, (int, float, np.floating, np.integer)) \
-                    or not math.isfinite(float(v)):
-                raise ValueError(f"MicroBatchCostModel.{name} must be a finite number, got {v!r}")
-            object.__setattr__(self, name, float(v))
+            object.__setattr__(self, name, number_in(f"MicroBatchCostModel.{name}",
+                                                     getattr(self, name), -math.inf))
         fs = self.forward_share
         if not (isinstance(fs, (int, float, np.floating)) and 0.0 <= float(fs) <= 1.0):
             raise ValueError(f"MicroBatchCostModel.forward_share must be in [0, 1], got {fs!r}")
         object.__setattr__(self, "forward_share", float(fs))
-        if isinstance(self.n_fit, bool) or not isinstance(self.n_fit, (int, np.integer)) \
-                or self.n_fit < 0:
-            raise ValueError(f"MicroBatchCostModel.n_fit must be an integer >= 0, "
-                             f"got {self.n_fit!r}")
-        object.__setattr__(self, "n_fit", int(self.n_fit))
+        object.__setattr__(self, "n_fit", nonnegative_int("MicroBatchCostModel.n_fit", self.n_fit))
         object.__setattr__(self, "r2", float(self.r2))
         object.__setattr__(self, "rmse_s", float(self.rmse_s))
 

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from varbatch_kit.analysis.quality import micro_batch_arrays
+from varbatch_kit.checks import positive_int
 from varbatch_kit.core.flops import ModelShape
 from varbatch_kit.core.hardware import HardwareProfile, cp_cost_model, hardware_profile
 from varbatch_kit.core.schedule import Schedule
@@ -55,8 +56,7 @@ def _params(hardware, efficiency, microbatch_overhead_s, pp, tp, step_overhead_s
         if not (isinstance(v, (int, float)) and v >= 0 and math.isfinite(v)):
             raise ValueError(f"{name} must be a finite number of seconds >= 0, got {v!r}")
     for name, v in (("pp", pp), ("tp", tp)):
-        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
-            raise ValueError(f"{name} must be a positive integer, got {v!r}")
+        positive_int(name, v)
     if not (isinstance(backward_factor, (int, float)) and backward_factor >= 0):
         raise ValueError(f"backward_factor must be >= 0, got {backward_factor!r}")
     return _Params(prof, float(efficiency), float(microbatch_overhead_s), int(pp), int(tp),

@@ -18,6 +18,7 @@ import numpy as np
 
 from varbatch_kit.analysis.cost_model import MicroBatchCostModel
 from varbatch_kit.analysis.simulate_common import SimulationResult, _fixed_shape, _run_steps
+from varbatch_kit.checks import positive_int
 from varbatch_kit.core.schedule import Schedule
 from varbatch_kit.policies.order import apply_order
 from varbatch_kit.policies.packers import aligned_count
@@ -94,8 +95,7 @@ def simulate_with_cost_model(
                          "fixed-CP plans only (every step's placements the fixed shape); use a "
                          "hardware profile for dynamic CP")
     pp = schedule.config.pp if pp is None else pp
-    if isinstance(pp, bool) or not isinstance(pp, (int, np.integer)) or pp < 1:
-        raise ValueError(f"pp must be a positive integer, got {pp!r}")
+    positive_int("pp", pp)
     if not (isinstance(step_overhead_s, (int, float)) and step_overhead_s >= 0
             and math.isfinite(step_overhead_s)):
         raise ValueError(f"step_overhead_s must be a finite number of seconds >= 0, "

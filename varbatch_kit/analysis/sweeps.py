@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from varbatch_kit.checks import positive_int
 from varbatch_kit.core.build import build_schedule
 from varbatch_kit.core.config import ScheduleConfig
 from varbatch_kit.core.flops import ModelShape
@@ -191,8 +192,7 @@ def policy_table_by_trace(traces: Mapping[str, Rollouts], model: ModelShape | No
 
     if not traces:
         raise ValueError("traces is empty: pass a mapping name -> Rollouts")
-    if isinstance(steps, bool) or not isinstance(steps, (int, np.integer)) or steps < 1:
-        raise ValueError(f"steps must be an integer >= 1, got {steps!r}")
+    positive_int("steps", steps)
     tables = []
     for name, r in traces.items():
         config = ScheduleConfig(dp=dp, global_batch_size=max(1, r.num_rollouts // int(steps)),

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from varbatch_kit.analysis import sweeps
+from varbatch_kit.checks import int_in_range
 from varbatch_kit.compat.slime.flags import SLIME_FLAGS, schedule_config_from_slime_args
 from varbatch_kit.core.config import ScheduleConfig
 from varbatch_kit.core.flops import ModelShape, available_presets
@@ -174,11 +175,15 @@ def format_legend(columns=TABLE_COLUMNS) -> str:
 
 
 def check_step(step: int, num_steps: int) -> int:
-    """``step`` if the schedule has it, else a ``ValueError`` naming the valid range."""
-    if not 0 <= step < num_steps:
-        raise ValueError(f"--step {step} is out of range: the schedule has {num_steps} "
-                         f"step{'s' if num_steps != 1 else ''}, 0..{num_steps - 1}")
-    return step
+    """``step`` if the schedule has it, else a ``ValueError`` naming the valid range.
+
+    :func:`varbatch_kit.checks.int_in_range` (the check of ``Schedule.step``)
+    with the flag's name; ``num_steps`` comes from the policy table, before any
+    schedule is kept.
+    """
+    return int_in_range("--step", step, 0, num_steps,
+                        what=f"the schedule has {num_steps} step{'s' if num_steps != 1 else ''}, "
+                             f"0..{num_steps - 1}")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -131,33 +131,15 @@ def configs_from_args(args: argparse.Namespace):
     training flags (generated from TrainConfig's fields, :mod:`varbatch_kit.train.flags`)
     fill its sub-configs."""
     from varbatch_kit.core.config import ScheduleConfig
-    from varbatch_kit.policies.registry import get_packer
     from varbatch_kit.train.config import TrainConfig
     from varbatch_kit.train.flags import config_kwargs
 
-    mbs, mtpg = args.micro_batch_size, args.max_tokens_per_gpu
     packings = _as_list(args.packing) if args.packing else [None]
-    if mbs is None and mtpg is None:
-        needs_static = any(p is not None and not get_packer(p).dynamic for p in packings)
-        if needs_static:
-            raise ValueError("a static packing needs --micro-batch-size")
-        mtpg = 256
     configs = []
     for dp, cp, cp_mode, packing, dist, mode in itertools.product(
             _as_list(args.dp), _as_list(args.cp), _as_list(args.cp_mode), packings,
             _as_list(args.distribution) if args.distribution else [None], _as_list(args.mode)):
-        if packing is None:
-            if mbs is not None and mtpg is not None:
-                raise ValueError("both --micro-batch-size and --max-tokens-per-gpu given: "
-                                 "name the --packing (static or a token-capped one)")
-            dynamic = mtpg is not None
-        else:
-            dynamic = get_packer(packing).dynamic
-        if dynamic and mtpg is None:
-            raise ValueError(f"packing {packing!r} is token-capped: give --max-tokens-per-gpu")
-        if not dynamic and mbs is None:
-            raise ValueError(f"packing {packing!r} is static: give --micro-batch-size")
-        sizes = {"max_tokens_per_gpu": mtpg} if dynamic else {"micro_batch_size": mbs}
+        sizes = _batching(args.micro_batch_size, args.max_tokens_per_gpu, packing)
         if dist is not None:
             sizes["distribution"] = dist
         schedule = ScheduleConfig(dp=dp, cp=cp, cp_mode=cp_mode,
@@ -166,6 +148,32 @@ def configs_from_args(args: argparse.Namespace):
         configs.append(TrainConfig(schedule=schedule,
                                    **config_kwargs(args, chosen={"mode": mode})))
     return configs
+
+
+#: the token cap when neither --micro-batch-size nor --max-tokens-per-gpu is given
+DEFAULT_MAX_TOKENS_PER_GPU = 256
+#: the config's words in core.config's batching errors -> the flags of this command
+_FLAG_WORDS = (("pass both with packing= to batching_fields", "give --packing too"),
+               ("micro_batch_size", "--micro-batch-size"),
+               ("max_tokens_per_gpu", "--max-tokens-per-gpu"))
+
+
+def _batching(mbs: int | None, mtpg: int | None, packing: str | None) -> dict:
+    """The two size fields for ``packing``: :func:`varbatch_kit.core.config.batching_fields`
+    decides; a token-capped path with neither size given gets
+    :data:`DEFAULT_MAX_TOKENS_PER_GPU`. Its errors name this command's flags."""
+    from varbatch_kit.core.config import batching_fields, packing_batching
+
+    try:
+        if mbs is None and mtpg is None and (packing is None
+                                             or packing_batching(packing) == "dynamic"):
+            mtpg = DEFAULT_MAX_TOKENS_PER_GPU
+        return batching_fields(micro_batch_size=mbs, max_tokens_per_gpu=mtpg, packing=packing)
+    except ValueError as e:
+        msg = str(e)
+        for word, flag in _FLAG_WORDS:
+            msg = msg.replace(word, flag)
+        raise ValueError(msg) from None
 
 
 def _print(table, columns) -> None:

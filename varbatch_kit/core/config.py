@@ -20,6 +20,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from varbatch_kit.checks import positive_int
+
 __all__ = ["ALIGNMENT_FALLBACKS", "BATCHINGS", "CP_MODES", "CP_SIZES", "ScheduleConfig",
            "batching_fields", "decide_batching", "packing_batching"]
 
@@ -32,12 +34,6 @@ ALIGNMENT_FALLBACKS = ("error", "drop_rollouts")
 #: accepted values of ``ScheduleConfig.cp_mode`` and ``ScheduleConfig.cp_sizes``
 CP_MODES = ("fixed", "dynamic")
 CP_SIZES = ("pow2", "divisors")
-
-
-def _positive_int(name: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")
-    return value
 
 
 def packing_batching(packing: str) -> str:
@@ -202,14 +198,14 @@ class ScheduleConfig:
         from varbatch_kit.policies.registry import get_distribution, get_packer
 
         for name in ("dp", "cp", "vpp", "mb_group", "global_batch_size", "pp"):
-            _positive_int(name, getattr(self, name))
+            positive_int(name, getattr(self, name), numpy=False)
         sizes = {"micro_batch_size": self.micro_batch_size,
                  "max_tokens_per_gpu": self.max_tokens_per_gpu}
         batching = decide_batching(**sizes)  # exactly one of the two
         if batching == "static":
-            _positive_int("micro_batch_size", self.micro_batch_size)
+            positive_int("micro_batch_size", self.micro_batch_size, numpy=False)
         else:
-            _positive_int("max_tokens_per_gpu", self.max_tokens_per_gpu)
+            positive_int("max_tokens_per_gpu", self.max_tokens_per_gpu, numpy=False)
         defaulted = {f for f in ("packing", "distribution") if getattr(self, f) is None}
         object.__setattr__(self, "defaulted", frozenset(defaulted))
         if self.packing is None:
@@ -239,7 +235,8 @@ class ScheduleConfig:
             raise ValueError(f"alignment_fallback must be one of {list(ALIGNMENT_FALLBACKS)}, "
                              f"got {self.alignment_fallback!r}")
         if self.log_probs_max_tokens_per_gpu is not None:
-            _positive_int("log_probs_max_tokens_per_gpu", self.log_probs_max_tokens_per_gpu)
+            positive_int("log_probs_max_tokens_per_gpu", self.log_probs_max_tokens_per_gpu,
+                         numpy=False)
             if not self.dynamic:
                 raise ValueError(
                     f"log_probs_max_tokens_per_gpu={self.log_probs_max_tokens_per_gpu} is a "

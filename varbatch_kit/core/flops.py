@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from varbatch_kit.checks import positive_int
 from varbatch_kit.resources import data_dir
 
 __all__ = ["ModelShape", "MODELS_DIR", "available_presets"]
@@ -57,9 +58,7 @@ class ModelShape:
     def __post_init__(self) -> None:
         for f in ("num_layers", "hidden_size", "num_attention_heads", "ffn_hidden_size",
                   "vocab_size"):
-            v = getattr(self, f)
-            if not isinstance(v, (int, np.integer)) or v < 1:
-                raise ValueError(f"ModelShape.{f} must be a positive integer, got {v!r}")
+            positive_int(f"ModelShape.{f}", getattr(self, f))
         if self.num_query_groups is None:
             object.__setattr__(self, "num_query_groups", self.num_attention_heads)
         if self.kv_channels is None:

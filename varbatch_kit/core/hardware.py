@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from varbatch_kit.checks import positive_int
 from varbatch_kit.core.flops import ModelShape
 from varbatch_kit.policies.dynamic_cp import CPCostModel
 
@@ -155,8 +156,7 @@ def cp_cost_model(model: ModelShape, hardware: str | HardwareProfile = DEFAULT_H
     if not (_is_number(microbatch_overhead_s) and 0 <= microbatch_overhead_s < math.inf):
         raise ValueError(f"microbatch_overhead_s must be a finite number of seconds >= 0, "
                          f"got {microbatch_overhead_s!r}")
-    if isinstance(tp, bool) or not isinstance(tp, (int, np.integer)) or tp < 1:
-        raise ValueError(f"tp must be a positive integer, got {tp!r}")
+    positive_int("tp", tp)
     if not (_is_number(backward_factor) and 0 <= backward_factor < math.inf):
         raise ValueError(f"backward_factor must be a finite number >= 0, got {backward_factor!r}")
     c1, c2 = model.flops_coefficients()

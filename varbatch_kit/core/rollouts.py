@@ -14,6 +14,8 @@ from typing import Any
 
 import numpy as np
 
+from varbatch_kit.checks import positive_int
+
 __all__ = ["Rollouts"]
 
 
@@ -275,8 +277,7 @@ class Rollouts:
         seed:
             Seed of ``numpy.random.default_rng``; same seed, same batch.
         """
-        if int(n_rollouts) != n_rollouts or n_rollouts < 1:
-            raise ValueError(f"n_rollouts must be a positive integer, got {n_rollouts!r}")
+        positive_int("n_rollouts", n_rollouts, whole_floats=True)
         lo, hi = samples_per_rollout
         if not (1 <= lo <= hi):
             raise ValueError(

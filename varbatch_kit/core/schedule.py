@@ -16,6 +16,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from varbatch_kit.checks import int_in_range, positive_int
 from varbatch_kit.core.config import ScheduleConfig
 from varbatch_kit.core.flops import ModelShape
 from varbatch_kit.core.placement import Placement
@@ -54,9 +55,7 @@ def step_rollout_groups(rollouts: Rollouts, global_batch_size: int):
     Returns ``(steps, dropped_rollout_ids, dropped_samples)`` where each step
     is ``(rollout_ids, sample_indices)``.
     """
-    if isinstance(global_batch_size, bool) or not isinstance(
-            global_batch_size, (int, np.integer)) or global_batch_size < 1:
-        raise ValueError(f"global_batch_size must be a positive integer, got {global_batch_size!r}")
+    positive_int("global_batch_size", global_batch_size)
     ids, groups = rollouts.rollout_order()
     n_roll = ids.size
     num_steps = n_roll // global_batch_size
@@ -118,11 +117,9 @@ class Schedule:
 
     def step(self, i: int) -> Step:
         """Step ``i`` (0-based); ``ValueError`` naming ``i`` and the valid range otherwise."""
-        if isinstance(i, bool) or not isinstance(i, (int, np.integer)) or not (
-                0 <= i < self.num_steps):
-            raise ValueError(f"step={i!r} is out of range: the schedule has steps "
-                             f"0..{self.num_steps - 1}")
-        return self.steps[int(i)]
+        i = int_in_range("step", i, 0, self.num_steps,
+                         what=f"the schedule has steps 0..{self.num_steps - 1}")
+        return self.steps[i]
 
     # ----------------------------------------------------------- per rank
     def rank_layout(self) -> RankLayout:

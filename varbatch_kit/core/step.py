@@ -20,15 +20,10 @@ from functools import cached_property
 
 import numpy as np
 
+from varbatch_kit.checks import int_in_range, positive_int
 from varbatch_kit.core.placement import Placement, RankWork
 
 __all__ = ["Step"]
-
-
-def _positive_int(name: str, value) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")
-    return int(value)
 
 
 @dataclass(frozen=True, eq=False)
@@ -76,7 +71,7 @@ class Step:
         micro-batch, in bin order. Raises ``ValueError`` when their number is
         not the micro-batch count or a rank is outside the pool ``0 .. dp*cp-1``.
         """
-        dp, cp = _positive_int("dp", dp), _positive_int("cp", cp)
+        dp, cp = positive_int("dp", dp), positive_int("cp", cp)
         pl = tuple(p if isinstance(p, Placement) else
                    Placement(b, int(p[0]), tuple(int(r) for r in p[1]))
                    for b, p in enumerate(placements))
@@ -100,7 +95,7 @@ class Step:
         Its ``j``-th micro-batch runs in round ``j`` on world ranks
         ``d*cp .. d*cp+cp-1`` (degree ``cp``).
         """
-        cp = _positive_int("cp", cp)
+        cp = positive_int("cp", cp)
         out: list = [None] * len(micro_batches)
         for d, bins in enumerate(dp_rank_bins):
             for j, b in enumerate(bins):
@@ -167,10 +162,8 @@ class Step:
         micro-batches in training order, each with ``cp_size=cp, cp_rank=world_rank % cp``.
         """
         world = self.world_size
-        if (isinstance(world_rank, bool) or not isinstance(world_rank, (int, np.integer))
-                or not 0 <= world_rank < world):
-            raise ValueError(
-                f"world_rank must be an integer in [0, {world}) for this step, got {world_rank!r}")
+        world_rank = int_in_range("world_rank", world_rank, 0, world,
+                                  what=f"this step has ranks 0..{world - 1}")
         idle = np.zeros(0, dtype=np.int64)
         out = [RankWork(idle, 1, 0) for _ in range(self.num_rounds)]
         for b in self.rank_bins[world_rank]:

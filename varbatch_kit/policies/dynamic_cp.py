@@ -60,6 +60,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from varbatch_kit.checks import positive_int
 from varbatch_kit.policies.dynamic_cp_short import deal_short, refine_short
 
 __all__ = ["CPCostModel", "DynamicCPPlan", "group_timeline", "plan_dynamic_cp"]
@@ -284,8 +285,7 @@ def _short_lower_bound(free: np.ndarray, short_tokens: int, short_work: float, c
 
 def _validate(lengths, dp, cp, cap, degrees, cost):
     for name, v in (("dp", dp), ("cp", cp), ("cap", cap)):
-        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
-            raise ValueError(f"{name} must be a positive integer, got {v!r}")
+        positive_int(name, v)
     degrees = sorted({int(c) for c in degrees})
     if not degrees or degrees[0] < 1 or degrees[-1] > cp:
         raise ValueError(f"degrees must be CP degrees in 1..cp={cp}, got {degrees}")

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from varbatch_kit._extras import require
+from varbatch_kit.checks import positive_int
 
 __all__ = [
     "MAX_SAMPLES",
@@ -67,8 +68,7 @@ def _check(lengths, flops, cap, dp, m):
         raise ValueError(f"the exact solver is for small steps: {L.size} samples > MAX_SAMPLES="
                          f"{MAX_SAMPLES}; use a heuristic packing for larger ones")
     for name, v in (("cap", cap), ("dp", dp), ("micro_batches_per_rank", m)):
-        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
-            raise ValueError(f"{name} must be a positive integer, got {v!r}")
+        positive_int(name, v)
     if dp * m > L.size:
         raise ValueError(f"dp * micro_batches_per_rank = {dp * m} micro-batches need at least as "
                          f"many samples, got {L.size}")

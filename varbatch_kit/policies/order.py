@@ -42,6 +42,7 @@ from functools import lru_cache
 
 import numpy as np
 
+from varbatch_kit.checks import positive_int
 from varbatch_kit.policies.pipeline import pipeline_makespan
 
 __all__ = [
@@ -61,9 +62,7 @@ OrderFn = Callable[[np.ndarray, np.ndarray, int], np.ndarray]
 
 
 def _check_pp(pp) -> int:
-    if isinstance(pp, bool) or not isinstance(pp, (int, np.integer)) or pp < 1:
-        raise ValueError(f"pp must be a positive integer (pipeline stages), got {pp!r}")
-    return int(pp)
+    return positive_int("pp", pp, note=" (pipeline stages)")
 
 
 def _check_costs(fwd, bwd) -> tuple[np.ndarray, np.ndarray]:

@@ -45,6 +45,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from varbatch_kit.checks import positive_int
+
 __all__ = ["karmarkar_karp", "karmarkar_karp_reference"]
 
 
@@ -97,9 +99,7 @@ class _State:
 
 
 def _validate(n: int, k, equal_size: bool, allow_empty: bool = False) -> int:
-    if isinstance(k, bool) or int(k) != k or k < 1:
-        raise ValueError(f"k (number of partitions) must be a positive integer, got {k!r}")
-    k = int(k)
+    k = positive_int("k (number of partitions)", k, whole_floats=True)
     if allow_empty and not equal_size:
         if n < 1:
             raise ValueError("cannot partition 0 items; pass at least one value")

@@ -22,6 +22,8 @@ from functools import lru_cache
 
 import numpy as np
 
+from varbatch_kit.checks import positive_int
+
 __all__ = ["one_f_one_b", "pipeline_makespan"]
 
 
@@ -74,9 +76,7 @@ def _check(fwd, bwd, pp) -> tuple[np.ndarray, np.ndarray, int]:
     if fwd.shape != bwd.shape or fwd.ndim < 1:
         raise ValueError(f"fwd and bwd must have the same shape (..., m); got {fwd.shape} "
                          f"and {bwd.shape}")
-    if isinstance(pp, bool) or not isinstance(pp, (int, np.integer)) or pp < 1:
-        raise ValueError(f"pp must be a positive integer (pipeline stages), got {pp!r}")
-    return fwd, bwd, int(pp)
+    return fwd, bwd, positive_int("pp", pp, note=" (pipeline stages)")
 
 
 def one_f_one_b(fwd, bwd, pp: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

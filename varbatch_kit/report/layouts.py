@@ -7,11 +7,12 @@ layout and naive ones do.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 
 from varbatch_kit.report.cp import slice_response_for_cp
-from varbatch_kit.report.modes import ReportMode, resolve_mode
+from varbatch_kit.report.modes import ReportMode, StepNormalizers, resolve_mode
 from varbatch_kit.report.steps import reduce_train_step_metrics
 from varbatch_kit.report.validation import check_samples
 
@@ -50,6 +51,43 @@ def _check_step(values, total_lengths, response_lengths, loss_masks):
             f"{sum(responses)}; pass the samples' full response values concatenated"
         )
     return totals, responses
+
+
+@dataclass(frozen=True)
+class _StepValues:
+    """One step's checked samples: what every micro-batch's value vector is computed from."""
+
+    mode: ReportMode
+    norm: StepNormalizers
+    values: torch.Tensor
+    per_sample: list[torch.Tensor]
+    totals: list[int]
+    responses: list[int]
+    loss_masks: Sequence[torch.Tensor]
+
+    def contribution(self, idx: list[int], cp_rank: int, cp_size: int, *,
+                     per_degree: bool = False) -> torch.Tensor:
+        """CP rank ``cp_rank`` of ``cp_size``'s value vector ``[count, loss sum]`` for the
+        micro-batch of samples ``idx``, as a training loop computes it on its zigzag pieces.
+
+        ``per_degree``: the micro-batch has its own degree (a dynamic-CP plan), so
+        slot 0 counts its tokens against the step's reference degree.
+        """
+        masks = [self.loss_masks[i] for i in idx]
+        local = [slice_response_for_cp(self.per_sample[i], self.totals[i], cp_rank=cp_rank,
+                                       cp_size=cp_size) for i in idx]
+        loss = self.mode.microbatch_loss_sum(
+            torch.cat(local) if local else self.values[:0],
+            total_lengths=[self.totals[i] for i in idx],
+            response_lengths=[self.responses[i] for i in idx],
+            loss_masks=masks,
+            sample_denominators=self.norm.denominators_for(idx),
+            cp_rank=cp_rank,
+            cp_size=cp_size,
+        )
+        count = (self.mode.count_slot(masks, cp_size=cp_size, reference_cp=self.norm.reference_cp)
+                 if per_degree else self.mode.count_slot(masks))
+        return torch.stack([loss.new_tensor(float(count)), loss.detach()])
 
 
 def report_under_layout(
@@ -91,31 +129,10 @@ def report_under_layout(
         num_microbatches=num_mb,
         dp_rank_of_sample=rank_of,
     )
-    per_sample = list(values.split(responses))
-    contributions = []
-    for rank in layout:
-        for mb in rank:
-            idx = [int(i) for i in mb]
-            masks = [loss_masks[i] for i in idx]
-            for cp_rank in range(cp_size):
-                local = [
-                    slice_response_for_cp(
-                        per_sample[i], totals[i], cp_rank=cp_rank, cp_size=cp_size
-                    )
-                    for i in idx
-                ]
-                x = torch.cat(local) if local else values[:0]
-                loss = mode.microbatch_loss_sum(
-                    x,
-                    total_lengths=[totals[i] for i in idx],
-                    response_lengths=[responses[i] for i in idx],
-                    loss_masks=masks,
-                    sample_denominators=norm.denominators_for(idx),
-                    cp_rank=cp_rank,
-                    cp_size=cp_size,
-                )
-                count = float(mode.count_slot(masks))
-                contributions.append(torch.stack([loss.new_tensor(count), loss.detach()]))
+    step = _StepValues(mode, norm, values, list(values.split(responses)), totals, responses,
+                       loss_masks)
+    contributions = [step.contribution([int(i) for i in mb], cp_rank, cp_size)
+                     for rank in layout for mb in rank for cp_rank in range(cp_size)]
     return reduce_train_step_metrics(
         contributions, keys=["value"], divisor=norm.report_divisor, cp_size=cp_size
     )["value"]
@@ -230,27 +247,14 @@ def report_under_plan(
         num_microbatches=max(len(p) for p in programs),
         dp_rank_of_sample=rank_of,
     )
-    per_sample = list(values.split(responses))
+    step = _StepValues(mode, norm, values, list(values.split(responses)), totals, responses,
+                       loss_masks)
     contributions = []
     for w, program in enumerate(programs):
         for k, entry in enumerate(program):
             idx, c, r = _work(entry, f"programs[{w}][{k}]")
-            if not idx:
-                continue  # an idle round
-            masks = [loss_masks[i] for i in idx]
-            local = [slice_response_for_cp(per_sample[i], totals[i], cp_rank=r, cp_size=c)
-                     for i in idx]
-            loss = mode.microbatch_loss_sum(
-                torch.cat(local),
-                total_lengths=[totals[i] for i in idx],
-                response_lengths=[responses[i] for i in idx],
-                loss_masks=masks,
-                sample_denominators=norm.denominators_for(idx),
-                cp_rank=r,
-                cp_size=c,
-            )
-            count = float(mode.count_slot(masks, cp_size=c, reference_cp=norm.reference_cp))
-            contributions.append(torch.stack([loss.new_tensor(count), loss.detach()]))
+            if idx:  # else an idle round
+                contributions.append(step.contribution(idx, r, c, per_degree=True))
     return reduce_train_step_metrics(
         contributions, keys=["value"], divisor=norm.report_divisor, cp_size=norm.reference_cp
     )["value"]

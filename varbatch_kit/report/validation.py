@@ -1,17 +1,19 @@
 """Checks at the boundary of the report functions: integers, per-sample lists, positive numbers.
 
 :func:`as_int` is the one integer check of the report layer (also
-:mod:`varbatch_kit.report.cp`'s); each raises ``ValueError`` naming the argument.
+:mod:`varbatch_kit.report.cp`'s): :mod:`varbatch_kit.checks`'s, which also
+takes a one-element torch tensor here; each raises ``ValueError`` naming the
+argument.
 """
 
 from __future__ import annotations
 
-import math
 import numbers
-import operator
 from collections.abc import Sequence
 
 import torch
+
+from varbatch_kit import checks
 
 # ---------------------------------------------------------------------------
 # Validation at the boundary
@@ -19,19 +21,15 @@ import torch
 
 
 def as_int(name: str, value: object) -> int:
-    """``value`` as a Python int (numpy and 0-d torch integers accepted), else ValueError."""
-    integer = None
-    if isinstance(value, torch.Tensor):
-        if value.numel() == 1 and not value.is_floating_point() and value.dtype != torch.bool:
-            integer = int(value.item())
-    elif not isinstance(value, bool):
-        try:
-            integer = operator.index(value)  # type: ignore[arg-type]
-        except TypeError:
-            integer = None
-    if integer is None:
-        raise ValueError(f"{name}={value!r} is not an integer; pass an integer")
-    return integer
+    """``value`` as a Python int, else ValueError.
+
+    :func:`varbatch_kit.checks.as_int` (ints and numpy integers, no bool) after
+    unwrapping a one-element integer torch tensor (not a bool one).
+    """
+    if (isinstance(value, torch.Tensor) and value.numel() == 1
+            and not value.is_floating_point() and value.dtype != torch.bool):
+        value = int(value.item())
+    return checks.as_int(name, value)
 
 
 def int_list(name: str, values: Sequence[int] | torch.Tensor) -> list[int]:
@@ -74,11 +72,12 @@ def positive(name: str, value: float) -> float:
     """``value`` as a positive finite float (a 1-element tensor accepted), else ValueError."""
     if isinstance(value, torch.Tensor) and value.numel() == 1:
         value = value.item()
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not value > 0:
+    try:
+        return checks.number_in(name, value, 0, lo_open=True)
+    except ValueError:
+        if isinstance(value, numbers.Real) and not isinstance(value, bool) and value > 0:  # inf
+            raise ValueError(f"{name}={value!r} is not finite; pass a positive finite "
+                             f"number") from None
         raise ValueError(
             f"{name}={value!r} is invalid; it must be a positive number (a step needs at "
-            f"least one rollout / sample / token to divide by)"
-        )
-    if not math.isfinite(value):
-        raise ValueError(f"{name}={value!r} is not finite; pass a positive finite number")
-    return float(value)
+            f"least one rollout / sample / token to divide by)") from None

@@ -37,6 +37,7 @@ from pathlib import Path
 import numpy as np
 
 from varbatch_kit.analysis.cost_model import CostFit, MicroBatchCostModel, fit_with_holdout
+from varbatch_kit.checks import nonnegative_int, positive_int
 from varbatch_kit.train.config import TrainConfig
 
 __all__ = ["Calibration", "calibrate", "grid_compositions", "random_compositions"]
@@ -46,9 +47,9 @@ def grid_compositions(max_tokens: int, *, budgets: int = 4, splits: Sequence[int
                       min_len: int = 16) -> list[list[int]]:
     """Token budgets ``T`` (``budgets`` values, geometric, the largest ``max_tokens``), each
     split into ``k`` equal samples for every ``k`` in ``splits`` with ``T / k >= min_len``."""
-    _positive("max_tokens", max_tokens)
-    _positive("budgets", budgets)
-    _positive("min_len", min_len)
+    positive_int("max_tokens", max_tokens)
+    positive_int("budgets", budgets)
+    positive_int("min_len", min_len)
     if max_tokens < 2 * min_len:
         raise ValueError(f"max_tokens={max_tokens} must be at least 2 * min_len={2 * min_len}")
     lo = max(2 * min_len, max_tokens // 2 ** (budgets - 1)) if budgets > 1 else max_tokens
@@ -56,7 +57,7 @@ def grid_compositions(max_tokens: int, *, budgets: int = 4, splits: Sequence[int
     out = []
     for T in totals:
         for k in splits:
-            _positive("splits", k)
+            positive_int("splits", k)
             if T // k >= min_len:
                 out.append([T // k] * k)
     return out
@@ -66,8 +67,8 @@ def random_compositions(n: int, max_tokens: int, *, min_len: int = 16, max_sampl
                         seed: int = 0) -> list[list[int]]:
     """``n`` micro-batches of 1..``max_samples`` samples of mixed (log-uniform) lengths, at most
     ``max_tokens`` tokens each."""
-    _positive("n", n)
-    _positive("max_tokens", max_tokens)
+    positive_int("n", n)
+    positive_int("max_tokens", max_tokens)
     rng = np.random.default_rng(seed)
     out = []
     for _ in range(n):
@@ -80,11 +81,6 @@ def random_compositions(n: int, max_tokens: int, *, min_len: int = 16, max_sampl
             L = np.array([max_tokens])
         out.append([int(x) for x in L])
     return out
-
-
-def _positive(name, v) -> None:
-    if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
-        raise ValueError(f"{name} must be a positive integer, got {v!r}")
 
 
 @dataclass(frozen=True, eq=False)
@@ -173,9 +169,8 @@ def calibrate(
     if not isinstance(cfg, TrainConfig):
         raise ValueError(f"config must be a TrainConfig, got {type(cfg).__name__}")
     for name, v in (("repeats", repeats), ("threads", threads)):
-        _positive(name, v)
-    if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
-        raise ValueError(f"warmup must be an integer >= 0, got {warmup!r}")
+        positive_int(name, v)
+    nonnegative_int("warmup", warmup, numpy=False)
     if device not in ("auto", "cpu", "cuda"):
         raise ValueError(f"device={device!r}; choose 'auto', 'cpu' or 'cuda'")
     if device == "auto":

@@ -7,6 +7,8 @@ import math
 from dataclasses import field
 from typing import Any
 
+from varbatch_kit.checks import interval_text, is_int, number_in
+
 __all__ = ["documented", "need_choice", "need_int", "need_number"]
 
 
@@ -17,31 +19,38 @@ def documented(default: Any, help: str, **meta: Any):  # noqa: A002 - the CLI wo
     return field(default=default, metadata={"help": help, **meta})
 
 
-def _is_int(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
 def need_int(owner: str, name: str, v: Any, lo: int, *, optional: bool = False) -> None:
-    """``owner.name`` must be an integer >= ``lo`` (or None when ``optional``)."""
+    """``owner.name`` must be an integer >= ``lo`` (or None when ``optional``).
+
+    A Python int only (:func:`varbatch_kit.checks.is_int` with ``numpy=False``):
+    the config is stored as given and serialised for the workers.
+    """
     if optional and v is None:
         return
-    if not _is_int(v) or v < lo:
+    if not is_int(v, numpy=False) or v < lo:
         what = "a positive integer" if lo == 1 else f"an integer >= {lo}"
         raise ValueError(f"{owner}.{name}={v!r}: give {what}" + (" or None" if optional else ""))
 
 
 def need_number(owner: str, name: str, v: Any, *, lo: float, lo_open: bool = False,
                  hi: float | None = None, hi_open: bool = False, optional: bool = False) -> None:
-    """``owner.name`` must be a finite number in the given interval (or None)."""
+    """``owner.name`` must be a finite number in the given interval (or None).
+
+    A Python int or float only, as :func:`need_int`; the interval is
+    :func:`varbatch_kit.checks.number_in`'s.
+    """
     if optional and v is None:
         return
-    ok = (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-          and (v > lo if lo_open else v >= lo)
-          and (hi is None or (v < hi if hi_open else v <= hi)))
+    bounds = {"lo": lo, "hi": math.inf if hi is None else hi, "lo_open": lo_open,
+              "hi_open": hi_open}
+    ok = isinstance(v, (int, float))
+    if ok:
+        try:
+            number_in(f"{owner}.{name}", v, **bounds)
+        except ValueError:
+            ok = False
     if not ok:
-        lo_s = f"{'(' if lo_open else '['}{lo:g}"
-        hi_s = f"{hi:g}{')' if hi_open else ']'}" if hi is not None else "inf)"
-        raise ValueError(f"{owner}.{name}={v!r}: give a number in {lo_s}, {hi_s}"
+        raise ValueError(f"{owner}.{name}={v!r}: give a number in {interval_text(**bounds)}"
                          + (" or None" if optional else ""))
 
 

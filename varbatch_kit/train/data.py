@@ -57,6 +57,7 @@ from typing import Any
 
 import numpy as np
 
+from varbatch_kit.checks import positive_int
 from varbatch_kit.core.rollouts import Rollouts
 
 __all__ = [
@@ -117,8 +118,7 @@ def grpo_advantages(rewards: np.ndarray, group_size: int) -> np.ndarray:
     ``(r - mean) / (std + 1e-6)`` with the unbiased standard deviation; groups
     of one get 0.
     """
-    if isinstance(group_size, bool) or int(group_size) != group_size or group_size < 1:
-        raise ValueError(f"n_samples_per_prompt must be a positive integer, got {group_size!r}")
+    positive_int("n_samples_per_prompt", group_size, whole_floats=True)
     rewards = np.asarray(rewards, dtype=np.float64)
     adv = np.zeros_like(rewards)
     for lo in range(0, rewards.size, int(group_size)):
@@ -329,9 +329,7 @@ def rollout_training_data(
     whose samples disagree on ``group_index``, and neither ``advantage`` nor
     ``reward`` given.
     """
-    if isinstance(vocab_size, bool) or int(vocab_size) != vocab_size or vocab_size < 1:
-        raise ValueError(f"vocab_size must be a positive integer, got {vocab_size!r}")
-    vocab_size = int(vocab_size)
+    vocab_size = positive_int("vocab_size", vocab_size, whole_floats=True)
     if not has_tokens(rollouts):
         raise ValueError(
             "the rollouts carry no token sequences: Rollouts.extra needs a 'tokens' column "

@@ -59,6 +59,7 @@ from typing import Any
 
 import numpy as np
 
+from varbatch_kit.checks import positive_int
 from varbatch_kit.core.rollouts import Rollouts
 
 __all__ = [
@@ -112,10 +113,8 @@ def arithmetic_problems(n: int, *, seed: int = 0, max_operand: int = 9,
 
     Subtractions put the larger operand first (answers are never negative).
     """
-    if isinstance(n, bool) or int(n) != n or n < 1:
-        raise ValueError(f"n_prompts must be a positive integer, got {n!r}")
-    if isinstance(max_operand, bool) or int(max_operand) != max_operand or max_operand < 1:
-        raise ValueError(f"max_operand must be a positive integer, got {max_operand!r}")
+    positive_int("n_prompts", n, whole_floats=True)
+    positive_int("max_operand", max_operand, whole_floats=True)
     bad = [o for o in ops if o not in ("+", "-")]
     if not ops or bad:
         raise ValueError(f"ops={ops!r}: choose from '+' and '-'")
@@ -302,8 +301,7 @@ def generate_rollouts(
 
     for name, v in (("n_samples_per_prompt", n_samples_per_prompt),
                     ("max_new_tokens", max_new_tokens)):
-        if isinstance(v, bool) or int(v) != v or v < 1:
-            raise ValueError(f"{name} must be a positive integer, got {v!r}")
+        positive_int(name, v, whole_floats=True)
     if turns not in (1, 2):
         raise ValueError(f"turns={turns!r}; use 1 (one answer) or 2 (answer, then the "
                          f"follow-up {FOLLOW_UP!r})")
@@ -311,9 +309,8 @@ def generate_rollouts(
         raise ValueError(f"follow_up={follow_up!r}; choose one of {FOLLOW_UPS}")
     if not (isinstance(temperature, (int, float)) and temperature > 0):
         raise ValueError(f"temperature must be > 0 (sampling), got {temperature!r}")
-    if threads is not None and (isinstance(threads, bool) or int(threads) != threads
-                                or threads < 1):
-        raise ValueError(f"threads must be a positive integer or None, got {threads!r}")
+    if threads is not None:
+        positive_int("threads", threads, note=" or None", whole_floats=True)
     if problems is None:
         problems = arithmetic_problems(n_prompts, seed=seed, max_operand=max_operand)
     elif not problems or not all(isinstance(p, Problem) for p in problems):

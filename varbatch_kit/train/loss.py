@@ -44,6 +44,8 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
+from varbatch_kit.checks import number_in
+
 __all__ = ["DEFAULT_CLIP_EPS", "check_clip_eps", "policy_gradient_loss", "step_loss"]
 
 DEFAULT_CLIP_EPS = 0.2
@@ -51,10 +53,7 @@ DEFAULT_CLIP_EPS = 0.2
 
 def check_clip_eps(clip_eps) -> float:
     """``clip_eps`` as a float in (0, 1); a ValueError naming it otherwise."""
-    if isinstance(clip_eps, bool) or not isinstance(clip_eps, (int, float)) or not (
-            0 < float(clip_eps) < 1):
-        raise ValueError(f"clip_eps must be a number in (0, 1), e.g. 0.2; got {clip_eps!r}")
-    return float(clip_eps)
+    return number_in("clip_eps", clip_eps, 0, 1, lo_open=True, hi_open=True, note=", e.g. 0.2")
 
 
 def policy_gradient_loss(

@@ -17,8 +17,8 @@ from typing import Any
 
 import numpy as np
 
-from varbatch_kit.core.rollouts import Rollouts
 from varbatch_kit.core.build import build_schedule
+from varbatch_kit.core.rollouts import Rollouts
 from varbatch_kit.train.config import TrainConfig
 from varbatch_kit.train.model_spec import ResolvedModel, resolve_model
 

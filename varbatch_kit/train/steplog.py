@@ -38,34 +38,28 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        n = os.write(fd, view)
-        view = view[n:]
+def _write_synced(path: Path, flags: int, data: bytes) -> None:
+    """Open ``path`` with ``flags`` (write-only, created 0o644), write all of ``data``, fsync."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | flags, 0o644)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def append_record(path: Path, record: dict) -> None:
     """Append ``record`` as one JSON line: a single write, then fsync."""
-    data = (json.dumps(record) + "\n").encode()
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    try:
-        _write_all(fd, data)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    _write_synced(path, os.O_APPEND, (json.dumps(record) + "\n").encode())
 
 
 def write_atomic(path: Path, data: bytes) -> None:
     """Replace ``path`` with ``data``: temporary file, fsync, rename, fsync of the folder."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        _write_all(fd, data)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    _write_synced(tmp, os.O_TRUNC, data)
     os.replace(tmp, path)
     fsync_dir(path.parent)
 

@@ -2,12 +2,10 @@
 
 import numpy as np
 import pytest
+from _factories import TINY
 
-from varbatch_kit import ModelShape, Rollouts, ScheduleConfig, build_schedule
+from varbatch_kit import Rollouts, ScheduleConfig, build_schedule
 from varbatch_kit.analysis.cp_reports import CP_CHECK_MODES, cp_report_check, step_programs
-
-TINY = ModelShape(num_layers=2, hidden_size=16, num_attention_heads=2, num_query_groups=2,
-                  vocab_size=32, ffn_hidden_size=64, kv_channels=8)
 
 
 def mixed() -> Rollouts:

@@ -2,13 +2,12 @@
 
 import numpy as np
 import pytest
+from _factories import TINY
 
-from varbatch_kit import ModelShape, Rollouts, ScheduleConfig, build_schedule
+from varbatch_kit import Rollouts, ScheduleConfig, build_schedule
 from varbatch_kit.analysis.simulate import simulate, simulated_step_time_bound
 from varbatch_kit.core.hardware import HardwareProfile
 
-TINY = ModelShape(num_layers=2, hidden_size=16, num_attention_heads=2, num_query_groups=2,
-                  kv_channels=8, ffn_hidden_size=64, vocab_size=32)
 UNIT = HardwareProfile("unit", peak_flops=1.0, memory_gib=1.0)  # 1 FLOP/s: times = FLOPs
 
 

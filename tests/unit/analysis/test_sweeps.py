@@ -12,22 +12,13 @@ import sys
 import numpy as np
 import pandas as pd
 import pytest
+from _factories import TINY, rollouts
 
-from varbatch_kit import ModelShape, Rollouts, ScheduleConfig, build_schedule
+from varbatch_kit import Rollouts, ScheduleConfig, build_schedule
 from varbatch_kit.analysis import sweeps
 from varbatch_kit.analysis.quality import step_quality
 from varbatch_kit.compat.slime.flags import SLIME_FLAGS
 from varbatch_kit.policies.registry import PACKERS
-
-TINY = ModelShape(num_layers=2, hidden_size=16, num_attention_heads=2, num_query_groups=2,
-                  vocab_size=32, ffn_hidden_size=64, kv_channels=8)
-
-
-def rollouts(lengths, rollout_id=None):
-    lengths = np.asarray(lengths)
-    return Rollouts(prompt_len=np.zeros_like(lengths), response_len=lengths,
-                    rollout_id=rollout_id)
-
 
 R8 = rollouts([5, 3, 8, 2, 7, 1, 4, 6])
 

@@ -5,6 +5,7 @@ import math
 
 import numpy as np
 import pytest
+from _factories import TINY
 
 from varbatch_kit import ModelShape, Rollouts, ScheduleConfig, build_schedule
 from varbatch_kit.core.hardware import (
@@ -18,9 +19,6 @@ from varbatch_kit.core.hardware import (
     hardware_profile,
     kv_bytes_per_token,
 )
-
-TINY = ModelShape(num_layers=2, hidden_size=16, num_attention_heads=2, num_query_groups=2,
-                  vocab_size=32, ffn_hidden_size=64, kv_channels=8)
 
 
 def test_profiles():

@@ -3,19 +3,12 @@ Step.sample_cp_sizes and Schedule.check() on hand-made plans."""
 
 import numpy as np
 import pytest
+from _factories import TINY, rollouts
 
-from varbatch_kit import ModelShape, Rollouts, ScheduleConfig, build_schedule
+from varbatch_kit import ScheduleConfig, build_schedule
 from varbatch_kit.core.placement import Placement
 from varbatch_kit.core.schedule import Schedule, ScheduleInvariantError
 from varbatch_kit.core.step import Step
-
-TINY = ModelShape(num_layers=2, hidden_size=16, num_attention_heads=2, num_query_groups=2,
-                  vocab_size=32, ffn_hidden_size=64, kv_channels=8)
-
-
-def rollouts(lengths):
-    lengths = np.asarray(lengths)
-    return Rollouts(prompt_len=np.zeros_like(lengths), response_len=lengths)
 
 
 # ------------------------------------------------------------------ config

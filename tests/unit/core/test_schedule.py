@@ -2,19 +2,10 @@
 
 import logging
 
-import numpy as np
 import pytest
+from _factories import TINY, rollouts
 
-from varbatch_kit import ModelShape, Rollouts, ScheduleConfig, build_schedule
-
-TINY = ModelShape(num_layers=2, hidden_size=16, num_attention_heads=2, num_query_groups=2,
-                  vocab_size=32, ffn_hidden_size=64, kv_channels=8)
-
-
-def rollouts(lengths, rollout_id=None):
-    lengths = np.asarray(lengths)
-    return Rollouts(prompt_len=np.zeros_like(lengths), response_len=lengths,
-                    rollout_id=rollout_id)
+from varbatch_kit import Rollouts, ScheduleConfig, build_schedule
 
 
 def slime(r, **cfg):

@@ -10,23 +10,17 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
+from _factories import TINY, rollouts
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from varbatch_kit import ModelShape, Rollouts, ScheduleConfig, build_schedule
+from varbatch_kit import ScheduleConfig, build_schedule
 from varbatch_kit.core.placement import Placement
 from varbatch_kit.core.schedule import ScheduleInvariantError
 from varbatch_kit.policies.packers import AlignmentError
 
-TINY = ModelShape(num_layers=2, hidden_size=16, num_attention_heads=2, num_query_groups=2,
-                  vocab_size=32, ffn_hidden_size=64, kv_channels=8)
 SETTINGS = settings(max_examples=40, deadline=None, database=None, derandomize=True,
                     suppress_health_check=[HealthCheck.too_slow])
-
-
-def rollouts(lengths):
-    lengths = np.asarray(lengths)
-    return Rollouts(prompt_len=np.zeros_like(lengths), response_len=lengths)
 
 
 @st.composite

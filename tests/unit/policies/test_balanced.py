@@ -2,10 +2,11 @@
 
 import numpy as np
 import pytest
+from _factories import TINY
 from hypothesis import given
 from hypothesis import strategies as st
 
-from varbatch_kit import ModelShape, Rollouts, ScheduleConfig, build_schedule
+from varbatch_kit import Rollouts, ScheduleConfig, build_schedule
 from varbatch_kit.policies.balance import (
     SearchStats,
     balanced_distribution,
@@ -15,9 +16,6 @@ from varbatch_kit.policies.balance import (
 )
 from varbatch_kit.policies.distributions import BinWeights
 from varbatch_kit.policies.packers import PackInput, first_fit
-
-TINY = ModelShape(num_layers=2, hidden_size=16, num_attention_heads=2, num_query_groups=2,
-                  kv_channels=8, ffn_hidden_size=64, vocab_size=32)
 
 
 # ----------------------------------------------------------------------------- configuration

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from _factories import TINY, rollouts
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -16,16 +17,9 @@ from varbatch_kit.analysis.simulate import compare_cp_modes, simulate, simulated
 from varbatch_kit.core.hardware import HARDWARE, HardwareProfile, cp_cost_model, kv_bytes_per_token
 from varbatch_kit.policies.dynamic_cp import CPCostModel, group_timeline, plan_dynamic_cp
 
-TINY = ModelShape(num_layers=2, hidden_size=16, num_attention_heads=2, num_query_groups=2,
-                  vocab_size=32, ffn_hidden_size=64, kv_channels=8)
 # a cost model where the ring is expensive: short samples should not be cut
 RING = CPCostModel(linear_s=1.0, attention_s=0.01, comm_s=0.5, latency_s=1.0,
                    microbatch_overhead_s=0.0, overlap=1.0)
-
-
-def rollouts(lengths):
-    lengths = np.asarray(lengths)
-    return Rollouts(prompt_len=np.zeros_like(lengths), response_len=lengths)
 
 
 # ------------------------------------------------------------- cost model

@@ -4,10 +4,11 @@ import math
 
 import numpy as np
 import pytest
+from _factories import TINY
 from hypothesis import given
 from hypothesis import strategies as st
 
-from varbatch_kit import ModelShape, Rollouts, ScheduleConfig, build_schedule
+from varbatch_kit import Rollouts, ScheduleConfig, build_schedule
 from varbatch_kit.policies.packers import (
     PackInput,
     aligned_count,
@@ -16,9 +17,6 @@ from varbatch_kit.policies.packers import (
     first_fit_decreasing,
 )
 from varbatch_kit.policies.registry import PACKERS, get_packer
-
-TINY = ModelShape(num_layers=2, hidden_size=16, num_attention_heads=2, num_query_groups=2,
-                  kv_channels=8, ffn_hidden_size=64, vocab_size=32)
 
 
 def test_ffd_and_bfd_hand_derived():

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from _factories import synthetic_rollouts
 
 from varbatch_kit import Rollouts, ScheduleConfig
 from varbatch_kit.train import FaultConfig, NodesConfig, TrainConfig
@@ -28,11 +29,6 @@ from varbatch_kit.train.steplog import (
     read_records,
     truncate_to_step,
 )
-
-
-def _rollouts(seed=3, n=16):
-    return Rollouts.synthetic(n, samples_per_rollout=(1, 2), prompt_len=(4, 8), response_len=12,
-                              response_sigma=0.5, max_response_len=24, seed=seed)
 
 
 def _save(root, step, keep_last=2, hook=None, value=1.0):
@@ -127,7 +123,7 @@ def _steps(cfg, rollouts):
 
 
 def test_resume_fingerprint_allows_the_layout_and_names_what_differs(tmp_path):
-    r = _rollouts()
+    r = synthetic_rollouts()
     cfg = TrainConfig(schedule=ScheduleConfig(global_batch_size=4, max_tokens_per_gpu=256))
     fp = fingerprint(cfg, r, _steps(cfg, r))
     json.dumps(fp)  # stored in meta.json
@@ -142,7 +138,7 @@ def test_resume_fingerprint_allows_the_layout_and_names_what_differs(tmp_path):
     msg = str(info.value)
     assert "optim.lr: checkpoint 0.003, now 0.01" in msg
     assert "data.seed: checkpoint 1234, now 7" in msg and "mode:" in msg
-    r2 = _rollouts(seed=4)
+    r2 = synthetic_rollouts(seed=4)
     with pytest.raises(ValueError, match="rollouts: a different rollout set"):
         check_resumable(fp, fingerprint(cfg, r2, _steps(cfg, r2)), tmp_path)
     # the same lengths with other loss masks are other rollouts too
@@ -186,7 +182,7 @@ def test_config_kill_point_and_node_fields():
 def test_resume_without_a_checkpoint_starts_fresh_and_says_so(tmp_path):
     from varbatch_kit.train.launch import _prepare_resume
 
-    r = _rollouts()
+    r = synthetic_rollouts()
     cfg = TrainConfig(schedule=ScheduleConfig(global_batch_size=4, max_tokens_per_gpu=256))
     fp = fingerprint(cfg, r, _steps(cfg, r))
     out = tmp_path / "run00-x"

@@ -10,9 +10,10 @@ import pickle
 from pathlib import Path
 
 import pytest
+from _factories import synthetic_rollouts
 from _fake_hf import fake_checkpoint, llama_like
 
-from varbatch_kit import Rollouts, ScheduleConfig
+from varbatch_kit import ScheduleConfig
 from varbatch_kit.train import (
     CheckpointConfig,
     DataConfig,
@@ -47,7 +48,7 @@ from varbatch_kit.train.model_spec import ResolvedModel, resolve_model
     (OptimConfig, {"adam_beta1": 1.0}, r"optim\.adam_beta1=1\.0"),
     (OptimConfig, {"adam_eps": 0}, r"optim\.adam_eps=0"),
     (OptimConfig, {"clip_grad": -0.5}, r"optim\.clip_grad=-0\.5"),
-    (LossConfig, {"clip_eps": 1.5}, r"loss\.clip_eps must be a number in \(0, 1\)"),
+    (LossConfig, {"clip_eps": 1.5}, r"loss\.clip_eps must be a finite number in \(0, 1\)"),
     (DataConfig, {"seed": -1}, r"data\.seed=-1: give an integer >= 0"),
     (DataConfig, {"n_samples_per_prompt": 0}, r"data\.n_samples_per_prompt=0"),
     (RunConfig, {"max_steps": 0}, r"run\.max_steps=0: give a positive integer or None"),
@@ -199,8 +200,8 @@ def test_checkpoint_shape_conflicts_are_refused_by_the_resolver(tmp_path):
 
 # --------------------------------------------------------------------------- schedule once
 def _rollouts():
-    return Rollouts.synthetic(16, samples_per_rollout=(1, 2), prompt_len=(3, 6),
-                              response_len=6, max_response_len=10, seed=2)
+    return synthetic_rollouts(seed=2, prompt_len=(3, 6), response_len=6, response_sigma=1.0,
+                              max_response_len=10)
 
 
 def test_the_launcher_builds_each_schedule_once_and_the_workers_receive_it(tmp_path,

@@ -240,6 +240,38 @@ def test_cli_builds_every_combination():
         cli.configs_from_args(a)
 
 
+def test_cli_batching_is_core_configs_decision_in_flag_words():
+    """``core.config.batching_fields`` decides the path; the errors name the CLI's flags."""
+    from varbatch_kit.cli import train as cli
+
+    p = argparse.ArgumentParser()
+    cli.add_parser(p.add_subparsers())
+
+    def schedule(*argv):
+        (c,) = cli.configs_from_args(p.parse_args(["train", *argv]))
+        return c.schedule.micro_batch_size, c.schedule.max_tokens_per_gpu, c.schedule.packing
+
+    assert schedule() == (None, 256, "first_fit")
+    assert schedule("--packing", "ffd") == (None, 256, "ffd")
+    assert schedule("--micro-batch-size", "2") == (2, None, "static")
+    assert schedule("--max-tokens-per-gpu", "64") == (None, 64, "first_fit")
+    both = ("--micro-batch-size", "2", "--max-tokens-per-gpu", "64")
+    assert schedule(*both, "--packing", "static") == (2, None, "static")
+    assert schedule(*both, "--packing", "first_fit") == (None, 64, "first_fit")
+    for argv, msg in [
+        (["--packing", "static"],
+         r"^packing='static' needs --micro-batch-size \(static batching\)$"),
+        (["--packing", "first_fit", "--micro-batch-size", "2"],
+         r"^packing='first_fit' packs under a token cap: set --max-tokens-per-gpu \(dynamic "
+         r"batching\) instead of --micro-batch-size, or use packing='static'$"),
+        (list(both), r"^set exactly one of --micro-batch-size \(static batching\) and "
+                     r"--max-tokens-per-gpu \(dynamic batching\); got --micro-batch-size=2, "
+                     r"--max-tokens-per-gpu=64; to let a packing pick, give --packing too$"),
+    ]:
+        with pytest.raises(ValueError, match=msg):
+            schedule(*argv)
+
+
 def test_schedule_fields_routed_by_with_are_the_init_fields():
     from varbatch_kit.train.config import SCHEDULE_FIELDS
 

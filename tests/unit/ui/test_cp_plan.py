@@ -4,20 +4,13 @@ degree."""
 import numpy as np
 import plotly.graph_objects as go
 import pytest
+from _factories import TINY, rollouts
 
-from varbatch_kit import ModelShape, Rollouts, ScheduleConfig, build_schedule
+from varbatch_kit import Rollouts, ScheduleConfig, build_schedule
 from varbatch_kit.core.schedule import Schedule
 from varbatch_kit.core.step import Step
 from varbatch_kit.ui import viz
 from varbatch_kit.ui.figures.cp import DEGREE_COLORS, IDLE_COLOR
-
-TINY = ModelShape(num_layers=2, hidden_size=16, num_attention_heads=2, num_query_groups=2,
-                  vocab_size=32, ffn_hidden_size=64, kv_channels=8)
-
-
-def rollouts(lengths):
-    lengths = np.asarray(lengths)
-    return Rollouts(prompt_len=np.zeros_like(lengths), response_len=lengths)
 
 
 def hand_plan() -> Schedule:

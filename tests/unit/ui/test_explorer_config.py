@@ -10,13 +10,11 @@ a :class:`ComputeKey` holding that config.
 import asyncio
 
 import pytest
+from _factories import TINY
 
-from varbatch_kit import ModelShape, Rollouts, ScheduleConfig, build_schedule
+from varbatch_kit import Rollouts, ScheduleConfig, build_schedule
 from varbatch_kit.ui import widgets
 from varbatch_kit.ui.explorer_engine import ComputeKey
-
-TINY = ModelShape(num_layers=2, hidden_size=16, num_attention_heads=2, num_query_groups=2,
-                  vocab_size=32, ffn_hidden_size=64, kv_channels=8)
 
 #: fields no control of the packing explorer shows
 HIDDEN = {"pp": 4, "microbatch_order": "min_bubble", "alignment_fallback": "drop_rollouts",

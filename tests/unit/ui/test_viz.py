@@ -4,22 +4,14 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 import pytest
+from _factories import TINY, rollouts
 from hypothesis import given
 from hypothesis import strategies as st
 
-from varbatch_kit import ModelShape, Rollouts, ScheduleConfig, build_schedule
+from varbatch_kit import ScheduleConfig, build_schedule
 from varbatch_kit.analysis import sweeps
 from varbatch_kit.ui import viz
 from varbatch_kit.ui.figures.style import headroom
-
-TINY = ModelShape(num_layers=2, hidden_size=16, num_attention_heads=2, num_query_groups=2,
-                  vocab_size=32, ffn_hidden_size=64, kv_channels=8)
-
-
-def rollouts(lengths, rollout_id=None):
-    lengths = np.asarray(lengths)
-    return Rollouts(prompt_len=np.zeros_like(lengths), response_len=lengths,
-                    rollout_id=rollout_id)
 
 
 def trace(fig, name):

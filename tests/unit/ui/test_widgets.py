@@ -4,6 +4,7 @@ import asyncio
 
 import numpy as np
 import pytest
+from _factories import TINY
 
 from varbatch_kit import ModelShape, Rollouts, ScheduleConfig, build_schedule
 from varbatch_kit.analysis.quality import step_quality
@@ -11,9 +12,6 @@ from varbatch_kit.policies.registry import PACKERS
 from varbatch_kit.ui import widgets
 from varbatch_kit.ui.explorer_engine import measure_latency
 from varbatch_kit.ui.packing_explorer import PACKING_CONTROLS
-
-TINY = ModelShape(num_layers=2, hidden_size=16, num_attention_heads=2, num_query_groups=2,
-                  vocab_size=32, ffn_hidden_size=64, kv_channels=8)
 
 
 @pytest.fixture(scope="module")

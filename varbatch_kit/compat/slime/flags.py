@@ -36,7 +36,7 @@ import warnings
 from collections.abc import Sequence
 from typing import Any
 
-from varbatch_kit.core.config import ScheduleConfig
+from varbatch_kit.core.config import ScheduleConfig, batching_fields
 
 __all__ = ["SLIME_FLAGS", "SLIME_SCHEDULE_FLAGS", "parse_slime_flags",
            "schedule_config_from_slime_args"]
@@ -165,16 +165,16 @@ def schedule_config_from_slime_args(args: Any, *, dp: int | None = None) -> Sche
     if by_flops and not dynamic:
         raise ValueError("--balance-by-flops requires --use-dynamic-batch-size")
     balance = bool(get("balance_data", False)) or by_flops
-    if dynamic:
-        mtpg = get("max_tokens_per_gpu")
-        if mtpg is None:
-            raise ValueError(
-                "--use-dynamic-batch-size needs --max-tokens-per-gpu (the token cap)")
-        sizes = dict(max_tokens_per_gpu=int(mtpg))
-        if get("log_probs_max_tokens_per_gpu") is not None:  # slime reads it on this path only
-            sizes["log_probs_max_tokens_per_gpu"] = int(get("log_probs_max_tokens_per_gpu"))
-    else:
-        sizes = dict(micro_batch_size=int(get("micro_batch_size", 1)))
+    # the flag picks the packing; batching_fields (core.config) keeps that path's size
+    packing = "flops_kk" if by_flops else ("first_fit" if dynamic else "static")
+    if dynamic and get("max_tokens_per_gpu") is None:
+        raise ValueError("--use-dynamic-batch-size needs --max-tokens-per-gpu (the token cap)")
+    mbs, mtpg = get("micro_batch_size", 1), get("max_tokens_per_gpu")
+    sizes = batching_fields(micro_batch_size=None if mbs is None else int(mbs),
+                            max_tokens_per_gpu=None if mtpg is None else int(mtpg),
+                            packing=packing)
+    if dynamic and get("log_probs_max_tokens_per_gpu") is not None:  # read on this path only
+        sizes["log_probs_max_tokens_per_gpu"] = int(get("log_probs_max_tokens_per_gpu"))
     return ScheduleConfig(
         dp=int(dp),
         cp=cp,
@@ -183,7 +183,7 @@ def schedule_config_from_slime_args(args: Any, *, dp: int | None = None) -> Sche
                      or get("pipeline_model_parallel_size", 1)),
         global_batch_size=int(gbs),
         pp=int(get("pipeline_model_parallel_size", 1)),
-        packing="flops_kk" if by_flops else ("first_fit" if dynamic else "static"),
+        packing=packing,
         distribution="flops_kk" if balance else "strided",
         **sizes,
     )

@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from varbatch_kit.checks import positive_int
 from varbatch_kit.compat.slime.errors import SlimeCompatError, raises_slime_errors
 from varbatch_kit.core.build import build_schedule
 from varbatch_kit.core.config import ScheduleConfig
@@ -35,11 +36,18 @@ __all__ = [
 ]
 
 
+def _k_partitions(k: Any) -> int:
+    """``k_partitions`` as an int (a whole float accepted, as slime's callers pass)."""
+    try:
+        return positive_int("k_partitions", k, whole_floats=True)
+    except ValueError as e:
+        raise SlimeCompatError(str(e)) from None
+
+
 def _check_partition_args(seqlen_list: Sequence[float], k_partitions: int,
                           equal_size: bool) -> None:
     n = len(seqlen_list)
-    if isinstance(k_partitions, bool) or int(k_partitions) != k_partitions or k_partitions < 1:
-        raise SlimeCompatError(f"k_partitions must be a positive integer, got {k_partitions!r}")
+    _k_partitions(k_partitions)
     if n < k_partitions:
         raise SlimeCompatError(
             f"number of items:[{n}] < k_partitions:[{k_partitions}]: every part needs an item"
@@ -60,10 +68,7 @@ def karmarkar_karp(seqlen_list: Sequence[float], k_partitions: int,
     ``k - n`` surplus parts come back empty, after the ``n`` singletons.
     """
     n = len(seqlen_list)
-    k = k_partitions
-    if isinstance(k, bool) or int(k) != k or k < 1:
-        raise SlimeCompatError(f"k_partitions must be a positive integer, got {k!r}")
-    k = int(k)
+    k = _k_partitions(k_partitions)
     if n == 0:
         raise SlimeCompatError("seqlen_list is empty: Karmarkar-Karp needs at least one item")
     if equal_size and n % k:

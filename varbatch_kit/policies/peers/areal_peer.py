@@ -72,6 +72,18 @@ def _areal_ffd_once(values: np.ndarray, cap: int, min_groups: int) -> list[list[
     return groups
 
 
+def _areal_input(values, cap: int, min_groups: int, divisor: int) -> tuple[np.ndarray, int]:
+    """The lengths as int64 and the least group count (at least ``divisor``); AReaL refuses
+    a sample over the cap and fewer samples than groups."""
+    vals = np.asarray(values, dtype=np.int64)
+    min_groups = max(min_groups or 0, divisor)
+    if int(vals.max()) > cap:
+        raise PeerRefusal(f"AReaL refuses a sample of {int(vals.max())} tokens > cap {cap}")
+    if vals.size < min_groups:
+        raise PeerRefusal(f"AReaL needs at least {min_groups} samples, got {vals.size}")
+    return vals, min_groups
+
+
 def areal_ffd_allocate(values, cap: int, min_groups: int = 1, divisor: int = 1):
     """AReaL 1.0.4's ``ffd_allocate``: first-fit decreasing into the least-populated bin that fits.
 
@@ -80,12 +92,7 @@ def areal_ffd_allocate(values, cap: int, min_groups: int = 1, divisor: int = 1):
     (ties: the lightest), else opens a bin; repeated with more ``min_groups``
     until the count is a multiple of ``divisor``.
     """
-    vals = np.asarray(values, dtype=np.int64)
-    min_groups = max(min_groups or 0, divisor)
-    if int(vals.max()) > cap:
-        raise PeerRefusal(f"AReaL refuses a sample of {int(vals.max())} tokens > cap {cap}")
-    if vals.size < min_groups:
-        raise PeerRefusal(f"AReaL needs at least {min_groups} samples, got {vals.size}")
+    vals, min_groups = _areal_input(values, cap, min_groups, divisor)
     while True:
         res = _areal_ffd_once(vals, cap, min_groups)
         min_groups += divisor - min_groups % divisor
@@ -106,12 +113,7 @@ def areal_kk_allocate(values, cap: int, min_groups: int = 1, divisor: int = 1):
 
 def _areal_kk(values, cap, min_groups, divisor):
     """:func:`areal_kk_allocate` and whether it fell back to first-fit decreasing."""
-    vals = np.asarray(values, dtype=np.int64)
-    min_groups = max(min_groups or 0, divisor)
-    if int(vals.max()) > cap:
-        raise PeerRefusal(f"AReaL refuses a sample of {int(vals.max())} tokens > cap {cap}")
-    if vals.size < min_groups:
-        raise PeerRefusal(f"AReaL needs at least {min_groups} samples, got {vals.size}")
+    vals, min_groups = _areal_input(values, cap, min_groups, divisor)
     k = max(min_groups, math.ceil(int(vals.sum()) / cap))
     k = min(math.ceil(k / divisor) * divisor, vals.size)
     parts = karmarkar_karp(vals.tolist(), k, False, sort_parts=False)

@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from varbatch_kit.checks import positive_int
+
 __all__ = ["PeerPlan", "PeerRefusal", "lpt_split", "make_plan", "refuse_oversize", "validate"]
 
 
@@ -82,10 +84,8 @@ def validate(lengths, dp, cap, workload=None):
     lens = lens.astype(np.int64)
     if np.any(lens < 1):
         raise ValueError("lengths must be >= 1 token each")
-    if isinstance(dp, bool) or int(dp) != dp or dp < 1:
-        raise ValueError(f"dp must be a positive integer, got {dp!r}")
-    if isinstance(cap, bool) or int(cap) != cap or cap < 1:
-        raise ValueError(f"cap must be a positive integer token count, got {cap!r}")
+    positive_int("dp", dp, whole_floats=True)
+    positive_int("cap", cap, note=" token count", whole_floats=True)
     w = None
     if workload is not None:
         w = np.asarray(workload, dtype=np.float64)

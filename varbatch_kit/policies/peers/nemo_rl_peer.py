@@ -45,6 +45,10 @@ def mffd(lens: np.ndarray, cap: int) -> list[list[int]]:
         pool_keys.pop(j - 1)
         return pool.pop(j - 1)
 
+    def put(b, i):
+        bins[b].append(i)
+        room[b] -= L[i]
+
     def ascending(ids):
         ids = sorted(ids, key=lambda i: (L[i], -i))
         return [(L[i], -i) for i in ids], ids
@@ -53,8 +57,7 @@ def mffd(lens: np.ndarray, cap: int) -> list[list[int]]:
     for b in range(len(bins)):
         if mp and mk[0][0] <= room[b]:
             i = take_largest_fitting(mk, mp, room[b])
-            bins[b].append(i)
-            room[b] -= L[i]
+            put(b, i)
             has_med[b] = True
     sk, sp = ascending(small)
     for b in range(len(bins) - 1, -1, -1):
@@ -62,19 +65,16 @@ def mffd(lens: np.ndarray, cap: int) -> list[list[int]]:
             continue
         sk.pop(0)
         i = sp.pop(0)
-        bins[b].append(i)
-        room[b] -= L[i]
+        put(b, i)
         i = take_largest_fitting(sk, sp, room[b])
         if i is not None:
-            bins[b].append(i)
-            room[b] -= L[i]
+            put(b, i)
     pool = mp + sp + rest
     pk, pp = ascending(pool)
     for b in range(len(bins)):
         while pp and pk[0][0] <= room[b]:
             i = take_largest_fitting(pk, pp, room[b])
-            bins[b].append(i)
-            room[b] -= L[i]
+            put(b, i)
     left = sorted(pp, key=lambda i: (-L[i], i))
     if left:
         sub = np.asarray([L[i] for i in left], dtype=np.int64)
