@@ -1,4 +1,4 @@
-"""Every benchmark module imports: a renamed or moved package name fails here, not in ``make bench``.
+"""Every benchmark module imports: a moved package name fails here, not in ``make bench``.
 
 Importing a benchmark runs nothing (each runs from its ``main``); the modules
 import only the package and numpy/pandas at the top.
