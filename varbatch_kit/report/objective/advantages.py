@@ -1,0 +1,97 @@
+"""Per-token advantages and returns from per-sample scalars, KL and critic values.
+
+Every function works on per-sample lists of 1-D response tensors (full
+responses, not CP-local pieces). Returns are computed with a plain backward
+recurrence, in the dtype of each sample's tensors.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+__all__ = [
+    "broadcast_advantages",
+    "discounted_returns",
+    "gae",
+    "reinforce_pp_baseline_advantages",
+    "reinforce_pp_returns",
+]
+
+
+def _check_lengths(**lists: Sequence) -> int:
+    sizes = {k: len(v) for k, v in lists.items()}
+    if len(set(sizes.values())) > 1:
+        raise ValueError(f"per-sample inputs differ in length: {sizes}; pass one entry per "
+                         "sample to each")
+    return next(iter(sizes.values()))
+
+
+def broadcast_advantages(scalars: Sequence[float] | torch.Tensor,
+                         like: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """GRPO / GSPO / CISPO: sample i's scalar on every token of ``like[i]`` (its dtype)."""
+    _check_lengths(scalars=scalars, like=like)
+    return [torch.full_like(x, float(s)) for s, x in zip(scalars, like, strict=True)]
+
+
+def discounted_returns(rewards: torch.Tensor, gamma: float) -> torch.Tensor:
+    """``G_t = r_t + gamma * G_{t+1}`` along the last axis (``G`` past the end is 0)."""
+    out = torch.empty_like(rewards)
+    acc = torch.zeros_like(rewards[..., 0]) if rewards.shape[-1] else None
+    for t in reversed(range(rewards.shape[-1])):
+        acc = rewards[..., t] + gamma * acc
+        out[..., t] = acc
+    return out
+
+
+def reinforce_pp_returns(scalars: Sequence[float] | torch.Tensor, kl: Sequence[torch.Tensor],
+                         loss_masks: Sequence[torch.Tensor], kl_coef: float,
+                         gamma: float) -> list[torch.Tensor]:
+    """REINFORCE++: token rewards ``-kl_coef * kl * mask``, the sample's scalar added at its
+    last unmasked token, then discounted returns with ``gamma``.
+
+    A sample whose mask is all zeros has no last token: ValueError.
+    """
+    _check_lengths(scalars=scalars, kl=kl, loss_masks=loss_masks)
+    out = []
+    for i, (s, k, m) in enumerate(zip(scalars, kl, loss_masks, strict=True)):
+        live = torch.nonzero(m).flatten()
+        if live.numel() == 0:
+            raise ValueError(f"Sequence at index {i} is fully masked. (loss_masks[{i}] has no "
+                             "nonzero entry; REINFORCE++ puts the reward on the last unmasked "
+                             "token, so every sample needs one)")
+        r = -kl_coef * (k * m)
+        r[live[-1]] += s
+        out.append(discounted_returns(r, gamma))
+    return out
+
+
+def reinforce_pp_baseline_advantages(scalars: Sequence[float] | torch.Tensor,
+                                     kl: Sequence[torch.Tensor],
+                                     kl_coef: float) -> list[torch.Tensor]:
+    """REINFORCE++-baseline: ``scalar - kl_coef * kl`` per token (the baseline is already in
+    the scalar: rewards minus their group mean)."""
+    _check_lengths(scalars=scalars, kl=kl)
+    return [torch.full_like(k, float(s)) - kl_coef * k for s, k in zip(scalars, kl, strict=True)]
+
+
+def gae(rewards: Sequence[torch.Tensor], values: Sequence[torch.Tensor], gamma: float,
+        lambd: float) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """Generalised advantage estimation per sample: ``(advantages, returns)``.
+
+    ``delta_t = r_t + gamma * V_{t+1} - V_t`` (``V`` past the end is 0),
+    ``A_t = delta_t + gamma * lambd * A_{t+1}``, ``returns = A + V``.
+    """
+    _check_lengths(rewards=rewards, values=values)
+    advs, rets = [], []
+    for r, v in zip(rewards, values, strict=True):
+        if r.shape != v.shape:
+            raise ValueError(f"rewards and values differ in shape: {tuple(r.shape)} vs "
+                             f"{tuple(v.shape)}; pass per-token tensors of one response each")
+        nxt = torch.cat([v[1:], v.new_zeros(1)])
+        delta = r + gamma * nxt - v
+        a = discounted_returns(delta, gamma * lambd)
+        advs.append(a)
+        rets.append(a + v)
+    return advs, rets
