@@ -32,6 +32,7 @@ row-major); floats are written with ``repr`` (exact round trip), non-finite
 floats as the strings ``"nan"``, ``"inf"``, ``"-inf"``.
 """
 
+# ruff: noqa: B023  (every case lambda is called at once, inside run_case)
 from __future__ import annotations
 
 import argparse

@@ -30,8 +30,6 @@ from types import SimpleNamespace
 import pytest
 import torch
 from _paths import GOLDEN
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 from varbatch_kit.compat.slime import SlimeCompatError
 from varbatch_kit.compat.slime import objective as so

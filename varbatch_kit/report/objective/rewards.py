@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import warnings
+from collections.abc import Sequence
 
 import torch
 
