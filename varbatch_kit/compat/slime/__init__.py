@@ -3,10 +3,10 @@
 Thin adapters over varbatch_kit's core, :mod:`varbatch_kit.report` and
 :mod:`varbatch_kit.report.objective` (the behaviour is described in
 ``docs/reference_semantics.md``). Checked against vectors recorded from
-slime's own code (``tests/golden/``, ``tests/golden/objective/``). Every error a caller can cause is a
-:class:`SlimeCompatError`, which is both a ``ValueError`` and an
-``AssertionError`` (slime asserts), so code written against slime keeps
-working.
+slime's own code (``tests/golden/``, ``tests/golden/objective/``). Every error
+a caller can cause is a :class:`SlimeCompatError`, which is both a
+``ValueError`` and an ``AssertionError`` (slime asserts), so code written
+against slime keeps working.
 """
 
 from varbatch_kit.compat.slime.errors import SlimeCompatError
