@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import contextlib
 import importlib
 import json
 import math
@@ -112,8 +113,9 @@ def load_slime(root: Path) -> SimpleNamespace:
         _package(root, pkg)
     _stub("megatron")
     _stub("megatron.core")
-    _stub("megatron.core.mpu", get_context_parallel_world_size=lambda: 1,
-          get_context_parallel_rank=lambda: 0)
+    mpu = _stub("megatron.core.mpu", get_context_parallel_world_size=lambda: 1,
+                get_context_parallel_rank=lambda: 0, is_pipeline_last_stage=lambda: True,
+                get_data_parallel_group=lambda **kw: None)
     _stub("slime.utils.http_utils", is_port_available=lambda *a, **k: True)
 
     compile_ = torch.compile
@@ -123,13 +125,37 @@ def load_slime(root: Path) -> SimpleNamespace:
     finally:
         torch.compile = compile_
     sample_types = importlib.import_module("slime.utils.types")
+    dist_utils = importlib.import_module("slime.utils.distributed_utils")
+
+    def no_opd(*a, **k):
+        raise AssertionError("use_opd is not recorded")
+
+    loss_scope = {"torch": torch, "Any": Any, "Namespace": SimpleNamespace, "mpu": mpu,
+                  "RolloutBatch": dict, "load_function": None, "apply_opd_kl_to_advantages": no_opd,
+                  "distributed_masked_whiten": dist_utils.distributed_masked_whiten,
+                  "get_logits_and_tokens_offset_with_cp": None}
+    loss_scope.update({n: getattr(ppo_utils, n) for n in (
+        "compute_approx_kl", "get_grpo_returns", "get_reinforce_plus_plus_returns",
+        "get_reinforce_plus_plus_baseline_advantages", "get_advantages_and_returns_batch")})
     loss = _functions_from(root / "slime" / "backends" / "megatron_utils" / "loss.py",
-                           {"vanilla_tis_function": None, "icepop_function": None},
-                           {"torch": torch, "Any": Any})
+                           {"vanilla_tis_function": None, "icepop_function": None,
+                            "compute_advantages_and_returns": None}, loss_scope)
     rollout = _functions_from(root / "slime" / "ray" / "rollout.py",
                               {"_post_process_rewards": "RolloutManager"},
                               {"torch": torch, "Sample": sample_types.Sample})
-    return SimpleNamespace(ppo=ppo_utils, Sample=sample_types.Sample, **loss, **rollout)
+    return SimpleNamespace(ppo=ppo_utils, Sample=sample_types.Sample, dist_utils=dist_utils,
+                           **loss, **rollout)
+
+
+@contextlib.contextmanager
+def single_rank_all_reduce():
+    """``torch.distributed.all_reduce`` as a no-op: one rank, the sum is the local value."""
+    old = torch.distributed.all_reduce
+    torch.distributed.all_reduce = lambda tensor, *a, **k: None
+    try:
+        yield
+    finally:
+        torch.distributed.all_reduce = old
 
 
 def checkout_commit(root: Path) -> str | None:
@@ -172,11 +198,13 @@ def enc(v):
 
 
 def run_case(fn, inputs: dict) -> dict:
+    """The inputs (encoded before the call: slime may write into them) and the result."""
+    encoded = enc(inputs)
     try:
         out = fn()
     except (AssertionError, ValueError) as e:
-        return {"inputs": enc(inputs), "error": {"type": type(e).__name__, "message": str(e)}}
-    return {"inputs": enc(inputs), "output": enc(out)}
+        return {"inputs": encoded, "error": {"type": type(e).__name__, "message": str(e)}}
+    return {"inputs": encoded, "output": enc(out)}
 
 
 # --------------------------------------------------------------------------- generators
@@ -447,6 +475,69 @@ def family_post_process_rewards(S, rng):
     return cases
 
 
+def family_masked_whiten(S, rng):
+    cases = []
+    for i in range(30):
+        dtype = DTYPES[i % 2]
+        n = rng.randint(0, 12)
+        values = t([rng.gauss(0.5, 2) for _ in range(n)], dtype)
+        m = mask(rng, n, ["ones", "random", "zeros", "prefix"][i % 4])
+        shift = i % 3 != 0
+        eps = rng.choice([1e-8, 1e-3])
+        inp = {"values": values, "mask": m, "shift_mean": shift, "epsilon": eps}
+        with single_rank_all_reduce():
+            cases.append(run_case(lambda: S.dist_utils.distributed_masked_whiten(
+                values, m, process_group=None, shift_mean=shift, epsilon=eps), inp))
+    return cases
+
+
+def family_advantages_and_returns(S, rng):
+    """slime's train-side ``compute_advantages_and_returns`` on one rank (no CP, last stage)."""
+    cases = []
+    i = 0
+    for estimator in ("grpo", "gspo", "cispo", "ppo", "reinforce_plus_plus",
+                      "reinforce_plus_plus_baseline"):
+        for kl_coef in (0.0, 0.05):
+            for normalize in (False, True):
+                for rep in range(2):
+                    i += 1
+                    k = rng.randint(1, 4)
+                    lens = [rng.randint(1, 8) for _ in range(k)]
+                    kinds = ["ones", "random", "prefix"]
+                    masks = [mask(rng, n, rng.choice(kinds)) for n in lens]
+                    for m in masks:
+                        m[rng.randrange(len(m))] = 1
+                    if rep and estimator != "reinforce_plus_plus":
+                        masks[0] = masks[0] * 0  # a fully masked sample
+                    data = {
+                        "log_probs": [logp(rng, n, torch.float32) for n in lens],
+                        "ref_log_probs": [logp(rng, n, torch.float32) for n in lens],
+                        "rollout_log_probs": [logp(rng, n, torch.float32) for n in lens],
+                        "rewards": [rng.gauss(0, 1) for _ in lens],
+                        "response_lengths": lens,
+                        "total_lengths": [n + rng.randint(1, 5) for n in lens],
+                        "loss_masks": masks,
+                    }
+                    if estimator == "ppo":
+                        data["values"] = [t([rng.gauss(0, 1) for _ in range(n)], torch.float32)
+                                          for n in lens]
+                    args = SimpleNamespace(
+                        advantage_estimator=estimator, kl_coef=kl_coef,
+                        kl_loss_type=rng.choice(["k1", "k2", "k3", "low_var_kl"]),
+                        use_rollout_logprobs=rng.random() < 0.3, normalize_advantages=normalize,
+                        gamma=rng.choice([1.0, 0.99]), lambd=rng.choice([1.0, 0.95]),
+                        custom_advantage_function_path=None, use_opd=False)
+                    inp = {"args": args, "rollout_data": dict(data)}
+
+                    def run(args=args, data=data):
+                        with single_rank_all_reduce():
+                            S.compute_advantages_and_returns(args, data)
+                        return {k: data[k] for k in ("kl", "advantages", "returns")}
+
+                    cases.append(run_case(run, inp))
+    return cases
+
+
 FAMILIES = {
     "compute_approx_kl": family_approx_kl,
     "compute_policy_loss": family_policy_loss,
@@ -461,6 +552,8 @@ FAMILIES = {
     "vanilla_tis_function": _tis_family("vanilla_tis_function"),
     "icepop_function": _tis_family("icepop_function"),
     "post_process_rewards": family_post_process_rewards,
+    "distributed_masked_whiten": family_masked_whiten,
+    "compute_advantages_and_returns": family_advantages_and_returns,
 }
 
 

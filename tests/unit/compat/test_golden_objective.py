@@ -9,10 +9,15 @@ random inputs, fully masked samples included. Every vector is replayed here
 against :mod:`varbatch_kit.compat.slime.objective` (which sits on
 :mod:`varbatch_kit.report.objective`).
 
+Besides ``ppo_utils``, the files hold slime's ``distributed_masked_whiten``
+(one rank) and the train-side ``compute_advantages_and_returns`` end to end
+(every estimator, with and without the KL penalty and the whitening; one
+rank, last pipeline stage, no CP).
+
 Tolerances: dtypes and shapes must be equal. Elementwise functions (KL, PPO
 clip, CISPO, OPSM, GSPO, TIS, ICEPOP, GRPO / REINFORCE++-baseline broadcasts,
-the reward normalisation) are reproduced operation by operation: bit-exact in
-float32 and float64. The returns and GAE use a plain backward recurrence
+the reward normalisation, the whitening) are reproduced operation by
+operation: bit-exact in float32 and float64. The returns and GAE use a plain backward recurrence
 where slime uses a chunked matrix-product scan (another association of the
 same sums): float64 within 1e-12 (relative and absolute), float32 within
 ``rtol = atol = 2e-6`` (measured: at most 7.2e-7). Where slime raises, the compat function raises
@@ -52,11 +57,14 @@ FAMILIES = {
     "vanilla_tis_function": 30,
     "icepop_function": 30,
     "post_process_rewards": 120,
+    "distributed_masked_whiten": 30,
+    "compute_advantages_and_returns": 48,
 }
 #: families computed with another association than slime's: (float64 tol, float32 tol)
 SCANS = {"get_reinforce_plus_plus_returns": (1e-12, 2e-6),
          "get_advantages_and_returns_batch": (1e-12, 2e-6),
-         "chunked_discounted_returns": (1e-12, 2e-6)}
+         "chunked_discounted_returns": (1e-12, 2e-6),
+         "compute_advantages_and_returns": (1e-12, 2e-6)}
 
 
 @cache
@@ -120,6 +128,10 @@ def call(name: str, inp: dict):
         return so.post_process_rewards(SimpleNamespace(**i["args"]), i["samples"])
     if "args" in i:
         i["args"] = SimpleNamespace(**i["args"])
+    if name == "compute_advantages_and_returns":
+        data = i["rollout_data"]
+        so.compute_advantages_and_returns(i["args"], data)
+        return {k: data[k] for k in ("kl", "advantages", "returns")}
     fn = getattr(so, name)
     if name in ("vanilla_tis_function", "icepop_function"):
         args = i.pop("args")
@@ -131,7 +143,8 @@ def _tol(name: str, want) -> float:
     if name not in SCANS:
         return 0.0
     t64, t32 = SCANS[name]
-    flat = want if isinstance(want, list) else [want]
+    flat = list(want.values()) if isinstance(want, dict) else want
+    flat = flat if isinstance(flat, list) else [flat]
     while flat and isinstance(flat[0], list):
         flat = [x for sub in flat for x in sub]
     return t32 if any(isinstance(x, torch.Tensor) and x.dtype == torch.float32 for x in flat) \
@@ -161,6 +174,15 @@ def test_golden_coverage():
 
     def fully_masked(case, key="loss_masks"):
         return any(not any(m["data"]) for m in case["inputs"][key])
+
+    ar = [c["inputs"] for c in load("compute_advantages_and_returns")["cases"]]
+    assert {(a["args"]["advantage_estimator"], a["args"]["normalize_advantages"],
+             a["args"]["kl_coef"] == 0) for a in ar} == {
+        (e, n, z) for e in obj.ESTIMATORS for n in (True, False) for z in (True, False)}
+    assert any(not any(m["data"]) for a in ar for m in a["rollout_data"]["loss_masks"])
+    wh = load("distributed_masked_whiten")["cases"]
+    assert {c["inputs"]["shift_mean"] for c in wh if "output" in c} == {True, False}
+    assert any("error" in c for c in wh)
 
     for name in ("compute_gspo_kl", "compute_opsm_mask", "vanilla_tis_function",
                  "icepop_function", "get_reinforce_plus_plus_baseline_advantages"):

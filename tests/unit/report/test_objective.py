@@ -219,3 +219,36 @@ def test_group_normalisation_centres_each_group(groups, size, data):
     assert out.reshape(groups, size).sum(-1).abs().max().item() <= 1e-5
     moved = obj.normalize_group_rewards([x + shift for x in raw], size, divide_by_std=False)
     assert torch.allclose(torch.tensor(moved), out, atol=1e-5)
+
+
+def test_masked_whiten_by_hand():
+    x, m = t(1.0, 2.0, 3.0, 100.0), t(1.0, 1.0, 1.0, 0.0)
+    # mean 2, biased var 2/3, Bessel 3/2 -> 1: out = (x - 2) / sqrt(1 + eps); the statistics
+    # are float32, so the scale is 1 to float32 precision
+    close(obj.masked_whiten(x, m, eps=0.0), [-1.0, 0.0, 1.0, 98.0], 2e-5)
+    close(obj.masked_whiten(x, m, eps=0.0, shift_mean=False), [1.0, 2.0, 3.0, 100.0], 2e-5)
+    close(obj.masked_whiten(t(5.0), t(1.0), eps=1.0), [0.0])  # one token: no Bessel, var 0
+    with pytest.raises(ValueError, match="mask sum"):
+        obj.masked_whiten(x, torch.zeros(4))
+
+
+def test_estimate_advantages_by_hand():
+    kl = [torch.tensor([0.5, 0.5])]
+    masks = [torch.tensor([1.0, 0.0])]
+    adv, ret = obj.estimate_advantages("grpo", [2.0], kl, masks, kl_coef=0.5)
+    close(adv[0], [2.0, 2.0])  # GRPO ignores the KL
+    adv, _ = obj.estimate_advantages("reinforce_plus_plus_baseline", [2.0], kl, masks,
+                                     kl_coef=0.5)
+    close(adv[0], [1.75, 1.75])
+    # REINFORCE++: [-0.25 + 2, 0] (last *unmasked* token), gamma 1
+    adv, _ = obj.estimate_advantages("reinforce_plus_plus", [2.0], kl, masks, kl_coef=0.5)
+    close(adv[0], [1.75, 0.0])
+    # PPO: token rewards [-0.25, -0.25 + 1] (last token), V = 0: GAE(1, 1) = returns-to-go
+    adv, ret = obj.estimate_advantages("ppo", [1.0], kl, masks, kl_coef=0.5,
+                                       values=[torch.zeros(2)])
+    close(adv[0], [0.5, 0.75])
+    close(ret[0], [0.5, 0.75])
+    with pytest.raises(ValueError, match="values"):
+        obj.estimate_advantages("ppo", [1.0], kl, masks)
+    with pytest.raises(ValueError, match="dpo"):
+        obj.estimate_advantages("dpo", [1.0], kl, masks)

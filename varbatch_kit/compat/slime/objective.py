@@ -24,11 +24,13 @@ from varbatch_kit.report import objective as obj
 __all__ = [
     "GROUP_NORMALIZED_ESTIMATORS",
     "chunked_discounted_returns",
+    "compute_advantages_and_returns",
     "compute_approx_kl",
     "compute_cispo_loss",
     "compute_gspo_kl",
     "compute_opsm_mask",
     "compute_policy_loss",
+    "distributed_masked_whiten",
     "get_advantages_and_returns_batch",
     "get_grpo_returns",
     "get_reinforce_plus_plus_baseline_advantages",
@@ -201,3 +203,53 @@ def post_process_rewards(args: Any, samples: Sequence[Mapping[str, Any]]
         return raw, obj.normalize_group_rewards(raw, group, divide_by_std=std)
     except ValueError as e:
         raise SlimeCompatError(str(e)) from e
+
+
+@raises_slime_errors
+def distributed_masked_whiten(values: torch.Tensor, mask: torch.Tensor, process_group=None,
+                              shift_mean: bool = True, epsilon: float = 1e-8) -> torch.Tensor:
+    """Whiten with statistics summed over ``process_group`` (when ``torch.distributed`` is
+    initialised; a single process uses its own)."""
+    reduce = torch.distributed.is_available() and torch.distributed.is_initialized()
+    return obj.masked_whiten(values, mask, group=process_group, shift_mean=shift_mean,
+                             eps=epsilon, all_reduce=reduce)
+
+
+@raises_slime_errors
+def compute_advantages_and_returns(args: Any, rollout_data: dict, *,
+                                   process_group=None) -> None:
+    """slime's train-side step: writes ``kl``, ``advantages`` and ``returns`` into
+    ``rollout_data`` (lists of per-sample tensors), on the last pipeline stage without CP.
+
+    ``args``: ``advantage_estimator``, ``kl_coef``, ``kl_loss_type``,
+    ``use_rollout_logprobs``, ``normalize_advantages``, ``gamma``, ``lambd``
+    (``custom_advantage_function_path`` and ``use_opd`` must be unset). The
+    whitening statistics are summed over ``process_group`` (slime's DP x CP
+    group) when ``torch.distributed`` is initialised.
+    """
+    for flag in ("custom_advantage_function_path", "use_opd"):
+        if getattr(args, flag, None):
+            raise ValueError(f"args.{flag}={getattr(args, flag)!r} is not supported here; "
+                             "leave it unset")
+    rollout_lp = rollout_data.get("rollout_log_probs")
+    log_probs = rollout_lp if args.use_rollout_logprobs else rollout_data.get("log_probs")
+    values = rollout_data.get("values")
+    masks = rollout_data.get("loss_masks")
+    if args.kl_coef == 0 or not log_probs:
+        like = log_probs or rollout_lp or values
+        kl = [torch.zeros_like(x, dtype=torch.float32) for x in like]
+    else:
+        ref = rollout_data.get("ref_log_probs")
+        kl = [obj.approx_kl(lp, r, args.kl_loss_type) for lp, r in zip(log_probs, ref,
+                                                                         strict=True)]
+    rollout_data["kl"] = kl
+    advantages, returns = obj.estimate_advantages(
+        args.advantage_estimator, rollout_data.get("rewards"), kl, masks,
+        kl_coef=args.kl_coef, gamma=getattr(args, "gamma", 1.0),
+        lambd=getattr(args, "lambd", 1.0), values=values)
+    if args.normalize_advantages:
+        flat = distributed_masked_whiten(torch.cat(advantages), torch.cat(masks),
+                                         process_group=process_group)
+        advantages = list(torch.split(flat, [a.size(0) for a in advantages]))
+    rollout_data["advantages"] = advantages
+    rollout_data["returns"] = returns

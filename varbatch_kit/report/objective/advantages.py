@@ -12,12 +12,18 @@ from collections.abc import Sequence
 import torch
 
 __all__ = [
+    "ESTIMATORS",
     "broadcast_advantages",
     "discounted_returns",
     "gae",
     "reinforce_pp_baseline_advantages",
     "reinforce_pp_returns",
+    "estimate_advantages",
 ]
+
+#: the advantage estimators :func:`estimate_advantages` knows
+ESTIMATORS = ("grpo", "gspo", "cispo", "ppo", "reinforce_plus_plus",
+              "reinforce_plus_plus_baseline")
 
 
 def _check_lengths(**lists: Sequence) -> int:
@@ -95,3 +101,47 @@ def gae(rewards: Sequence[torch.Tensor], values: Sequence[torch.Tensor], gamma: 
         advs.append(a)
         rets.append(a + v)
     return advs, rets
+
+
+def estimate_advantages(estimator: str, scalars: Sequence[float] | torch.Tensor,
+                        kl: Sequence[torch.Tensor], loss_masks: Sequence[torch.Tensor], *,
+                        kl_coef: float = 0.0, gamma: float = 1.0, lambd: float = 1.0,
+                        values: Sequence[torch.Tensor] | None = None
+                        ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """``(advantages, returns)`` per sample for ``estimator`` (:data:`ESTIMATORS`).
+
+    ``scalars`` are the post-processed per-sample rewards (float32), ``kl``
+    the per-token KL to the reference (zeros without a KL penalty).
+
+    - grpo / gspo / cispo: the scalar on every token, advantages = returns
+      (the KL is not added);
+    - reinforce_plus_plus: :func:`reinforce_pp_returns`, advantages = returns;
+    - reinforce_plus_plus_baseline: :func:`reinforce_pp_baseline_advantages`;
+    - ppo: token rewards ``-kl_coef * kl`` with the scalar added at the *last
+      token* (masked or not), then :func:`gae` with the critic's ``values``
+      (in their dtype).
+    """
+    if estimator not in ESTIMATORS:
+        raise ValueError(f"advantage_estimator {estimator} is not supported; estimator="
+                         f"{estimator!r}, use one of {ESTIMATORS}")
+    scalars = torch.as_tensor(scalars, dtype=torch.float32)
+    if estimator in ("grpo", "gspo", "cispo"):
+        adv = broadcast_advantages(scalars, kl)
+        return adv, list(adv)
+    if estimator == "reinforce_plus_plus":
+        ret = reinforce_pp_returns(scalars, kl, loss_masks, kl_coef, gamma)
+        return list(ret), ret
+    if estimator == "reinforce_plus_plus_baseline":
+        adv = reinforce_pp_baseline_advantages(scalars, kl, kl_coef)
+        return adv, adv
+    if values is None:
+        raise ValueError("estimator='ppo' needs the critic's values (values=None); pass one "
+                         "tensor per sample")
+    _check_lengths(scalars=scalars, kl=kl, values=values)
+    rewards = []
+    for s, k in zip(scalars, kl, strict=True):
+        r = k * -kl_coef
+        r[-1] += s
+        rewards.append(r)
+    dtype = values[0].dtype
+    return gae([r.to(dtype) for r in rewards], [v.to(dtype) for v in values], gamma, lambd)
