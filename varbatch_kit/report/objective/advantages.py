@@ -2,7 +2,8 @@
 
 Every function works on per-sample lists of 1-D response tensors (full
 responses, not CP-local pieces). Returns are computed with a plain backward
-recurrence, in the dtype of each sample's tensors.
+recurrence, in the dtype of each sample's tensors, all samples of one dtype
+in one batched recurrence (so the cost is the longest response, not the sum).
 """
 
 from __future__ import annotations
@@ -51,6 +52,27 @@ def discounted_returns(rewards: torch.Tensor, gamma: float) -> torch.Tensor:
     return out
 
 
+def _row_returns(rows: Sequence[torch.Tensor], gamma: float) -> list[torch.Tensor]:
+    """:func:`discounted_returns` of each 1-D row, one recurrence per dtype and device.
+
+    Rows are zero-padded at the end into one ``[n, T]`` batch (a zero past the
+    end leaves every earlier return unchanged, bit for bit).
+    """
+    out: list[torch.Tensor | None] = [None] * len(rows)
+    groups: dict[tuple, list[int]] = {}
+    for i, r in enumerate(rows):
+        groups.setdefault((r.dtype, r.device), []).append(i)
+    for idx in groups.values():
+        width = max(rows[i].numel() for i in idx)
+        batch = rows[idx[0]].new_zeros(len(idx), width)
+        for j, i in enumerate(idx):
+            batch[j, : rows[i].numel()] = rows[i]
+        ret = discounted_returns(batch, gamma)
+        for j, i in enumerate(idx):
+            out[i] = ret[j, : rows[i].numel()].clone()
+    return out  # type: ignore[return-value]
+
+
 def reinforce_pp_returns(scalars: Sequence[float] | torch.Tensor, kl: Sequence[torch.Tensor],
                          loss_masks: Sequence[torch.Tensor], kl_coef: float,
                          gamma: float) -> list[torch.Tensor]:
@@ -60,7 +82,7 @@ def reinforce_pp_returns(scalars: Sequence[float] | torch.Tensor, kl: Sequence[t
     A sample whose mask is all zeros has no last token: ValueError.
     """
     _check_lengths(scalars=scalars, kl=kl, loss_masks=loss_masks)
-    out = []
+    rewards = []
     for i, (s, k, m) in enumerate(zip(scalars, kl, loss_masks, strict=True)):
         live = torch.nonzero(m).flatten()
         if live.numel() == 0:
@@ -69,8 +91,8 @@ def reinforce_pp_returns(scalars: Sequence[float] | torch.Tensor, kl: Sequence[t
                              "token, so every sample needs one)")
         r = -kl_coef * (k * m)
         r[live[-1]] += s
-        out.append(discounted_returns(r, gamma))
-    return out
+        rewards.append(r)
+    return _row_returns(rewards, gamma)
 
 
 def reinforce_pp_baseline_advantages(scalars: Sequence[float] | torch.Tensor,
@@ -90,17 +112,16 @@ def gae(rewards: Sequence[torch.Tensor], values: Sequence[torch.Tensor], gamma: 
     ``A_t = delta_t + gamma * lambd * A_{t+1}``, ``returns = A + V``.
     """
     _check_lengths(rewards=rewards, values=values)
-    advs, rets = [], []
+    deltas = []
     for r, v in zip(rewards, values, strict=True):
-        if r.shape != v.shape:
+        if r.shape != v.shape or r.ndim != 1:
             raise ValueError(f"rewards and values differ in shape: {tuple(r.shape)} vs "
-                             f"{tuple(v.shape)}; pass per-token tensors of one response each")
+                             f"{tuple(v.shape)}; pass 1-D per-token tensors of one response "
+                             "each")
         nxt = torch.cat([v[1:], v.new_zeros(1)])
-        delta = r + gamma * nxt - v
-        a = discounted_returns(delta, gamma * lambd)
-        advs.append(a)
-        rets.append(a + v)
-    return advs, rets
+        deltas.append(r + gamma * nxt - v)
+    advs = _row_returns(deltas, gamma * lambd)
+    return advs, [a + v for a, v in zip(advs, values, strict=True)]
 
 
 def estimate_advantages(estimator: str, scalars: Sequence[float] | torch.Tensor,
