@@ -252,3 +252,19 @@ def test_estimate_advantages_by_hand():
         obj.estimate_advantages("ppo", [1.0], kl, masks)
     with pytest.raises(ValueError, match="dpo"):
         obj.estimate_advantages("dpo", [1.0], kl, masks)
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.lists(vec, min_size=1, max_size=5), st.floats(0, 1), st.floats(0, 1))
+def test_batched_returns_equal_each_sample_alone(rows, gamma, lambd):
+    """Padding the samples into one recurrence changes no bit of any sample's result."""
+    r = [t(*x) for x in rows]
+    v = [x.flip(0) * 0.5 for x in r]
+    advs, rets = obj.gae(r, v, gamma, lambd)
+    for i in range(len(r)):
+        (a,), (g,) = obj.gae([r[i]], [v[i]], gamma, lambd)
+        assert torch.equal(advs[i], a) and torch.equal(rets[i], g)
+        assert torch.equal(obj.reinforce_pp_returns([1.0], [r[i]], [torch.ones_like(r[i])],
+                                                    0.1, gamma)[0],
+                           obj.discounted_returns(-0.1 * r[i] + torch.nn.functional.one_hot(
+                               torch.tensor(len(r[i]) - 1), len(r[i])).to(F64), gamma))
