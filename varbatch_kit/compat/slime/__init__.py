@@ -1,11 +1,12 @@
-"""slime's scheduling and metric functions, with slime's signatures and results.
+"""slime's scheduling, metric and RL-objective functions, with slime's signatures and results.
 
-Thin adapters over varbatch_kit's core (the behaviour is described in
+Thin adapters over varbatch_kit's core, :mod:`varbatch_kit.report` and
+:mod:`varbatch_kit.report.objective` (the behaviour is described in
 ``docs/reference_semantics.md``). Checked against vectors recorded from
-slime's own code (``tests/golden/``). Every error a caller can cause is a
-:class:`SlimeCompatError`, which is both a ``ValueError`` and an
-``AssertionError`` (slime asserts), so code written against slime keeps
-working.
+slime's own code (``tests/golden/``, ``tests/golden/objective/``). Every error
+a caller can cause is a :class:`SlimeCompatError`, which is both a
+``ValueError`` and an ``AssertionError`` (slime asserts), so code written
+against slime keeps working.
 """
 
 from varbatch_kit.compat.slime.errors import SlimeCompatError
@@ -21,6 +22,24 @@ from varbatch_kit.compat.slime.metrics import (
     reduce_train_step_metrics,
     rollout_log_metric_contribution,
 )
+from varbatch_kit.compat.slime.objective import (
+    GROUP_NORMALIZED_ESTIMATORS,
+    chunked_discounted_returns,
+    compute_advantages_and_returns,
+    compute_approx_kl,
+    compute_cispo_loss,
+    compute_gspo_kl,
+    compute_opsm_mask,
+    compute_policy_loss,
+    distributed_masked_whiten,
+    get_advantages_and_returns_batch,
+    get_grpo_returns,
+    get_reinforce_plus_plus_baseline_advantages,
+    get_reinforce_plus_plus_returns,
+    icepop_function,
+    post_process_rewards,
+    vanilla_tis_function,
+)
 from varbatch_kit.compat.slime.schedule import (
     build_dp_schedule,
     calculate_fwd_flops,
@@ -33,21 +52,37 @@ from varbatch_kit.compat.slime.schedule import (
 from varbatch_kit.compat.slime.train_data import convert_samples_to_train_data
 
 __all__ = [
+    "GROUP_NORMALIZED_ESTIMATORS",
     "SLIME_FLAGS",
     "SlimeCompatError",
     "build_dp_schedule",
     "calculate_fwd_flops",
+    "chunked_discounted_returns",
+    "compute_advantages_and_returns",
+    "compute_approx_kl",
+    "compute_cispo_loss",
+    "compute_gspo_kl",
+    "compute_opsm_mask",
+    "compute_policy_loss",
     "convert_samples_to_train_data",
+    "distributed_masked_whiten",
     "expand_bins_by_splitting",
     "first_fit_pack",
     "gather_and_reduce_log_dict",
+    "get_advantages_and_returns_batch",
+    "get_grpo_returns",
     "get_logits_and_tokens_offset_with_cp",
+    "get_reinforce_plus_plus_baseline_advantages",
+    "get_reinforce_plus_plus_returns",
     "get_seqlen_balanced_partitions",
     "get_sum_of_sample_mean",
+    "icepop_function",
     "karmarkar_karp",
     "parse_slime_flags",
+    "post_process_rewards",
     "reduce_train_step_metrics",
     "rollout_log_metric_contribution",
     "schedule_config_from_slime_args",
     "to_slime",
+    "vanilla_tis_function",
 ]

@@ -1,0 +1,57 @@
+"""The RL objective, pure: rewards to advantages, KL estimates, per-token policy losses.
+
+Tensors in, tensors out, no process groups: reduce the per-token results
+with the step reducers of :mod:`varbatch_kit.report` (the per-rollout or
+per-token denominators). slime's names and tuples are in
+:mod:`varbatch_kit.compat.slime.objective`, checked against vectors recorded
+from slime's own functions (``tests/golden/objective/``).
+
+- :mod:`.rewards`: group normalisation of per-sample rewards;
+- :mod:`.advantages`: GRPO broadcast, REINFORCE++ (discounted) returns and its
+  baseline variant, GAE, and :func:`estimate_advantages` (one call per estimator);
+- :mod:`.whiten`: masked whitening over a process group (``--normalize-advantages``);
+- :mod:`.kl`: per-token KL estimators (k1, k2, k3, low_var_kl) and the
+  per-sequence masked KL (GSPO);
+- :mod:`.policy_loss`: PPO clip (with dual clip), CISPO, OPSM masking, TIS and
+  ICEPOP weights.
+"""
+
+from varbatch_kit.report.objective.advantages import (
+    ESTIMATORS,
+    broadcast_advantages,
+    discounted_returns,
+    estimate_advantages,
+    gae,
+    reinforce_pp_baseline_advantages,
+    reinforce_pp_returns,
+)
+from varbatch_kit.report.objective.kl import KL_TYPES, approx_kl, sequence_kl
+from varbatch_kit.report.objective.policy_loss import (
+    cispo_loss,
+    icepop_weights,
+    opsm_keep_mask,
+    ppo_clip_loss,
+    truncated_is_weights,
+)
+from varbatch_kit.report.objective.rewards import normalize_group_rewards
+from varbatch_kit.report.objective.whiten import masked_whiten
+
+__all__ = [
+    "ESTIMATORS",
+    "KL_TYPES",
+    "approx_kl",
+    "broadcast_advantages",
+    "cispo_loss",
+    "discounted_returns",
+    "estimate_advantages",
+    "gae",
+    "icepop_weights",
+    "masked_whiten",
+    "normalize_group_rewards",
+    "opsm_keep_mask",
+    "ppo_clip_loss",
+    "reinforce_pp_baseline_advantages",
+    "reinforce_pp_returns",
+    "sequence_kl",
+    "truncated_is_weights",
+]
