@@ -27,6 +27,7 @@ import hashlib
 import importlib.metadata
 import json
 import os
+import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -98,25 +99,26 @@ def cache_key(kind: str, **inputs: Any) -> str:
 
 
 def cached_compare(configs: Sequence, rollouts, *, cache_dir: str | os.PathLike | None = None,
-                   reference: int | None = None, progress: bool = True,
+                   reference: int | None = None, progress: bool = True, out_dir=None,
                    runs: list | None = None):
     """:func:`varbatch_kit.train.compare` of ``configs`` on ``rollouts``, computed once per cache.
 
     The table is read back from the cache when the same configurations (every field), the
     same rollouts, the same ``reference``, versions and package source were compared before;
     else computed and stored. ``runs`` (a list) receives the :class:`Run` objects when the
-    table is computed here, nothing when it is read back. Caching off (no ``cache_dir``, no
-    ``$VARBATCH_KIT_CACHE``): plain :func:`compare`.
+    table is computed here, nothing when it is read back. Without ``out_dir`` and ``runs``
+    the runs' folders (steps, saved parameters) are removed once the table is made; the
+    table is the result. Caching off (no ``cache_dir``, no ``$VARBATCH_KIT_CACHE``): plain
+    :func:`compare`.
     """
     import pandas as pd
 
     from varbatch_kit.train.checkpoint import rollouts_hash
-    from varbatch_kit.train.launch import compare
 
     configs = list(configs)
     where = _resolve(cache_dir)
     if where is None:
-        return compare(configs, rollouts, reference=reference, progress=progress, runs=runs)
+        return _compare(configs, rollouts, reference, progress, out_dir, runs)
     key = cache_key("compare", configs=[repr(c) for c in configs],
                     models=[_checkpoint_key(c.model.path) for c in configs],
                     rollouts=rollouts_hash(rollouts), reference=reference)
@@ -124,7 +126,7 @@ def cached_compare(configs: Sequence, rollouts, *, cache_dir: str | os.PathLike 
     with locked(where / ".compare.lock"):
         if path.is_file():
             return pd.read_pickle(path)
-        table = compare(configs, rollouts, reference=reference, progress=progress, runs=runs)
+        table = _compare(configs, rollouts, reference, progress, out_dir, runs)
         tmp = path.with_suffix(f".{os.getpid()}.tmp")
         table.to_pickle(tmp)
         tmp.replace(path)
@@ -167,6 +169,17 @@ def cached_rollouts(checkpoint: str | os.PathLike, *,
         for k, v in json.loads(info.read_text()).items():
             setattr(stats, k, v)
     return read_trace(path)
+
+
+def _compare(configs, rollouts, reference, progress, out_dir, runs):
+    from varbatch_kit.train import launch
+
+    if out_dir is not None or runs is not None:
+        return launch.compare(configs, rollouts, reference=reference, out_dir=out_dir,
+                              progress=progress, runs=runs)
+    with tempfile.TemporaryDirectory(prefix="varbatch_compare_") as tmp:
+        return launch.compare(configs, rollouts, reference=reference, out_dir=tmp,
+                              progress=progress)
 
 
 def _resolve(path) -> Path | None:

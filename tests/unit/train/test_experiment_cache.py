@@ -25,7 +25,9 @@ def _configs(lr=1e-3):
 def fake_compare(monkeypatch):
     calls = []
 
-    def compare(configs, rollouts, *, reference=None, progress=True, runs=None):
+    def compare(configs, rollouts, *, reference=None, out_dir=None, progress=True, runs=None):
+        # a folder cached_compare removes, unless the runs are asked for
+        assert (out_dir is not None) != (runs is not None)
         calls.append(len(configs))
         if runs is not None:
             runs.append("a run")
