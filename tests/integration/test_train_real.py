@@ -16,6 +16,7 @@ on-policy and PPO-clipped, checked against the initial model's log-probs in this
 
 from __future__ import annotations
 
+import os
 import time
 import warnings
 from pathlib import Path
@@ -74,17 +75,7 @@ def _layouts():
                                  packing=packing)
 
 
-def test_smollm2_layout_matrix(real_rollouts, smollm2_path):
-    r = real_rollouts
-    adv = r.extra["advantage"].to_numpy()
-    assert len(r) == 24 and r.num_rollouts == 12
-    # real data: every step must hold rollouts with a non-zero advantage, or the loss is 0
-    for lo in (0, GBS):
-        rows = r.rollout_id >= lo
-        rows &= r.rollout_id < lo + GBS
-        assert np.abs(adv[rows]).max() > 0.1, (
-            "the generated rollouts have no reward variance in a step; change GEN['seed']")
-
+def _matrix_configs(smollm2_path) -> list[TrainConfig]:
     base = dict(path=str(smollm2_path), num_layers=2, lr=1e-4, min_lr=1e-4,
                 lr_decay_style="constant", n_samples_per_prompt=GEN["n_samples_per_prompt"],
                 save_params_at=(1, 2), max_steps=2, timeout_s=600)
@@ -96,6 +87,50 @@ def test_smollm2_layout_matrix(real_rollouts, smollm2_path):
     naive = [layouts[i] for i in (0, 4, 7)]
     configs += [TrainConfig().with_(schedule=s, mode="naive_microbatch_mean", **base)
                 for s in naive]
+    return configs
+
+
+def test_notebook_04_runs_this_matrix_on_these_rollouts(tmp_path):
+    """Notebook 04 section 5 asks the experiment cache for this test's generation and matrix
+    (CPU), so whichever runs first computes them once: the same arguments, the same configs."""
+    import nbformat
+
+    from varbatch_kit.train.generate import GenerationStats
+
+    nb = nbformat.read(REPO / "notebooks" / "04_metric_report_invariance.ipynb", as_version=4)
+    cells = {c.id: c.source for c in nb.cells}
+    checkpoint = tmp_path / "SmolLM2-135M-Instruct"
+    seen: dict = {}
+    # the notebook's own code, its imports given and the cache calls recorded instead of run
+    ns = {"os": os, "Path": Path, "torch": torch, "ScheduleConfig": ScheduleConfig,
+          "TrainConfig": TrainConfig, "GenerationStats": GenerationStats,
+          "smollm2_checkpoint": lambda models: checkpoint,
+          "cached_rollouts": lambda path, **kw: seen.setdefault("rollouts", (path, kw)),
+          "cached_compare": lambda configs, rollouts, **kw: seen.setdefault("compare", configs)}
+    code = "\n".join(line for line in (cells["04-16"] + "\n" + cells["04-17"]).splitlines()
+                     if not line.startswith(("import ", "from ")))
+    exec(code.split("real_table[[")[0], ns)  # noqa: S102 - the notebook's cells
+    assert ns["GPUS"] == (torch.cuda.is_available() and torch.cuda.device_count() >= 4)
+    if ns["GPUS"]:
+        pytest.skip("with four GPUs notebook 04 trains the full model on them (another matrix)")
+    path, kw = seen["rollouts"]
+    assert path == checkpoint
+    assert {k: v for k, v in kw.items() if k != "stats"} == {**GEN, "device": "cpu"}
+    assert [repr(c) for c in seen["compare"]] == [repr(c) for c in _matrix_configs(checkpoint)]
+
+
+def test_smollm2_layout_matrix(real_rollouts, smollm2_path):
+    r = real_rollouts
+    adv = r.extra["advantage"].to_numpy()
+    assert len(r) == 24 and r.num_rollouts == 12
+    # real data: every step must hold rollouts with a non-zero advantage, or the loss is 0
+    for lo in (0, GBS):
+        rows = r.rollout_id >= lo
+        rows &= r.rollout_id < lo + GBS
+        assert np.abs(adv[rows]).max() > 0.1, (
+            "the generated rollouts have no reward variance in a step; change GEN['seed']")
+
+    configs = _matrix_configs(smollm2_path)
     t0 = time.monotonic()
     # computed here, or read back from notebook 04's run of the same matrix (same key)
     table = cached_compare(configs, r, cache_dir=CACHE, progress=False)
