@@ -8,8 +8,9 @@ its notebook, puts the expected printout of every marked cell (from
 marked cells must print exactly what is stored.
 
 After a deliberate change of a printed value, regenerate the expected
-outputs with ``python tests/test_notebooks.py --update [01 02 ...]`` and review
-the diff.
+outputs with ``python tests/integration/test_notebooks.py --update [01 02 ...]`` and
+review the diff. The notebooks run with ``VARBATCH_KIT_MODELS=build/models`` and
+``VARBATCH_KIT_CACHE=build/cache`` (:data:`SHARED_CACHES`), the tests' caches.
 """
 
 from __future__ import annotations
@@ -34,15 +35,27 @@ EXPECTED = Path(__file__).with_name("notebook_outputs.json")
 MARK = "# NBVAL_CHECK_OUTPUT"
 # notebooks that start torchrun workers (the training engine)
 TRAINING = {"03_variable_gbs_training", "04_metric_report_invariance"}
+# the caches the notebooks share with the tests: the SmolLM2 checkpoint (built once, as the
+# tests' fixtures build it) and the experiment cache (varbatch_kit.train.experiment_cache), where
+# notebook 04 section 5 and tests/integration/test_train_real.py find each other's SmolLM2
+# rollouts and layout matrix
+SHARED_CACHES = {"VARBATCH_KIT_MODELS": str(ROOT / "build" / "models"),
+                 "VARBATCH_KIT_CACHE": str(ROOT / "build" / "cache")}
 
 
 def _marked(nb) -> list:
     return [c for c in nb.cells if c.cell_type == "code" and c.source.lstrip().startswith(MARK)]
 
 
+# the limits of a notebook's run, in s: generous safety nets (not speed checks) for a loaded
+# machine; notebook 04 trains the SmolLM2 layout matrix (19 runs) in one cell
+CELL_TIMEOUT = {"04_metric_report_invariance": 1200}
+RUN_TIMEOUT = {"04_metric_report_invariance": 1500}
+
+
 def _params():
     for path in NOTEBOOKS:
-        marks = [pytest.mark.timeout(900)]
+        marks = [pytest.mark.timeout(RUN_TIMEOUT.get(path.stem, 900) + 60)]
         if path.stem in TRAINING:
             marks.append(pytest.mark.multiprocess)
         yield pytest.param(path, id=path.stem, marks=marks)
@@ -92,7 +105,8 @@ def test_expected_outputs_cover_exactly_the_marked_cells():
         ids = {c.id for c in _marked(nbformat.read(path, as_version=4))}
         assert set(expected.get(path.stem, {})) == ids, (
             f"{path.name}: marked cells {sorted(ids)} but expected outputs for "
-            f"{sorted(expected.get(path.stem, {}))}; run python tests/test_notebooks.py --update")
+            f"{sorted(expected.get(path.stem, {}))}; run "
+            "python tests/integration/test_notebooks.py --update")
 
 
 def _with_expected_outputs(path: Path, out_dir: Path) -> Path:
@@ -111,12 +125,14 @@ def test_notebook_runs_under_nbval(path, tmp_path):
     if path.stem in TRAINING:
         pytest.importorskip("varbatch_kit.train")
     target = _with_expected_outputs(path, tmp_path)
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+    env = dict(os.environ, **SHARED_CACHES, PYTHONPATH=os.pathsep.join(
         [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]))
     proc = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--nbval-lax",
-         "--nbval-cell-timeout=600", "--rootdir", str(tmp_path), str(target)],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900, check=False)
+         f"--nbval-cell-timeout={CELL_TIMEOUT.get(path.stem, 600)}", "--rootdir",
+         str(tmp_path), str(target)],
+        cwd=tmp_path, env=env, capture_output=True, text=True,
+        timeout=RUN_TIMEOUT.get(path.stem, 900), check=False)
     tail = (proc.stdout + proc.stderr)[-6000:]
     assert proc.returncode == 0, f"nbval failed for {path.name}:\n{tail}"
     assert " passed" in proc.stdout and "failed" not in proc.stdout.split("\n")[-2], tail
@@ -127,13 +143,15 @@ def _update(prefixes: list[str]) -> None:
     printout of their marked cells."""
     from nbclient import NotebookClient
 
+    for name, value in SHARED_CACHES.items():  # the kernels inherit them
+        os.environ.setdefault(name, value)
     result = json.loads(EXPECTED.read_text()) if EXPECTED.exists() else {}
     for path in NOTEBOOKS:
         if prefixes and not any(path.stem.startswith(p) for p in prefixes):
             continue
         nb = copy.deepcopy(nbformat.read(path, as_version=4))
         print(f"running {path.name} ...", flush=True)
-        NotebookClient(nb, timeout=900, kernel_name="python3",
+        NotebookClient(nb, timeout=CELL_TIMEOUT.get(path.stem, 900), kernel_name="python3",
                        resources={"metadata": {"path": str(path.parent)}}).execute()
         result[path.stem] = {
             c.id: [{k: v for k, v in o.items()} for o in c.outputs if o.output_type == "stream"]

@@ -199,20 +199,20 @@ def test_resume_with_another_layout_and_on_two_nodes(tmp_path, reference):
 def test_a_node_that_never_joins_fails_within_the_rendezvous_timeout(tmp_path):
     cfg = BASE.with_(nnodes=2, rdzv_endpoint=f"127.0.0.1:{_free_port()}",
                      rdzv_timeout_s=3, save_every=0)
-    t0 = time.monotonic()
     with pytest.raises(TrainingError, match="did not complete within rdzv_timeout_s=3 s") as i:
         run(cfg, synthetic_rollouts(), out_dir=tmp_path, progress=False)
-    assert time.monotonic() - t0 < 30
+    # the rendezvous timeout ended it, not the launch timeout (timeout_s=120): an ordering
+    assert not isinstance(i.value, TrainingTimeout), str(i.value)
     assert "nnodes=2" in str(i.value)
     _no_process_left(i.value)
 
 
 def test_a_hanging_rank_trips_the_step_timeout(tmp_path):
     cfg = BASE.with_(hang_at_step=2, fail_rank=1, step_timeout_s=4, save_every=0)
-    t0 = time.monotonic()
     with pytest.raises(TrainingTimeout, match="within step_timeout_s=4 s") as info:
         run(cfg, synthetic_rollouts(), out_dir=tmp_path, progress=False)
-    assert time.monotonic() - t0 < 60
+    # the step timeout fired before the launch timeout (timeout_s=120) would have
+    assert "(timeout_s)" not in str(info.value)
     _no_process_left(info.value)
     assert _steps(_run_dir(tmp_path)) == [1]
 

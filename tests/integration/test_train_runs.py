@@ -7,7 +7,6 @@ Runtime is kept small by training many configurations per torchrun launch
 from __future__ import annotations
 
 import json
-import time
 
 import numpy as np
 import pandas as pd
@@ -15,7 +14,7 @@ import pytest
 from _factories import TINY_GPT as TINY
 
 from varbatch_kit import Rollouts, ScheduleConfig, build_schedule
-from varbatch_kit.train import TrainConfig, TrainingError, compare, run, run_many
+from varbatch_kit.train import TrainConfig, TrainingError, TrainingTimeout, compare, run, run_many
 from varbatch_kit.train.supervise import _alive, job_processes
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(420)]
@@ -165,13 +164,14 @@ def test_variable_batch_lr_schedule_and_loss_curve(tmp_path):
 def test_failing_worker_stops_everything_and_raises_its_traceback(tmp_path):
     rollouts = _invariance_rollouts()
     cfg = TrainConfig().with_(dp=2, global_batch_size=4, max_tokens_per_gpu=32,
-                      fail_at_step=2, fail_rank=1, timeout_s=120, **TINY)
-    t0 = time.monotonic()
+                      fail_at_step=2, fail_rank=1, timeout_s=900, **TINY)
     with pytest.raises(TrainingError) as info:
         run(cfg, rollouts, out_dir=tmp_path, progress=False)
-    elapsed = time.monotonic() - t0
     err = info.value
-    assert elapsed < 60, elapsed
+    # fails fast, whatever the machine's load: the worker's error ends the launch, not the
+    # launch timeout (900 s, far beyond the run) and not the step timeout
+    assert not isinstance(err, TrainingTimeout), str(err)
+    assert "timed out" not in str(err) and "step_timeout_s" not in str(err)
     assert err.rank == 1
     assert "fail_at_step=2: rank 1 raises on purpose" in str(err)
     assert "Traceback" in err.worker_error
@@ -203,14 +203,12 @@ def test_cli_train_writes_the_table(tmp_path, capsys):
 
 
 def test_timeout_kills_torchrun_and_workers(tmp_path):
-    from varbatch_kit.train import TrainingTimeout
-
     cfg = TrainConfig().with_(dp=2, global_batch_size=4, max_tokens_per_gpu=32,
                       timeout_s=4, **TINY)
-    t0 = time.monotonic()
     with pytest.raises(TrainingTimeout) as info:
         run(cfg, _invariance_rollouts(), out_dir=tmp_path, progress=False)
-    assert time.monotonic() - t0 < 30
-    assert "timed out" in str(info.value)
+    # the launch timeout fired before the run ended (an ordering, not a wall-time bound that
+    # load can break): raised only once timeout_s has passed with the run still going
+    assert "training timed out after 4 s (timeout_s)" in str(info.value)
     assert not _alive(info.value.torchrun_pid)
     assert job_processes(info.value.job_dir) == []

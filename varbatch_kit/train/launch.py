@@ -144,6 +144,9 @@ def _torchrun_failure(cfg: TrainConfig, log_text: str) -> tuple[str, int | None]
     summary = log_text[log_text.rfind("Failures:"):] if "Failures:" in log_text else log_text
     killed = [(int(r), int(c)) for r, c in re.findall(
         r"rank\s*:\s*(\d+)[^\n]*\n\s*exitcode\s*:\s*(-?\d+)", summary) if int(c) < 0]
+    # torchrun stops the other ranks with SIGTERM once one failed; which of them it lists
+    # first depends on timing (the machine's load), so a SIGTERM is named only when alone
+    killed.sort(key=lambda rc: rc[1] == -signal.SIGTERM)
     if killed:
         rank, code = killed[0]
         try:

@@ -19,13 +19,14 @@ folder is found with :func:`importlib.util.find_spec`.
 
 from __future__ import annotations
 
-import contextlib
 import importlib.util
 import json
 import os
 import shutil
 import tempfile
 from pathlib import Path
+
+from varbatch_kit.train.filelock import locked
 
 __all__ = ["GGUF_NAME", "MODEL_DIR_NAME", "SmolLM2Unavailable", "gguf_path", "smollm2_checkpoint"]
 
@@ -123,7 +124,7 @@ def smollm2_checkpoint(cache_dir: str | os.PathLike = "build/models") -> Path:
     src = gguf_path()
     _check_readers()
     cache.mkdir(parents=True, exist_ok=True)
-    with _locked(cache / f".{MODEL_DIR_NAME}.lock"):
+    with locked(cache / f".{MODEL_DIR_NAME}.lock"):
         if _is_complete(target):  # another process built it while we waited
             return target
         tmp = Path(tempfile.mkdtemp(prefix=f".{MODEL_DIR_NAME}.", dir=cache))
@@ -136,19 +137,3 @@ def smollm2_checkpoint(cache_dir: str | os.PathLike = "build/models") -> Path:
             if tmp.exists():
                 shutil.rmtree(tmp, ignore_errors=True)
     return target
-
-
-@contextlib.contextmanager
-def _locked(path: Path):
-    """An exclusive advisory lock on ``path`` (POSIX ``flock``; no lock where it is missing)."""
-    try:
-        import fcntl
-    except ImportError:  # pragma: no cover - not POSIX
-        yield
-        return
-    with open(path, "a") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)

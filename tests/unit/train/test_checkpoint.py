@@ -246,3 +246,20 @@ def test_a_rank_killed_by_a_signal_is_named_as_the_cause():
                       nodes=NodesConfig(nnodes=2, rdzv_endpoint="h:5", rdzv_timeout_s=3))
     msg, rank = _torchrun_failure(cfg, "...RendezvousTimeoutError...")
     assert rank is None and "did not complete within rdzv_timeout_s=3 s" in msg
+
+
+def test_the_killed_rank_not_torchruns_sigterm_is_the_cause_in_either_order():
+    """Under load torchrun may list rank 0, stopped by its own SIGTERM, before rank 1."""
+    from varbatch_kit.train.launch import _torchrun_failure
+
+    loaded = (TORCHRUN_SUMMARY.replace("rank      : 1 (local_rank: 1)", "rank      : X")
+              .replace("rank      : 0 (local_rank: 0)\n  exitcode  : 1 (pid: 606)",
+                       "rank      : 1 (local_rank: 1)\n  exitcode  : -9 (pid: 607)")
+              .replace("rank      : X\n  exitcode  : -9 (pid: 607)  (SIGKILL)",
+                       "rank      : 0 (local_rank: 0)\n  exitcode  : -15 (pid: 606)  (SIGTERM)"))
+    assert loaded.index("-15") < loaded.index("-9")
+    msg, rank = _torchrun_failure(TrainConfig(), loaded)
+    assert rank == 1 and "rank 1 was killed by SIGKILL (exit code -9)" in msg
+    alone = TORCHRUN_SUMMARY.replace("-9 (pid: 607)  (SIGKILL)", "-15 (pid: 607)  (SIGTERM)")
+    msg, rank = _torchrun_failure(TrainConfig(), alone)
+    assert rank == 1 and "rank 1 was killed by SIGTERM (exit code -15)" in msg
