@@ -29,17 +29,17 @@ Floats are written with ``repr`` (exact round trip); integers stay integers.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import copy
 import importlib
 import json
 import random
-import subprocess
 import sys
 import types
 from pathlib import Path
 from types import SimpleNamespace
+
+from _golden_recorder import record
 
 SLIME_COMMIT = "624b824a898ab0ec1fcb4d373004c7f3852bf515"
 GENERATOR = "scripts/record_slime_golden.py"
@@ -85,15 +85,6 @@ def load_slime(root: Path) -> SimpleNamespace:
         cp=importlib.import_module("slime.backends.megatron_utils.cp_utils"),
         metrics=importlib.import_module("slime.observability.train_metric_utils"),
     )
-
-
-def checkout_commit(root: Path) -> str | None:
-    try:
-        out = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True,
-                             text=True, check=True)
-    except (OSError, subprocess.CalledProcessError):
-        return None
-    return out.stdout.strip() or None
 
 
 @contextlib.contextmanager
@@ -721,42 +712,10 @@ FAMILIES = {
 }
 
 
-def write_family(out: Path, name: str, seed: int, commit: str, cases: list[dict]) -> int:
-    head = json.dumps({"slime_commit": commit, "generator": GENERATOR, "seed": seed})
-    body = ",\n".join(json.dumps(c, separators=(",", ":"), allow_nan=False) for c in cases)
-    text = head[:-1] + ', "cases": [\n' + body + "\n]}\n"
-    json.loads(text)  # well-formed
-    path = out / f"{name}.json"
-    path.write_text(text)
-    return len(text)
-
-
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--slime", type=Path, required=True, help="slime checkout (holds slime/)")
-    p.add_argument("--out", type=Path, required=True, help="output folder (tests/golden)")
-    p.add_argument("--seed", type=int, default=DEFAULT_SEED)
-    p.add_argument("--commit", default=SLIME_COMMIT,
-                   help="commit of the checkout (verified with git when it is a repository)")
-    p.add_argument("--only", nargs="*", choices=sorted(FAMILIES), help="families to record")
-    a = p.parse_args(argv)
-    found = checkout_commit(a.slime)
-    if found is not None and found != a.commit:
-        raise SystemExit(f"{a.slime} is at {found}, not {a.commit}; pass --commit {found}")
-    S = load_slime(a.slime)
-    a.out.mkdir(parents=True, exist_ok=True)
-    total = 0
-    for i, (name, fn) in enumerate(FAMILIES.items()):
-        if a.only and name not in a.only:
-            continue
-        seed = a.seed * 100 + i
-        cases = fn(S, random.Random(seed))
-        size = write_family(a.out, name, seed, a.commit, cases)
-        total += size
-        n_err = sum("error" in c for c in cases)
-        print(f"{name:12s} {len(cases):5d} cases ({n_err} errors) {size / 1e6:6.2f} MB")
-    print(f"total {total / 1e6:.2f} MB")
-    return 0
+    return record(argv, description=__doc__.split("\n\n")[0], families=FAMILIES,
+                  load_slime=load_slime, generator=GENERATOR, commit=SLIME_COMMIT,
+                  default_seed=DEFAULT_SEED, out_help="output folder (tests/golden)")
 
 
 if __name__ == "__main__":
