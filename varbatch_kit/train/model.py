@@ -133,7 +133,7 @@ def build_gpt(model: ResolvedModel, *, max_seq_len: int, per_token_loss: bool = 
             share_embeddings_and_output_weights=False,
             parallel_output=True,
         )
-    from varbatch_kit.train import hf
+    from varbatch_kit.train import hf, rope
 
     spec = model.hf
     if spec.sliding_window is not None and max_seq_len > spec.sliding_window:
@@ -151,6 +151,6 @@ def build_gpt(model: ResolvedModel, *, max_seq_len: int, per_token_loss: bool = 
         share_embeddings_and_output_weights=spec.tie_word_embeddings,
         parallel_output=True,
     )
-    hf.attach_position_ids_rope(gpt, spec)
+    rope.attach_position_ids_rope(gpt, spec)
     hf.load_hf_weights(gpt, spec, model.num_layers)
     return gpt
