@@ -33,16 +33,21 @@ demo: $(STAMP)
 # scripts/ensure_chromium.sh installs Debian's Chromium for the browser tests when it is
 # missing and we are root; it never fails the run (without Chromium those tests skip). It runs
 # (mostly a download) while the unit tier runs, and is done before the integration tier, whose
-# collection decides whether the browser tests can run. Both tiers always run; the target
-# fails when either does, and prints how long it all took.
+# collection decides whether the browser tests can run. The wheel test (mostly pip installing
+# into two fresh virtual environments: disk and network, little CPU) runs beside the unit tier
+# too; its output follows the unit tier's. Every tier always runs; the target fails when any
+# does, and prints how long it all took.
+WHEEL_TEST := tests/integration/test_wheel.py
 test: $(STAMP)
-	@start=$$(date +%s); \
+	@start=$$(date +%s); mkdir -p build; \
 	sh scripts/ensure_chromium.sh & chromium=$$!; \
+	$(PY) -m pytest -q -p no:cacheprovider $(WHEEL_TEST) > build/test-wheel.log 2>&1 & wheel=$$!; \
 	$(PY) -m pytest -q tests/unit; unit=$$?; \
-	wait $$chromium; \
-	$(PY) -m pytest -q tests/integration; integration=$$?; \
-	echo "make test: $$(( $$(date +%s) - start )) s (unit tier: exit $$unit, integration: $$integration)"; \
-	[ $$unit = 0 ] && [ $$integration = 0 ]
+	wait $$chromium; wait $$wheel; wheel=$$?; \
+	echo "== the wheel test, run beside the unit tier ($(WHEEL_TEST)):"; cat build/test-wheel.log; \
+	$(PY) -m pytest -q tests/integration --ignore=$(WHEEL_TEST); integration=$$?; \
+	echo "make test: $$(( $$(date +%s) - start )) s (unit tier: exit $$unit, wheel: $$wheel, integration: $$integration)"; \
+	[ $$unit = 0 ] && [ $$wheel = 0 ] && [ $$integration = 0 ]
 
 # unit and property tests only: no notebooks, browser, torchrun or wheel build
 test-fast: $(STAMP)
