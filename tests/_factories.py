@@ -4,6 +4,8 @@ synthetic batch. Plain values and functions; import them (``from _factories impo
 
 from __future__ import annotations
 
+import asyncio
+
 import numpy as np
 
 from varbatch_kit.core.flops import ModelShape
@@ -31,3 +33,19 @@ def synthetic_rollouts(seed: int = 3, n: int = 16, *, prompt_len=(4, 8), respons
     return Rollouts.synthetic(n, samples_per_rollout=(1, 2), prompt_len=prompt_len,
                               response_len=response_len, response_sigma=response_sigma,
                               max_response_len=max_response_len, seed=seed)
+
+
+def background_error(make_explorer, change):
+    """An explorer built inside a running event loop (so it computes in the background), after
+    ``change(explorer)``: waits up to 4 s for its error box to fill, closes it, returns it."""
+    async def drive():
+        ex = make_explorer()
+        change(ex)
+        for _ in range(200):
+            await asyncio.sleep(0.02)
+            if ex.last_error:
+                break
+        ex.close()
+        return ex
+
+    return asyncio.run(drive())

@@ -7,10 +7,9 @@ control picks static or dynamic batching, and the compute cache is keyed on
 a :class:`ComputeKey` holding that config.
 """
 
-import asyncio
 
 import pytest
-from _factories import TINY
+from _factories import TINY, background_error
 
 from varbatch_kit import Rollouts, ScheduleConfig, build_schedule
 from varbatch_kit.ui import widgets
@@ -132,18 +131,10 @@ def test_controls_that_describe_no_config_show_the_error(batch):
 
 
 def test_background_path_shows_an_invalid_config(batch):
-    async def drive():
-        ex = widgets.packing_explorer(batch, TINY, config=ScheduleConfig(
-            dp=4, global_batch_size=64, max_tokens_per_gpu=2048), debounce_s=0.0)
-        ex.controls["cp_mode"].value = "dynamic"
-        for _ in range(200):
-            await asyncio.sleep(0.02)
-            if ex.last_error:
-                break
-        ex.close()
-        return ex
-
-    ex = asyncio.run(drive())
+    ex = background_error(
+        lambda: widgets.packing_explorer(batch, TINY, config=ScheduleConfig(
+            dp=4, global_batch_size=64, max_tokens_per_gpu=2048), debounce_s=0.0),
+        lambda ex: setattr(ex.controls["cp_mode"], "value", "dynamic"))
     assert "cp_mode='dynamic'" in ex.last_error
 
 

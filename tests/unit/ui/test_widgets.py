@@ -4,7 +4,7 @@ import asyncio
 
 import numpy as np
 import pytest
-from _factories import TINY
+from _factories import TINY, background_error
 
 from varbatch_kit import ModelShape, Rollouts, ScheduleConfig, build_schedule
 from varbatch_kit.analysis.quality import step_quality
@@ -176,17 +176,8 @@ def test_debounced_background_updates_coalesce_to_the_latest_value(batch):
 
 
 def test_background_errors_reach_the_error_box(batch):
-    async def drive():
-        ex = widgets.packing_explorer(batch, TINY, debounce_s=0.0)
-        ex.controls["dp"].value = 8192
-        for _ in range(200):
-            await asyncio.sleep(0.02)
-            if ex.last_error:
-                break
-        ex.close()
-        return ex
-
-    ex = asyncio.run(drive())
+    ex = background_error(lambda: widgets.packing_explorer(batch, TINY, debounce_s=0.0),
+                          lambda ex: setattr(ex.controls["dp"], "value", 8192))
     assert "dp=8192" in ex.last_error and ex.error.layout.display is None
 
 
