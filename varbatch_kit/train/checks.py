@@ -9,7 +9,7 @@ from typing import Any
 
 from varbatch_kit.checks import interval_text, is_int, number_in
 
-__all__ = ["documented", "need_choice", "need_int", "need_number"]
+__all__ = ["documented", "need_bool", "need_choice", "need_int", "need_number"]
 
 
 def documented(default: Any, help: str, **meta: Any):  # noqa: A002 - the CLI word
@@ -58,3 +58,9 @@ def need_choice(owner: str, name: str, v: Any, choices: tuple[str, ...]) -> None
     """``owner.name`` must be one of ``choices``."""
     if v not in choices:
         raise ValueError(f"{owner}.{name}={v!r}: choose one of {choices}")
+
+
+def need_bool(owner: str, name: str, v: Any) -> None:
+    """``owner.name`` must be True or False (a bool, not 0/1 or a string)."""
+    if not isinstance(v, bool):
+        raise ValueError(f"{owner}.{name}={v!r}: give True or False")

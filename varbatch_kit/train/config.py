@@ -20,7 +20,7 @@ from typing import Any
 from varbatch_kit.core.config import ScheduleConfig
 from varbatch_kit.core.flops import ModelShape
 from varbatch_kit.train.checks import documented as _f
-from varbatch_kit.train.checks import need_choice, need_int, need_number
+from varbatch_kit.train.checks import need_bool, need_choice, need_int, need_number
 
 # ModelConfig lives with its resolver (model_spec); TrainConfig's sub-configs are all here too
 from varbatch_kit.train.model_spec import (
@@ -30,7 +30,8 @@ from varbatch_kit.train.model_spec import (
     resolve_model,
 )
 
-__all__ = ["KILL_POINTS", "SCHEDULE_FIELDS", "SUB_CONFIGS", "TOY_DEFAULTS", "CheckpointConfig",
+__all__ = ["ADVANTAGE_ESTIMATORS", "ADVANTAGE_GROUPINGS", "KILL_POINTS", "KL_LOSS_TYPES",
+           "TIS_FUNCTIONS", "SCHEDULE_FIELDS", "SUB_CONFIGS", "TOY_DEFAULTS", "CheckpointConfig",
            "DataConfig", "FaultConfig", "LossConfig", "NodesConfig", "OptimConfig",
            "RunConfig", "TrainConfig"]
 
@@ -78,33 +79,128 @@ class OptimConfig:
         need_number("optim", "clip_grad", self.clip_grad, lo=0)
 
 
+#: slime's ``--advantage-estimator`` values the engine trains (``ppo`` needs a critic: refused)
+ADVANTAGE_ESTIMATORS = ("grpo", "gspo", "cispo", "reinforce_plus_plus",
+                        "reinforce_plus_plus_baseline")
+#: slime's ``--kl-loss-type`` values
+KL_LOSS_TYPES = ("k1", "k2", "k3", "low_var_kl")
+#: the importance corrections against rollout log-probs (slime's ``vanilla_tis_function`` and
+#: ``icepop_function``, the latter chosen there by ``--custom-tis-function-path``)
+TIS_FUNCTIONS = ("vanilla", "icepop")
+#: how rewards form normalisation groups (see :class:`LossConfig`)
+ADVANTAGE_GROUPINGS = ("slime", "prompt")
+
+
 @dataclass(frozen=True)
 class LossConfig:
-    """The policy-gradient loss (:mod:`varbatch_kit.train.loss`)."""
+    """slime's RL objective; each field carries the name of slime's flag without dashes.
 
-    clip_eps: float = _f(0.2, "PPO ratio clipping range, clip(r, 1 - eps, 1 + eps); used when "
-                              "the rollouts carry old log-probs")
+    The per-token terms (:mod:`varbatch_kit.report.objective`, docs/objective.md):
+    PPO's clipped surrogate on ``ppo_kl = old - new`` log-probs (old from the
+    forward-only log-prob pass, or the rollout log-probs with
+    ``use_rollout_logprobs``), asymmetric with ``eps_clip_high`` and dual-clip
+    with ``eps_clip_c``; CISPO or GSPO's sequence ratio by ``advantage_estimator``;
+    times the TIS / ICEPOP weight with ``use_tis``; minus ``entropy_coef`` times
+    the entropy; plus ``kl_loss_coef`` times the KL estimate to the reference
+    model with ``use_kl_loss``. Every term and metric is reduced by the report
+    mode. Rewards become advantages as slime's ``_post_process_rewards`` and
+    ``compute_advantages_and_returns`` do (``advantage_grouping="slime"``, the
+    default: consecutive groups of ``n_samples_per_prompt`` samples only when the
+    batch holds ``rollout_batch_size * n_samples_per_prompt`` samples, else one
+    group of the whole batch), or by prompt (``"prompt"``: the ``group_index``
+    column, GRPO's intended group).
+    """
+
+    advantage_estimator: str = _f("grpo", "how rewards become per-token advantages (slime's "
+                                          "--advantage-estimator; ppo needs a critic and is not "
+                                          "supported)", choices=ADVANTAGE_ESTIMATORS)
+    eps_clip: float = _f(0.2, "PPO clip range below: clip(ratio, 1 - eps_clip, ...)")
+    eps_clip_high: float | None = _f(None, "PPO clip range above: clip(..., 1 + eps_clip_high) "
+                                           "(default: eps_clip)")
+    eps_clip_c: float | None = _f(None, "dual-clip PPO: negative-advantage tokens lose at most "
+                                        "eps_clip_c * |A| (> 1; default off)")
+    use_kl_loss: bool = _f(False, "add kl_loss_coef * KL(actor || reference) to the loss")
+    kl_loss_coef: float = _f(0.0, "weight of the KL loss (>= 0)")
+    kl_loss_type: str = _f("k1", "KL estimator of the KL loss (and of kl_coef's reward "
+                                 "shaping)", choices=KL_LOSS_TYPES)
+    use_unbiased_kl: bool = _f(False, "weight the KL estimate by the ratio actor / old policy "
+                                      "(DeepSeek-V3.2's unbiased estimate)")
+    kl_coef: float = _f(0.0, "KL penalty on the reward before the advantages (reinforce_plus_plus"
+                             " estimators; >= 0)")
+    entropy_coef: float = _f(0.0, "entropy bonus: loss -= entropy_coef * entropy (>= 0)")
+    gamma: float = _f(1.0, "discount of the reinforce_plus_plus returns, in [0, 1]")
+    normalize_advantages: bool = _f(False, "whiten the advantages over every loss token of the "
+                                           "rollout batch")
+    rewards_normalization: bool = _f(True, "group-normalise rewards (grpo, gspo, cispo, "
+                                           "reinforce_plus_plus_baseline; slime's "
+                                           "--disable-rewards-normalization turns it off)")
+    grpo_std_normalization: bool = _f(True, "divide by the group's std too (grpo, gspo, cispo; "
+                                            "--disable-grpo-std-normalization, Dr. GRPO)")
+    advantage_grouping: str = _f("slime", "reward groups: slime = slime's rule, prompt = by the "
+                                          "group_index column", choices=ADVANTAGE_GROUPINGS)
+    use_tis: bool = _f(False, "importance-correct the loss against the rollout log-probs")
+    tis_function: str = _f("vanilla", "vanilla = truncated IS, icepop = zero outside the bounds",
+                           choices=TIS_FUNCTIONS)
+    tis_clip: float = _f(2.0, "upper bound of the TIS weight (> 0)")
+    tis_clip_low: float = _f(0.0, "lower bound of the TIS weight, in [0, tis_clip]")
+    use_rollout_logprobs: bool = _f(False, "old log-probs = the rollout engine's (the rollouts' "
+                                           "rollout_log_probs), not the log-prob pass's")
+    reward_key: str | None = _f(None, "the key of dict rewards to train on (e.g. 'acc')")
 
     def __post_init__(self) -> None:
-        from varbatch_kit.train.loss import check_clip_eps
+        if self.advantage_estimator == "ppo":
+            raise ValueError("loss.advantage_estimator='ppo' needs a critic (a value model), "
+                             "which the engine does not train; choose one of "
+                             f"{ADVANTAGE_ESTIMATORS}")
+        need_choice("loss", "advantage_estimator", self.advantage_estimator,
+                    ADVANTAGE_ESTIMATORS)
+        need_number("loss", "eps_clip", self.eps_clip, lo=0, hi=1, hi_open=True)
+        need_number("loss", "eps_clip_high", self.eps_clip_high, lo=0, optional=True)
+        need_number("loss", "eps_clip_c", self.eps_clip_c, lo=1, lo_open=True, optional=True)
+        for name in ("use_kl_loss", "use_unbiased_kl", "normalize_advantages",
+                     "rewards_normalization", "grpo_std_normalization", "use_tis",
+                     "use_rollout_logprobs"):
+            need_bool("loss", name, getattr(self, name))
+        need_number("loss", "kl_loss_coef", self.kl_loss_coef, lo=0)
+        need_choice("loss", "kl_loss_type", self.kl_loss_type, KL_LOSS_TYPES)
+        need_number("loss", "kl_coef", self.kl_coef, lo=0)
+        need_number("loss", "entropy_coef", self.entropy_coef, lo=0)
+        need_number("loss", "gamma", self.gamma, lo=0, hi=1)
+        need_choice("loss", "advantage_grouping", self.advantage_grouping, ADVANTAGE_GROUPINGS)
+        need_choice("loss", "tis_function", self.tis_function, TIS_FUNCTIONS)
+        need_number("loss", "tis_clip", self.tis_clip, lo=0, lo_open=True)
+        need_number("loss", "tis_clip_low", self.tis_clip_low, lo=0, hi=self.tis_clip)
+        if self.reward_key is not None and (not isinstance(self.reward_key, str)
+                                            or not self.reward_key):
+            raise ValueError(f"loss.reward_key={self.reward_key!r}: give the key of the dict "
+                             "rewards (a non-empty string) or None")
 
-        try:
-            value = check_clip_eps(self.clip_eps)
-        except ValueError as e:
-            raise ValueError(f"loss.{e}") from None
-        object.__setattr__(self, "clip_eps", value)
+    @property
+    def clip_high(self) -> float:
+        """``eps_clip_high``, or ``eps_clip`` when unset (slime's default)."""
+        return self.eps_clip if self.eps_clip_high is None else float(self.eps_clip_high)
+
+    @property
+    def needs_rollout_logprobs(self) -> bool:
+        """Whether training needs the rollouts' own log-probs (TIS, or them as old log-probs)."""
+        return self.use_tis or self.use_rollout_logprobs
 
 
 @dataclass(frozen=True)
 class DataConfig:
-    """Seeds and the GRPO group size."""
+    """Seeds and the reward groups (slime's ``--n-samples-per-prompt`` and
+    ``--rollout-batch-size``)."""
 
     seed: int = _f(1234, "model init and toy-task seed")
     n_samples_per_prompt: int = _f(4, "GRPO group size, in rollouts")
+    rollout_batch_size: int | None = _f(None, "prompts per rollout batch (default: the number "
+                                              "of prompt groups, group_index, else rollouts / "
+                                              "n_samples_per_prompt)")
 
     def __post_init__(self) -> None:
         need_int("data", "seed", self.seed, 0)
         need_int("data", "n_samples_per_prompt", self.n_samples_per_prompt, 1)
+        need_int("data", "rollout_batch_size", self.rollout_batch_size, 1, optional=True)
 
 
 @dataclass(frozen=True)

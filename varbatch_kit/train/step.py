@@ -113,7 +113,7 @@ def train_step(cfg, mode, model, optimizer, step, rollouts, data, device) -> dic
         old = None if data.old_logprobs is None else torch.from_numpy(
             np.concatenate([data.old_logprobs[g] for g in idx]).astype(np.float64)).to(device)
         per_token = {  # the loss: train/loss.py (-A log p, or PPO-clipped with old log-probs)
-            "loss": policy_gradient_loss(stats["logprob"], adv, old, clip_eps=cfg.loss.clip_eps),
+            "loss": policy_gradient_loss(stats["logprob"], adv, old, clip_eps=cfg.loss.eps_clip),
             "nll": -stats["logprob"].detach(),
             "entropy": stats["entropy"],
             "token_acc": stats["correct"],

@@ -48,7 +48,13 @@ from varbatch_kit.train.model_spec import ResolvedModel, resolve_model
     (OptimConfig, {"adam_beta1": 1.0}, r"optim\.adam_beta1=1\.0"),
     (OptimConfig, {"adam_eps": 0}, r"optim\.adam_eps=0"),
     (OptimConfig, {"clip_grad": -0.5}, r"optim\.clip_grad=-0\.5"),
-    (LossConfig, {"clip_eps": 1.5}, r"loss\.clip_eps must be a finite number in \(0, 1\)"),
+    (LossConfig, {"eps_clip": 1.5}, r"loss\.eps_clip=1\.5: give a number in \[0, 1\)"),
+    (LossConfig, {"advantage_estimator": "ppo"}, r"needs a critic"),
+    (LossConfig, {"eps_clip_c": 1.0}, r"loss\.eps_clip_c=1\.0: give a number in \(1, inf\) or None"),
+    (LossConfig, {"use_kl_loss": 1}, r"loss\.use_kl_loss=1: give True or False"),
+    (LossConfig, {"kl_loss_type": "k4"}, r"loss\.kl_loss_type=.k4.: choose one of"),
+    (LossConfig, {"tis_clip_low": 3.0}, r"loss\.tis_clip_low=3\.0: give a number in \[0, 2\]"),
+    (DataConfig, {"rollout_batch_size": 0}, r"data\.rollout_batch_size=0: give a positive integer or None"),
     (DataConfig, {"seed": -1}, r"data\.seed=-1: give an integer >= 0"),
     (DataConfig, {"n_samples_per_prompt": 0}, r"data\.n_samples_per_prompt=0"),
     (RunConfig, {"max_steps": 0}, r"run\.max_steps=0: give a positive integer or None"),
@@ -81,7 +87,7 @@ def test_sub_configs_are_frozen_and_normalise_values():
     with pytest.raises(AttributeError):
         opt.lr = 1.0  # type: ignore[misc]
     assert RunConfig(save_params_at=[3, 1]).save_params_at == (3, 1)
-    assert LossConfig(clip_eps=0.5).clip_eps == 0.5
+    assert LossConfig(eps_clip=0.5).eps_clip == 0.5 and LossConfig(eps_clip=0.5).clip_high == 0.5
     assert ModelConfig(path="rel/dir").path == str(Path("rel/dir").resolve())
     assert FaultConfig(kill_at="after_ckpt:2").kill_point() == ("after_ckpt", 2)
     assert {f.__name__ for f in SUB_CONFIGS.values()} == {
@@ -118,9 +124,9 @@ def test_pipeline_parallel_schedules_are_refused_not_ignored(field, value):
 
 def test_with_routes_names_to_their_sub_config():
     c = TrainConfig().with_(lr=1e-2, max_steps=3, dp=2, num_layers=1, save_every=2,
-                            **{"loss.clip_eps": 0.3})
+                            **{"loss.eps_clip": 0.3})
     assert (c.optim.lr, c.run.max_steps, c.schedule.dp, c.model.num_layers,
-            c.checkpoint.save_every, c.loss.clip_eps) == (1e-2, 3, 2, 1, 2, 0.3)
+            c.checkpoint.save_every, c.loss.eps_clip) == (1e-2, 3, 2, 1, 2, 0.3)
     assert c.optim.min_lr == OptimConfig().min_lr  # the rest of the sub-config is kept
     with pytest.raises(ValueError, match=r"with_: unknown field\(s\) \['layers'\]"):
         TrainConfig().with_(layers=2)
@@ -296,7 +302,7 @@ def test_a_command_line_gives_the_same_train_config():
             "--mode", "per_token", "--model.num_layers", "1", "--model.hidden_size", "32",
             "--model.num_attention_heads", "2", "--model.max_seq_len", "none",
             "--optim.lr", "1e-4", "--optim.min_lr", "1e-5", "--optim.lr_decay_style", "linear",
-            "--loss.clip_eps", "0.1", "--data.seed", "7", "--run.max_steps", "3",
+            "--loss.eps_clip", "0.1", "--data.seed", "7", "--run.max_steps", "3",
             "--run.timeout_s", "90", "--run.step_timeout_s", "30", "--run.save_params_at", "1",
             "3", "--run.device", "cpu", "--checkpoint.save_every", "2",
             "--checkpoint.keep_last", "3", "--nodes.rdzv_timeout_s", "60",
@@ -307,7 +313,7 @@ def test_a_command_line_gives_the_same_train_config():
         mode="per_token",
         model=ModelConfig(num_layers=1, hidden_size=32, num_attention_heads=2),
         optim=OptimConfig(lr=1e-4, min_lr=1e-5, lr_decay_style="linear"),
-        loss=LossConfig(clip_eps=0.1), data=DataConfig(seed=7),
+        loss=LossConfig(eps_clip=0.1), data=DataConfig(seed=7),
         run=RunConfig(max_steps=3, timeout_s=90.0, step_timeout_s=30.0, save_params_at=(1, 3),
                       device="cpu"),
         checkpoint=CheckpointConfig(save_every=2, keep_last=3),
