@@ -19,7 +19,10 @@ slime flags                               packing      distribution
 list of arguments (``sys.argv``-style) or a namespace with slime's attribute
 names. Strings and lists are parsed strictly: a bad value or an abbreviated
 flag is a ``ValueError`` naming the flag; flags that do not affect the
-schedule are ignored with one warning listing them.
+schedule are ignored with one warning listing them. The parser is
+:func:`parse_flag_table` over a known-flag table (:data:`SCHEDULE_FLAG_TABLE`);
+:mod:`.train_flags` parses its own flags and these in the same single pass, so
+a training command line is warned about once.
 
 Also mapped: ``--pipeline-model-parallel-size`` → ``pp`` (what
 ``microbatch_order`` optimises for and the simulator's default) and, with
