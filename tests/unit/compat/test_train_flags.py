@@ -87,6 +87,8 @@ MAPPED = [
     ("--seed 42", "data.seed", 42),
     ("--n-samples-per-prompt 16", "data.n_samples_per_prompt", 16),
     ("--rollout-batch-size 32", "data.rollout_batch_size", 32),
+    ("--num-steps-per-rollout 3", "data.num_steps_per_rollout", 3),
+    ("--rollout-temperature 0.7", "loss.rollout_temperature", 0.7),
     ("--lr 2e-3", "optim.lr", 2e-3),
     ("--min-lr 1e-6", "optim.min_lr", 1e-6),
     ("--lr-decay-style cosine", "optim.lr_decay_style", "cosine"),

@@ -32,9 +32,13 @@ slime flag                              TrainConfig field
 ``--tis-clip-low``                      ``loss.tis_clip_low``
 ``--use-rollout-logprobs``              ``loss.use_rollout_logprobs = True``
 ``--reward-key``                        ``loss.reward_key``
+``--rollout-temperature``               ``loss.rollout_temperature`` (the log-probs'
+                                        temperature)
 ``--seed``                              ``data.seed``
 ``--n-samples-per-prompt``              ``data.n_samples_per_prompt``
 ``--rollout-batch-size``                ``data.rollout_batch_size``
+``--num-steps-per-rollout``             ``data.num_steps_per_rollout`` (steps per
+                                        rollout batch: one log-prob pass each)
 ``--lr``, ``--min-lr``                  ``optim.lr``, ``optim.min_lr``
 ``--lr-decay-style``                    ``optim.lr_decay_style`` (constant,
                                         linear, cosine)
@@ -210,9 +214,11 @@ TRAIN_FLAGS: tuple[MappedFlag, ...] = (
     _loss("--tis-clip-low", float),
     _loss("--use-rollout-logprobs", "true"),
     _loss("--reward-key", str, none_is_value=True),
+    _loss("--rollout-temperature", float),
     _mapped("data", "--seed", int),
     _mapped("data", "--n-samples-per-prompt", positive_int),
     _mapped("data", "--rollout-batch-size", positive_int),
+    _mapped("data", "--num-steps-per-rollout", positive_int),
     _mapped("optim", "--lr", float),
     _mapped("optim", "--min-lr", float),
     _mapped("optim", "--lr-decay-style", str),
