@@ -35,8 +35,11 @@ demo: $(STAMP)
 # (mostly a download) while the unit tier runs, and is done before the integration tier, whose
 # collection decides whether the browser tests can run. The wheel test (mostly pip installing
 # into two fresh virtual environments: disk and network, little CPU) runs beside the unit tier
-# too; its output follows the unit tier's. Every tier always runs; the target fails when any
-# does, and prints how long it all took.
+# too; its output follows the unit tier's. The integration tier runs in two pytest-xdist workers
+# (much of it waits on subprocesses, servers and a browser, or runs one process): tests that
+# share an expensive fixture run in one worker (xdist_group marks: the SmolLM2 matrix, the
+# JupyterLab server). Every tier always runs; the target fails when any does, and prints how
+# long it all took.
 WHEEL_TEST := tests/integration/test_wheel.py
 test: $(STAMP)
 	@start=$$(date +%s); mkdir -p build; \
@@ -45,7 +48,8 @@ test: $(STAMP)
 	$(PY) -m pytest -q tests/unit; unit=$$?; \
 	wait $$chromium; wait $$wheel; wheel=$$?; \
 	echo "== the wheel test, run beside the unit tier ($(WHEEL_TEST)):"; cat build/test-wheel.log; \
-	$(PY) -m pytest -q tests/integration --ignore=$(WHEEL_TEST); integration=$$?; \
+	$(PY) -m pytest -q -n 2 --dist loadgroup tests/integration --ignore=$(WHEEL_TEST); \
+	  integration=$$?; \
 	echo "make test: $$(( $$(date +%s) - start )) s (unit tier: exit $$unit, wheel: $$wheel, integration: $$integration)"; \
 	[ $$unit = 0 ] && [ $$wheel = 0 ] && [ $$integration = 0 ]
 

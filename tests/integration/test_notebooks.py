@@ -50,6 +50,10 @@ def _marked(nb) -> list:
 # the limits of a notebook's run, in s: generous safety nets (not speed checks) for a loaded
 # machine; notebook 04 trains the SmolLM2 layout matrix (19 runs) in one cell
 CELL_TIMEOUT = {"04_metric_report_invariance": 1200}
+# ... the matrix test_train_real.py reads back from the experiment cache: under pytest-xdist both
+# run in one worker (one trains it, the other reads it; never one waiting on the other's lock)
+SHARES_THE_SMOLLM2_MATRIX = {"04_metric_report_invariance"}
+SMOLLM2_MATRIX_GROUP = "smollm2_matrix"
 RUN_TIMEOUT = {"04_metric_report_invariance": 1500}
 
 
@@ -58,6 +62,8 @@ def _params():
         marks = [pytest.mark.timeout(RUN_TIMEOUT.get(path.stem, 900) + 60)]
         if path.stem in TRAINING:
             marks.append(pytest.mark.multiprocess)
+        if path.stem in SHARES_THE_SMOLLM2_MATRIX:
+            marks.append(pytest.mark.xdist_group(SMOLLM2_MATRIX_GROUP))
         yield pytest.param(path, id=path.stem, marks=marks)
 
 

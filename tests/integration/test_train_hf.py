@@ -404,7 +404,7 @@ def test_smollm2_trains_in_torchrun_workers_at_dp_1_and_2(smollm2, tmp_path):
         s = r.steps
         print(r.config.name, s[["step", "samples", "loss", "nll", "grad_norm"]].to_string())
         assert s["step"].tolist() == [1, 2, 3]
-        for key in ("loss", "nll", "entropy", "grad_norm"):
+        for key in ("loss", "nll", "entropy_loss", "grad_norm"):
             assert np.isfinite(s[key]).all(), (key, s[key])
         assert (s["grad_norm"] > 0).all()
     # the same training at dp 1 and 2 (the reports do not move with the layout)
@@ -422,7 +422,8 @@ def test_smollm2_trains_in_torchrun_workers_at_dp_1_and_2(smollm2, tmp_path):
 
 @needs_smollm2
 def test_smollm2_training_step_descends_on_a_repeated_batch(smollm2, megatron_single_process):
-    """The real ``train_step`` (megatron DDP, Adam) on one batch, repeated: its loss falls."""
+    """The real ``train_step`` (megatron DDP, Adam) on one batch, repeated: its PPO loss (old
+    log-probs from the log-prob pass before the first repeat) falls."""
     from megatron.core.distributed import (
         DistributedDataParallel,
         DistributedDataParallelConfig,
@@ -433,8 +434,9 @@ def test_smollm2_training_step_descends_on_a_repeated_batch(smollm2, megatron_si
     from varbatch_kit.core.build import build_schedule
     from varbatch_kit.report import get_report_mode
     from varbatch_kit.train.data import make_toy_data
+    from varbatch_kit.train.logprob_pass import compute_log_probs
     from varbatch_kit.train.model import build_gpt
-    from varbatch_kit.train.step import train_step
+    from varbatch_kit.train.step import PolicyInputs, train_step
 
     device = megatron_single_process
     rollouts = _train_rollouts()
@@ -452,8 +454,12 @@ def test_smollm2_training_step_descends_on_a_repeated_batch(smollm2, megatron_si
     optimizer = get_megatron_optimizer(
         OptimizerConfig(optimizer="adam", lr=cfg.optim.lr, clip_grad=cfg.optim.clip_grad),
         [model])
-    losses = [train_step(cfg, mode, model, optimizer, step, rollouts, data, device)["loss"]
-              for _ in range(4)]
+    old = compute_log_probs(model, [step], rollouts, data.tokens, device)
+    inputs = PolicyInputs(advantages={i: np.full(int(rollouts.response_len[i]), a)
+                                      for i, a in enumerate(data.sample_advantage)},
+                          old_log_probs=old)
+    losses = [train_step(cfg, mode, model, optimizer, step, rollouts, data, inputs,
+                         device)["loss"] for _ in range(4)]
     print("loss on the repeated batch:", [round(x, 4) for x in losses])
     assert all(math.isfinite(x) for x in losses)
     assert all(b < a for a, b in zip(losses, losses[1:])), losses

@@ -10,29 +10,29 @@ trace under ``build/cache``; the table of the matrix is cached there too
 notebook 04 section 5 runs the same matrix on the same rollouts, so whichever of the two runs
 first trains it and the other reads its table.
 
-Also: the engine's reported loss is the documented formula (:mod:`varbatch_kit.train.loss`),
-on-policy and PPO-clipped, checked against the initial model's log-probs in this process.
+(The engine's loss against slime's formulas on transformers logits, not circular:
+tests/integration/test_train_objective.py.)
 """
 
 from __future__ import annotations
 
 import os
 import time
-import warnings
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
 import torch
-from _megatron import single_process_megatron
 from _paths import REPO
 
 from varbatch_kit import Rollouts, ScheduleConfig
-from varbatch_kit.train import TrainConfig, run_many
+from varbatch_kit.train import TrainConfig
 from varbatch_kit.train.experiment_cache import cached_compare
 
-pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(900)]
+# one pytest-xdist worker for this file and notebook 04 (they share the matrix's cached run)
+pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(900),
+              pytest.mark.xdist_group("smollm2_matrix")]
 
 ROOT = REPO
 CACHE = ROOT / "build" / "cache"  # the notebooks run under nbval get it as VARBATCH_KIT_CACHE
@@ -162,67 +162,3 @@ def test_smollm2_layout_matrix(real_rollouts, smollm2_path):
     n = table[(table["mode"] == "naive_microbatch_mean") & (table.step == 1)]
     moved = n[n.config != n.reference]
     assert (np.maximum(moved["loss_rel_diff"], moved["grad_norm_rel_diff"]) > 1e-3).all(), n
-
-
-# --------------------------------------------------------------------------- loss == formula
-@pytest.fixture
-def megatron_here():
-    """torch.distributed (gloo, world 1) + megatron parallel state in this process (CPU)."""
-    warnings.filterwarnings("ignore", message=".*Transformer Engine and Apex are not installed.*")
-    with single_process_megatron("cpu") as device:
-        yield device
-
-
-def _token_rollouts(old: bool) -> Rollouts:
-    rng = np.random.default_rng(11)
-    rid = np.repeat(np.arange(6), [2, 1, 1, 2, 1, 1])
-    prompt, resp = rng.integers(2, 6, rid.size), rng.integers(3, 9, rid.size)
-    extra = {"tokens": [rng.integers(0, 64, p + q).tolist() for p, q in zip(prompt, resp)],
-             "reward": rng.random(rid.size).round(2).tolist()}
-    if old:  # behaviour log-probs around the toy model's (about -log 64 = -4.16)
-        extra["old_logprobs"] = [(-4.16 + rng.normal(0, 0.4, q)).tolist() for q in resp]
-    masks = [(rng.random(q) < 0.8).astype(int) for q in resp]
-    return Rollouts(prompt, resp, rid, masks, extra=pd.DataFrame(extra))
-
-
-def test_engine_loss_is_the_documented_formula(megatron_here, tmp_path):
-    """Step-1 loss of a torchrun run == :func:`step_loss` of the initial model's log-probs
-    (toy GPT, real token sequences, GRPO advantages from rewards; on-policy and PPO)."""
-    from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
-
-    from varbatch_kit.train.batch import pack, response_token_stats
-    from varbatch_kit.train.data import make_training_data
-    from varbatch_kit.train.loss import step_loss
-    from varbatch_kit.train.model import build_gpt
-
-    sched = ScheduleConfig(dp=2, global_batch_size=6, max_tokens_per_gpu=24)
-    modes = ("per_rollout_mean", "per_token")
-    for old in (False, True):
-        r = _token_rollouts(old)
-        cfgs = [TrainConfig().with_(schedule=sched, mode=mode, hidden_size=32,
-                                    num_attention_heads=2, n_samples_per_prompt=3, max_steps=1,
-                                    clip_eps=0.1) for mode in modes]
-        runs = run_many(cfgs, r, out_dir=tmp_path / f"old{old}", progress=False)
-        for mode, cfg, result in zip(modes, cfgs, runs):
-            got = result.steps
-            assert got.loc[0, "samples"] == len(r)  # one step holds every sample
-            assert result.meta["data"] == "rollouts" and result.meta["ppo_clipped"] == old
-            torch.manual_seed(cfg.data.seed)
-            model_parallel_cuda_manual_seed(cfg.data.seed, inference_rng_tracker=True,
-                                            force_reset_rng=True)
-            gpt = build_gpt(cfg.resolve_model(), max_seq_len=int(r.total_len.max()),
-                            per_token_loss=mode == "per_token").eval()
-            data = make_training_data(r, vocab_size=64, seed=0, n_samples_per_prompt=3)
-            logps = []
-            with torch.no_grad():
-                for i, seq in enumerate(data.tokens):
-                    b = pack([seq], [int(r.prompt_len[i])])
-                    logits = gpt(b.tokens, b.position_ids, **b.model_inputs())
-                    logps.append(response_token_stats(logits, b)["logprob"].tolist())
-            want = step_loss(logps, data.sample_advantage, r.rollout_id, mode=mode,
-                             loss_masks=r.masks(), clip_eps=0.1,
-                             old_logprobs=data.old_logprobs if old else None)
-            assert got.loc[0, "loss"] == pytest.approx(want, rel=1e-6), (mode, old)
-            if old:  # the clipping is real: some ratio leaves [0.9, 1.1]
-                ratio = np.exp(np.concatenate(logps) - np.concatenate(data.old_logprobs))
-                assert ((ratio < 0.9) | (ratio > 1.1)).any()

@@ -14,7 +14,7 @@ import urllib.request
 import pytest
 from _harness import Browser, LabServer, alive, descendants, lab_root, port_open
 
-pytestmark = [pytest.mark.browser, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.browser, pytest.mark.timeout(300), pytest.mark.xdist_group("lab")]
 
 
 class Boom(RuntimeError):

@@ -35,7 +35,8 @@ from varbatch_kit.analysis.quality import step_quality
 from varbatch_kit.core.traces import bundled_traces, read_trace
 from varbatch_kit.ui.viz import BALANCE_TRACE_NAMES, PACKING_TRACE_NAMES
 
-pytestmark = [pytest.mark.browser, pytest.mark.timeout(600)]
+# one pytest-xdist worker for the browser tests: they share one JupyterLab server and browser
+pytestmark = [pytest.mark.browser, pytest.mark.timeout(600), pytest.mark.xdist_group("lab")]
 
 NB01 = "notebooks/01_packing_explorer.ipynb"
 NB02 = "notebooks/02_dp_flops_balance.ipynb"
