@@ -93,6 +93,7 @@ def train(cfg: TrainConfig, model_spec, steps: list, rollouts: Rollouts, out_dir
     from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
 
     from varbatch_kit.report import get_report_mode
+    from varbatch_kit.train.advantages import token_advantages
     from varbatch_kit.train.data import make_training_data
     from varbatch_kit.train.model import build_gpt
     from varbatch_kit.train.run_state import kill_self, restore, save
@@ -108,7 +109,8 @@ def train(cfg: TrainConfig, model_spec, steps: list, rollouts: Rollouts, out_dir
     # the tokens and advantages: the rollouts' own (Rollouts.extra tokens/reward/advantage),
     # else the toy task's (train/data.py)
     data = make_training_data(rollouts, vocab_size=model_spec.vocab_size, seed=cfg.data.seed,
-                              n_samples_per_prompt=cfg.data.n_samples_per_prompt)
+                              data=cfg.data, loss=cfg.loss)
+    advantages = token_advantages(data, rollouts, loss=cfg.loss, data_cfg=cfg.data)
     max_seq_len = cfg.model.max_seq_len or int(rollouts.total_len.max())
 
     # model, DDP over all dp*cp ranks, optimizer, LR schedule — identical init on every rank
@@ -162,7 +164,7 @@ def train(cfg: TrainConfig, model_spec, steps: list, rollouts: Rollouts, out_dir
             "cp_emulated": cfg.cp > 1, "cp_note": CP_NOTE if cfg.cp > 1 else "",
             "parameters": sum(p.numel() for p in gpt.parameters()),
             "max_seq_len": max_seq_len, "num_steps": len(steps), "lr_increment": unit,
-            "data": data.source, "ppo_clipped": data.old_logprobs is not None,
+            "data": data.source, "ppo_clipped": data.rollout_log_probs is not None,
             "torch": torch.__version__, "resumed_from_step": start if resume_from else None,
             "checkpoint_load_s": load_s,
         }
@@ -177,7 +179,8 @@ def train(cfg: TrainConfig, model_spec, steps: list, rollouts: Rollouts, out_dir
             while True:  # debug hook: a rank that hangs (the launcher's step timeout fires)
                 time.sleep(1)
         at("before_step", number)
-        record = train_step(cfg, mode, model, optimizer, step, rollouts, data, device)
+        record = train_step(cfg, mode, model, optimizer, step, rollouts, data, device,
+                            advantages)
         at("after_step", number)
         record["lr"] = _lr_of(optimizer)  # the LR this step's update used
         scheduler.step(increment=increments[number - 1])  # rollouts or samples of this step

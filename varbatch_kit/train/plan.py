@@ -68,8 +68,7 @@ def _check_rollouts(cfg: TrainConfig, model: ResolvedModel, rollouts: Rollouts) 
             f"model.max_seq_len={cfg.model.max_seq_len} < longest sample ({longest} tokens); "
             "raise it or leave it None")
     # real token sequences are checked here, before any worker starts (no TrainingError wrap)
-    validate_rollout_data(rollouts, vocab_size=model.vocab_size,
-                          n_samples_per_prompt=cfg.data.n_samples_per_prompt)
+    validate_rollout_data(rollouts, vocab_size=model.vocab_size, data=cfg.data, loss=cfg.loss)
 
 
 def plan_runs(configs: Sequence[TrainConfig], rollouts: Rollouts) -> list[PlannedRun]:

@@ -54,19 +54,27 @@ __all__ = ["METRIC_KEYS", "reduce_step_report", "train_step"]
 METRIC_KEYS = ("loss", "nll", "entropy", "token_acc", "advantage")
 
 
-def train_step(cfg, mode, model, optimizer, step, rollouts, data, device) -> dict:
-    """Forward/backward over this rank's micro-batches, optimizer step, reduced report."""
+def train_step(cfg, mode, model, optimizer, step, rollouts, data, device,
+               advantages=None) -> dict:
+    """Forward/backward over this rank's micro-batches, optimizer step, reduced report.
+
+    ``advantages``: per sample, one float per response token
+    (:func:`varbatch_kit.train.advantages.token_advantages`; computed here when None).
+    """
     from megatron.core.pipeline_parallel import get_forward_backward_func
     from megatron.core.utils import get_model_config
 
     from varbatch_kit.core.placement import RankWork
     from varbatch_kit.report.cp import slice_flat_responses_for_cp
+    from varbatch_kit.train.advantages import token_advantages
     from varbatch_kit.train.batch import pack, response_logits, response_token_stats
     from varbatch_kit.train.loss import policy_gradient_loss
     from varbatch_kit.train.timing import MicroBatchTimer, busy_and_straggler, gather_timings
 
     t0 = time.perf_counter()
     rank, world = dist.get_rank(), dist.get_world_size()
+    if advantages is None:
+        advantages = token_advantages(data, rollouts, loss=cfg.loss, data_cfg=cfg.data)
     dynamic = not step.is_fixed_shape
     # this world rank's rounds: fixed CP, DP rank rank // cp's micro-batches at cp_rank rank % cp;
     # dynamic CP, the micro-batch of the group holding it (own degree and CP rank), idle rounds
@@ -107,11 +115,9 @@ def train_step(cfg, mode, model, optimizer, step, rollouts, data, device) -> dic
     def loss_func(batch, cp_size, cp_rank, logits):
         idx = [int(g) for g in batch.sample_indices]
         stats = response_token_stats(logits, batch, at_response_rows=True)
-        adv = torch.cat([torch.full((int(rollouts.response_len[g]),),
-                                    float(data.sample_advantage[g]), dtype=torch.float64)
-                         for g in idx]).to(device)
-        old = None if data.old_logprobs is None else torch.from_numpy(
-            np.concatenate([data.old_logprobs[g] for g in idx]).astype(np.float64)).to(device)
+        adv = torch.from_numpy(np.concatenate([advantages[g] for g in idx])).to(device)
+        old = None if data.rollout_log_probs is None else torch.from_numpy(
+            np.concatenate([data.rollout_log_probs[g] for g in idx]).astype(np.float64)).to(device)
         per_token = {  # the loss: train/loss.py (-A log p, or PPO-clipped with old log-probs)
             "loss": policy_gradient_loss(stats["logprob"], adv, old, clip_eps=cfg.loss.eps_clip),
             "nll": -stats["logprob"].detach(),
