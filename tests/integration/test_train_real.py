@@ -190,6 +190,7 @@ def test_engine_loss_is_the_documented_formula(megatron_here, tmp_path):
     (toy GPT, real token sequences, GRPO advantages from rewards; on-policy and PPO)."""
     from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
 
+    from varbatch_kit.train.advantages import token_advantages
     from varbatch_kit.train.batch import pack, response_token_stats
     from varbatch_kit.train.data import make_training_data
     from varbatch_kit.train.loss import step_loss
@@ -212,17 +213,18 @@ def test_engine_loss_is_the_documented_formula(megatron_here, tmp_path):
                                             force_reset_rng=True)
             gpt = build_gpt(cfg.resolve_model(), max_seq_len=int(r.total_len.max()),
                             per_token_loss=mode == "per_token").eval()
-            data = make_training_data(r, vocab_size=64, seed=0, n_samples_per_prompt=3)
+            data = make_training_data(r, vocab_size=64, seed=0, data=cfg.data, loss=cfg.loss)
+            adv = token_advantages(data, r, loss=cfg.loss, data_cfg=cfg.data)
             logps = []
             with torch.no_grad():
                 for i, seq in enumerate(data.tokens):
                     b = pack([seq], [int(r.prompt_len[i])])
                     logits = gpt(b.tokens, b.position_ids, **b.model_inputs())
                     logps.append(response_token_stats(logits, b)["logprob"].tolist())
-            want = step_loss(logps, data.sample_advantage, r.rollout_id, mode=mode,
+            want = step_loss(logps, [a[0] for a in adv], r.rollout_id, mode=mode,
                              loss_masks=r.masks(), clip_eps=0.1,
-                             old_logprobs=data.old_logprobs if old else None)
+                             old_logprobs=data.rollout_log_probs if old else None)
             assert got.loc[0, "loss"] == pytest.approx(want, rel=1e-6), (mode, old)
             if old:  # the clipping is real: some ratio leaves [0.9, 1.1]
-                ratio = np.exp(np.concatenate(logps) - np.concatenate(data.old_logprobs))
+                ratio = np.exp(np.concatenate(logps) - np.concatenate(data.rollout_log_probs))
                 assert ((ratio < 0.9) | (ratio > 1.1)).any()
