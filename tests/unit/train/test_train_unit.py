@@ -13,8 +13,8 @@ from _megatron import single_process_megatron
 
 from varbatch_kit import Rollouts, ScheduleConfig
 from varbatch_kit.train import ModelConfig, TrainConfig, cpu_shim
-from varbatch_kit.train.batch import block_causal_mask, pack, response_token_stats
 from varbatch_kit.train.advantages import token_advantages
+from varbatch_kit.train.batch import block_causal_mask, pack, response_token_stats
 from varbatch_kit.train.config import DataConfig, LossConfig
 from varbatch_kit.train.data import make_toy_data
 from varbatch_kit.train.model_spec import resolve_model
