@@ -207,8 +207,9 @@ def post_processed_rewards(sample_reward: Sequence[float], rollouts: Rollouts, *
     if loss.advantage_grouping == "slime":
         return np.asarray(obj.normalize_group_rewards(rewards.tolist(), size, divide_by_std=std))
     out = np.empty(rewards.size)
-    for g in range(int(groups.max()) + 1):
-        members = np.flatnonzero(groups == g)
+    order = np.argsort(groups, kind="stable")  # each group's samples in batch order
+    bounds = np.cumsum(np.bincount(groups))[:-1]
+    for members in np.split(order, bounds):
         out[members] = obj.normalize_group_rewards(rewards[members].tolist(), None,
                                                    divide_by_std=std)
     return out
@@ -220,7 +221,7 @@ def _as_tensors(values, what: str, lengths: np.ndarray) -> list[torch.Tensor]:
                          "one per sample")
     out = []
     for i, (v, n) in enumerate(zip(values, lengths, strict=True)):
-        t = torch.as_tensor(np.asarray(v, dtype=np.float64) if not torch.is_tensor(v) else v)
+        t = v if torch.is_tensor(v) else torch.tensor(np.asarray(v, dtype=np.float64))
         if t.ndim != 1 or t.numel() != int(n):
             raise ValueError(f"{what}[{i}] has shape {tuple(t.shape)} but response_len[{i}] = "
                              f"{int(n)}: give one value per response token")

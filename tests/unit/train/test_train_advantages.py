@@ -9,6 +9,7 @@ so ``token_advantages`` is checked against slime; and hand-derived numbers.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from types import SimpleNamespace
 
 import numpy as np
@@ -124,6 +125,35 @@ def test_token_advantages_are_slimes_on_random_batches(estimator, normalize, rew
         same(got, want)
         if trial % 2 and estimator in so.GROUP_NORMALIZED_ESTIMATORS and rewards_norm:
             assert d.group_of_sample.tolist() == (np.arange(len(r)) // n_per).tolist()
+
+
+@pytest.mark.parametrize("estimator", so.GROUP_NORMALIZED_ESTIMATORS)
+@pytest.mark.parametrize("normalize", [False, True])
+def test_prompt_grouping_is_slimes_normalisation_within_each_prompt(estimator, normalize):
+    """advantage_grouping='prompt': slime's post-processing on each group_index group's
+    samples (one slime group each), then slime's train-side step on the whole batch."""
+    rng = np.random.default_rng([so.GROUP_NORMALIZED_ESTIMATORS.index(estimator), normalize])
+    for _ in range(4):
+        counts = rng.integers(1, 4, int(rng.integers(4, 9))).tolist()
+        r = batch(rng, counts, n_per=2, fully_masked=(1,))
+        data = DataConfig(n_samples_per_prompt=2)
+        loss = LossConfig(advantage_estimator=estimator, advantage_grouping="prompt",
+                          normalize_advantages=normalize)
+        labels = np.asarray(r.extra["group_index"])
+        if min(np.bincount(labels)) < 2:
+            continue
+        d, got = ours(r, data, loss)
+        post = np.empty(len(r))
+        for g in np.unique(labels):
+            members = np.flatnonzero(labels == g)
+            args = SimpleNamespace(advantage_estimator=estimator, rewards_normalization=True,
+                                   grpo_std_normalization=True, n_samples_per_prompt=1,
+                                   rollout_batch_size=0, reward_key=None)
+            post[members] = so.post_process_rewards(
+                args, [{"reward": x} for x in d.sample_reward[members]])[1]
+        raw = LossConfig(advantage_estimator=estimator, rewards_normalization=False,
+                         normalize_advantages=normalize)
+        same(got, slime_advantages(r, post.tolist(), data, raw))
 
 
 def test_rollout_batch_size_given_and_default():
@@ -374,18 +404,25 @@ def test_prompt_grouping_does_not_depend_on_sample_order(case, std):
 
 
 @settings(max_examples=40, deadline=None)
-@given(prompt_batches())
-def test_slime_rule_permutes_within_its_groups(case):
+@given(st.integers(2, 4), st.integers(1, 4), st.data(), st.booleans())
+def test_slime_rule_permutes_within_its_groups(size, n_groups, draw, one_group):
     """Under slime's rule the advantages follow a sample moved inside its group of
-    n_samples_per_prompt consecutive samples (or anywhere, when the batch is one group)."""
-    labels, rewards, _ = case
-    n = len(rewards)
-    r = hand(rewards)
-    perm = list(reversed(range(n)))  # with one group: any permutation
-    a = scalars(ours(r, DataConfig(n_samples_per_prompt=n), LossConfig())[1])
-    b = scalars(ours(hand([rewards[i] for i in perm]), DataConfig(n_samples_per_prompt=n),
-                     LossConfig())[1])
-    assert b == pytest.approx([a[i] for i in perm], abs=1e-5)
+    n_samples_per_prompt consecutive samples, or anywhere when the batch is one group (a
+    rollout_batch_size that does not match the sample count). Moving a sample to another
+    consecutive group is not such a symmetry: it changes the groups."""
+    n = size * n_groups
+    rewards = draw.draw(st.lists(st.sampled_from([0.0, 0.25, 0.5, 1.0]), min_size=n,
+                                 max_size=n))
+    if one_group:
+        perm = draw.draw(st.permutations(range(n)))
+    else:
+        perm = [g * size + j for g in range(n_groups)
+                for j in draw.draw(st.permutations(range(size)))]
+    data = DataConfig(n_samples_per_prompt=size, rollout_batch_size=n_groups + one_group)
+    loss = LossConfig(grpo_std_normalization=False)
+    a = scalars(ours(hand(rewards), data, loss)[1])
+    b = scalars(ours(hand([rewards[i] for i in perm]), data, loss)[1])
+    assert b == pytest.approx([a[i] for i in perm], abs=1e-6)
 
 
 @settings(max_examples=30, deadline=None)
@@ -398,9 +435,12 @@ def test_whitened_advantages_have_masked_mean_0_and_variance_1(rewards, estimato
     r = hand(rewards, masks=masks)
     loss = LossConfig(advantage_estimator=estimator, normalize_advantages=True,
                       rewards_normalization=False)
-    _, adv = ours(r, DataConfig(n_samples_per_prompt=len(rewards)), loss)
+    data = DataConfig(n_samples_per_prompt=len(rewards))
+    _, adv = ours(r, data, loss)
+    _, raw = ours(r, data, replace(loss, normalize_advantages=False))
     live = np.concatenate([a[m.astype(bool)] for a, m in zip(adv, masks)])
-    if np.ptp(live) < 1e-3:
+    var = np.concatenate([a[m.astype(bool)] for a, m in zip(raw, masks)]).var(ddof=1)
+    if var < 1e-4:  # (x - mean) / sqrt(var + 1e-8): the epsilon shows below that
         return
     assert live.mean() == pytest.approx(0.0, abs=1e-4)
     assert live.var(ddof=1) == pytest.approx(1.0, rel=1e-3)
