@@ -446,7 +446,7 @@ def test_smollm2_training_step_descends_on_a_repeated_batch(smollm2, megatron_si
     spec = cfg.resolve_model()
     step = build_schedule(rollouts, cfg.schedule, model=spec.shape).steps[0]
     data = make_toy_data(rollouts, vocab_size=spec.vocab_size, seed=cfg.data.seed,
-                         n_samples_per_prompt=cfg.data.n_samples_per_prompt)
+                         data=cfg.data, loss=cfg.loss)
     gpt = build_gpt(spec, max_seq_len=int(rollouts.total_len.max())).to(device)
     model = DistributedDataParallel(gpt.config, DistributedDataParallelConfig(), gpt)
     gpt.config.finalize_model_grads_func = finalize_model_grads

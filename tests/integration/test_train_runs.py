@@ -46,8 +46,9 @@ def _layouts():
 
 def test_reports_gradients_and_parameters_do_not_move_with_the_layout(tmp_path):
     rollouts = _invariance_rollouts()
-    # GRPO groups of 3 rollouts straddle the steps of 4: step losses are far from 0, so
-    # relative differences are meaningful
+    # 24 samples of 12 rollouts: slime's rule normalises the rewards over the whole batch
+    # (24 != 12 // 3 * 3), so a step's advantages do not sum to 0 and its loss is far from
+    # 0: relative differences are meaningful
     base = dict(TINY, lr=1e-3, min_lr=1e-3, lr_decay_style="constant", n_samples_per_prompt=3,
                 save_params_at=(1, 3))
     layouts = list(_layouts())

@@ -324,6 +324,17 @@ def _token_list(tokens: Any) -> list | None:
     return list(tokens)
 
 
+def _float_list(values: Any) -> list | None:
+    """Per-token log-probs (list, tuple, tensor, array) as a list of float; None stays None."""
+    if values is None:
+        return None
+    if hasattr(values, "detach"):  # a torch tensor
+        values = values.detach().cpu().double().numpy()
+    if hasattr(values, "tolist"):
+        values = values.tolist()
+    return [float(v) for v in values] if isinstance(values, (list, tuple)) else values
+
+
 def _slime_extra(flat: list[dict], train: dict[str, list]):
     """Per-sample fields of a slime batch beyond lengths and masks.
 
@@ -343,7 +354,9 @@ def _slime_extra(flat: list[dict], train: dict[str, list]):
         "remove_sample": np.array([bool(v) for v in get("remove_sample")], dtype=bool),
     }
     rewards = get("reward")
-    cols["reward"] = _column([None if isinstance(r, dict) else r for r in rewards], "float")
+    # numbers as float (NaN when None); dict rewards stay dicts (the column is then of objects)
+    # and each key also gets a float column reward/<key>
+    cols["reward"] = _column(rewards, "float")
     flat_rewards: list[dict[str, Any]] = []
     keys: dict[str, None] = {}
     for r in rewards:
@@ -363,6 +376,9 @@ def _slime_extra(flat: list[dict], train: dict[str, list]):
         cols["metadata"] = _column(get("metadata"), "object")
     if any(s.get("tokens") is not None for s in flat):
         cols["tokens"] = _column([_token_list(s.get("tokens")) for s in flat], "object")
+    if any(s.get("rollout_log_probs") is not None for s in flat):
+        cols["rollout_log_probs"] = _column(
+            [_float_list(s.get("rollout_log_probs")) for s in flat], "object")
     return pd.DataFrame(cols)
 
 

@@ -123,10 +123,19 @@ def read_trace(path: str | Path) -> Rollouts:
     dump order: ``index``, ``group_index`` and ``rollout_id`` as given
     (nullable Int64; ``group_index`` is the prompt group, not a rollout),
     ``status`` (string), ``truncated`` and ``remove_sample`` (bool),
-    ``reward`` (float, NaN when None or a dict), ``reward/<key>`` for the keys
-    of dict rewards, ``raw_reward`` (only when a ``metadata["raw_reward"]``
-    replaces the reward, as slime does), ``label``, ``prompt``, ``response``,
-    ``metadata`` (dict) and ``tokens`` (list of int), each when the dump has it.
+    ``reward`` (as slime's ``Sample.reward``: float, NaN when None; a dict
+    reward stays a dict, the column then holds objects, and the training
+    engine picks ``LossConfig.reward_key`` from it), ``reward/<key>`` (float,
+    NaN where absent) for every key of the dict rewards, ``raw_reward`` (only
+    when a ``metadata["raw_reward"]`` replaces the reward, as slime does),
+    ``label``, ``prompt``, ``response``, ``metadata`` (dict), ``tokens`` (list
+    of int) and ``rollout_log_probs`` (list of float per response token, None
+    for a sample without), each when the dump has it.
+
+    JSONL and Parquet traces keep any column as it is: a ``reward`` column of
+    JSON objects (dict rewards) and a ``rollout_log_probs`` column of lists
+    are read back the same way (a Parquet column cannot mix dicts and
+    numbers: write such rollouts as JSONL).
     """
     p = Path(path)
     if not p.is_file():

@@ -209,7 +209,10 @@ class DataConfig:
     ``--rollout-batch-size``)."""
 
     seed: int = _f(1234, "model init and toy-task seed")
-    n_samples_per_prompt: int = _f(4, "GRPO group size, in rollouts")
+    n_samples_per_prompt: int = _f(1, "slime's group size, in samples: the reward groups are "
+                                      "consecutive runs of this many samples when the batch "
+                                      "holds rollout_batch_size * n_samples_per_prompt samples "
+                                      "(slime's default 1)")
     rollout_batch_size: int | None = _f(None, "prompts per rollout batch (default: the number "
                                               "of prompt groups, group_index, else rollouts / "
                                               "n_samples_per_prompt)")

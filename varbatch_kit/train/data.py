@@ -1,27 +1,37 @@
 """Training data for a :class:`~varbatch_kit.Rollouts` batch: real token sequences, or a toy task.
 
+This module reads and checks what the engine trains on; the advantages are
+computed from it by :func:`varbatch_kit.train.advantages.token_advantages`
+(slime's reward post-processing, estimator and whitening).
+
 Real data (:func:`rollout_training_data`)
 ----------------------------------------
 When the rollouts carry per-sample ``tokens`` (a column of
 ``Rollouts.extra``: a JSONL / Parquet column of that name, or a slime dump's
 ``tokens``), the engine trains on them: ``tokens[i]`` holds the prompt and
 the response token ids, ``prompt_len[i] + response_len[i]`` of them, each in
-``[0, vocab_size)``. Advantages, per sample:
+``[0, vocab_size)``. Per sample, from ``Rollouts.extra``:
 
-1. the ``advantage`` column when present;
-2. else GRPO group-normalised rewards (the ``reward`` column): a rollout's
-   reward is the mean of its samples' rewards; rollouts form prompt groups
-   by the ``group_index`` column when present (all samples of a rollout must
-   share one), else consecutive groups of ``n_samples_per_prompt`` rollouts in
-   order of first appearance; a rollout's advantage is ``(r - mean(group)) /
-   (std(group) + 1e-6)`` (unbiased std; a group of one gets 0), shared by all
-   of its samples;
-3. else a ValueError naming what is missing.
+- ``reward``: a number, or a dict of numbers (``{"acc": 1.0, "fmt": 0.5}``,
+  as slime dumps and JSONL traces give them), of which ``loss.reward_key``
+  picks one (slime's ``--reward-key``). Dict rewards without ``reward_key``,
+  or a ``reward_key`` a sample lacks, are ValueErrors listing the keys;
+- ``advantage`` (optional): given advantages, used as they are (every
+  response token of the sample gets the value; the rewards are then only
+  reported, and may be missing);
+- ``rollout_log_probs`` (or the legacy ``old_logprobs``; the first present
+  wins): the rollout engine's log-prob of every response token, for TIS,
+  ``use_rollout_logprobs`` and ``train_rollout_logprob_abs_diff``. A loss that
+  needs them (``loss.use_tis`` or ``loss.use_rollout_logprobs``) without
+  them is a ValueError before any worker starts;
+- ``group_index`` (optional): the prompt group of the sample, for
+  ``loss.advantage_grouping="prompt"`` and the default ``rollout_batch_size``
+  (:mod:`varbatch_kit.train.advantages`). All samples of a rollout must
+  share one.
 
-Old log-probs (an ``old_logprobs`` or ``rollout_log_probs`` column, one
-float per response token) switch the loss to PPO's clipped surrogate
-(:mod:`varbatch_kit.report.objective`). Everything is checked at the boundary by
-:func:`validate_rollout_data` with ValueErrors naming the sample and column.
+Neither ``advantage`` nor ``reward``: a ValueError. Everything is checked at
+the boundary by :func:`validate_rollout_data` with ValueErrors naming the
+sample and column.
 
 The toy task (:func:`make_toy_data`, the fallback without ``tokens``)
 ----------------------------------------------------------------------
@@ -31,18 +41,12 @@ equal odds (a good or a sloppy rollout); each of its response tokens follows
 the rule with probability ``q`` and is a uniformly random token otherwise
 (prompts are random tokens).
 The reward of a rollout is the fraction of its loss-bearing response tokens,
-over all of its samples, that follow the rule.
-
-Advantages are GRPO-style: rollouts, in order of first appearance, form groups
-of ``n_samples_per_prompt``; a rollout's advantage is its reward minus the
-group mean, divided by the group's (unbiased) standard deviation plus 1e-6. A
-group of one rollout (a trailing remainder) gets advantage 0. Every sample of
-a rollout shares its rollout's advantage.
-
-A policy-gradient step on ``-advantage * log p(response token)`` pushes the
-model towards the rule (good rollouts follow it more often), so the
-policy-gradient loss decreases as the model learns to tell the rule from
-noise; the negative log-likelihood of rule-following tokens falls too.
+over all of its samples, that follow the rule; each sample's reward is its
+rollout's. The advantages then take the same path as real rewards (slime's
+group normalisation over samples, the estimator, optional whitening), so
+good rollouts get positive advantages and sloppy ones negative: a
+policy-gradient step pushes the model towards the rule, and the negative
+log-likelihood of rule-following tokens falls as it learns.
 
 Everything is seeded per rollout from ``(seed, rollout_id)``: a rollout's
 tokens do not depend on which other rollouts are in the batch, nor on the
@@ -52,6 +56,7 @@ parallel layout.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -59,27 +64,40 @@ import numpy as np
 
 from varbatch_kit.checks import positive_int
 from varbatch_kit.core.rollouts import Rollouts
+from varbatch_kit.train.advantages import check_reward_groups, reward_groups
 
 __all__ = [
-    "OLD_LOGPROB_COLUMNS",
+    "ROLLOUT_LOGPROB_COLUMNS",
     "RolloutData",
     "ToyData",
-    "group_advantages",
-    "grpo_advantages",
     "has_tokens",
     "make_toy_data",
     "make_training_data",
     "rollout_training_data",
+    "sample_rewards",
     "validate_rollout_data",
 ]
 
-#: columns of ``Rollouts.extra`` read as old (behaviour-policy) log-probs, first one present wins
-OLD_LOGPROB_COLUMNS = ("old_logprobs", "rollout_log_probs")
+#: columns of ``Rollouts.extra`` read as the rollout engine's log-probs, first one present wins
+#: (``old_logprobs`` is the name older traces use)
+ROLLOUT_LOGPROB_COLUMNS = ("rollout_log_probs", "old_logprobs")
+
+
+def _configs(data, loss):
+    from varbatch_kit.train.config import DataConfig, LossConfig
+
+    if not isinstance(data, DataConfig):
+        raise ValueError(f"data={data!r}: give a DataConfig (n_samples_per_prompt, "  # noqa: TRY004
+                         "rollout_batch_size)")
+    if not isinstance(loss, LossConfig):
+        raise ValueError(f"loss={loss!r}: give a LossConfig (advantage_estimator, "  # noqa: TRY004
+                         "reward_key, ...)")
+    return data, loss
 
 
 @dataclass(frozen=True, eq=False)
 class ToyData:
-    """Token sequences, rewards and advantages for every sample of a batch.
+    """Token sequences and rewards of the toy task for every sample of a batch.
 
     Attributes
     ----------
@@ -87,25 +105,26 @@ class ToyData:
         ``tokens[i]``: int64 array of ``prompt_len[i] + response_len[i]`` tokens.
     follows_rule:
         ``follows_rule[i]``: bool per response token of sample i.
-    rollout_ids:
-        Rollout ids in order of first appearance.
-    rollout_reward, rollout_advantage:
-        Per rollout (same order as ``rollout_ids``).
-    sample_advantage, sample_reward:
-        Per sample (each sample carries its rollout's value).
+    rollout_ids, rollout_reward:
+        Per rollout, in order of first appearance.
+    sample_reward:
+        Per sample: its rollout's reward.
+    group_of_sample:
+        The reward-normalisation group of every sample
+        (:func:`varbatch_kit.train.advantages.reward_groups`).
+    rollout_log_probs, given_advantages:
+        None: the toy task has no behaviour policy and no given advantages.
     """
 
     tokens: list[np.ndarray]
     follows_rule: list[np.ndarray]
     rollout_ids: np.ndarray
     rollout_reward: np.ndarray
-    rollout_advantage: np.ndarray
     sample_reward: np.ndarray
-    sample_advantage: np.ndarray
-    #: the toy task has no behaviour policy: the loss is on-policy
-    old_logprobs: list[np.ndarray] | None = None
+    group_of_sample: np.ndarray
+    rollout_log_probs: list[np.ndarray] | None = None
+    given_advantages: np.ndarray | None = None
     source: str = "toy"
-    rollout_log_probs = None
 
 
 def _rollout_rng(seed: int, rollout_id: int) -> np.random.Generator:
@@ -113,35 +132,19 @@ def _rollout_rng(seed: int, rollout_id: int) -> np.random.Generator:
     return np.random.default_rng(np.random.SeedSequence([int(seed), int(rollout_id) % 2**64]))
 
 
-def grpo_advantages(rewards: np.ndarray, group_size: int) -> np.ndarray:
-    """Group-normalised advantages over consecutive groups of ``group_size`` rewards.
-
-    ``(r - mean) / (std + 1e-6)`` with the unbiased standard deviation; groups
-    of one get 0.
-    """
-    positive_int("n_samples_per_prompt", group_size, whole_floats=True)
-    rewards = np.asarray(rewards, dtype=np.float64)
-    adv = np.zeros_like(rewards)
-    for lo in range(0, rewards.size, int(group_size)):
-        g = rewards[lo:lo + int(group_size)]
-        if g.size > 1:
-            adv[lo:lo + g.size] = (g - g.mean()) / (g.std(ddof=1) + 1e-6)
-    return adv
-
-
-def make_toy_data(
-    rollouts: Rollouts, *, vocab_size: int, seed: int, n_samples_per_prompt: int
-) -> ToyData:
-    """Generate the toy task's tokens, rewards and advantages for ``rollouts``."""
+def make_toy_data(rollouts: Rollouts, *, vocab_size: int, seed: int, data, loss) -> ToyData:
+    """Generate the toy task's tokens and rewards for ``rollouts`` (``data``: a DataConfig,
+    ``loss``: a LossConfig, for the reward groups)."""
+    data, loss = _configs(data, loss)
     if vocab_size < 2:
         raise ValueError(f"vocab_size must be >= 2, got {vocab_size}")
     n = len(rollouts)
     tokens: list[np.ndarray] = [np.empty(0, dtype=np.int64)] * n
     follows: list[np.ndarray] = [np.empty(0, dtype=bool)] * n
     masks = rollouts.masks()
-    ids, groups = rollouts.rollout_order()
+    ids, members_of = rollouts.rollout_order()
     reward = np.zeros(ids.size)
-    for k, (rid, members) in enumerate(zip(ids, groups)):
+    for k, (rid, members) in enumerate(zip(ids, members_of)):
         rng = _rollout_rng(seed, rid)
         quality = 0.9 if rng.random() < 0.5 else 0.1
         hits = total = 0
@@ -161,63 +164,63 @@ def make_toy_data(
             hits += int(ok[m].sum())
             total += int(m.sum())
         reward[k] = hits / total if total else 0.0
-    adv = grpo_advantages(reward, n_samples_per_prompt)
-    # sample -> its rollout's position in first-appearance order
-    pos = np.empty(n, dtype=np.int64)
-    for k, members in enumerate(groups):
-        pos[members] = k
+    groups, _ = reward_groups(rollouts, data=data, loss=loss)
+    check_reward_groups(groups, data=data, loss=loss)
     return ToyData(
         tokens=tokens,
         follows_rule=follows,
         rollout_ids=ids,
         rollout_reward=reward,
-        rollout_advantage=adv,
-        sample_reward=reward[pos],
-        sample_advantage=adv[pos],
+        sample_reward=reward[_rollout_position(rollouts, members_of)],
+        group_of_sample=groups,
     )
+
+
+def _rollout_position(rollouts: Rollouts, members_of: list[np.ndarray]) -> np.ndarray:
+    """Sample -> the position of its rollout in first-appearance order."""
+    pos = np.empty(len(rollouts), dtype=np.int64)
+    for k, m in enumerate(members_of):
+        pos[m] = k
+    return pos
 
 
 # --------------------------------------------------------------------------- real token data
 @dataclass(frozen=True, eq=False)
 class RolloutData:
-    """Token sequences, rewards, advantages (and old log-probs) read from ``Rollouts.extra``.
+    """Token sequences, rewards, given advantages and rollout log-probs from ``Rollouts.extra``.
 
-    Same attributes as :class:`ToyData` where they overlap (the training loop
-    reads ``tokens``, ``sample_advantage``, ``rollout_ids``,
-    ``rollout_reward`` and ``old_logprobs``).
+    Same attributes as :class:`ToyData` where they overlap (the engine reads
+    ``tokens``, ``sample_reward``, ``given_advantages``, ``rollout_log_probs``,
+    ``rollout_ids`` and ``rollout_reward``).
 
     Attributes
     ----------
     tokens:
         ``tokens[i]``: int64 array, prompt + response token ids of sample i.
-    rollout_ids, rollout_reward, rollout_advantage:
+    rollout_ids, rollout_reward:
         Per rollout in order of first appearance. ``rollout_reward`` is the
-        mean of the samples' rewards (NaN without a ``reward`` column);
-        ``rollout_advantage`` the mean of the samples' advantages.
-    sample_reward, sample_advantage:
-        Per sample.
-    old_logprobs:
-        ``old_logprobs[i]``: float64 per response token, or None (on-policy).
-    advantage_source:
-        ``"advantage"`` (the column) or ``"grpo"`` (normalised rewards).
-    group_of_rollout:
-        The prompt group of every rollout (``rollout_ids`` order).
+        mean of its samples' rewards (NaN where a reward is missing, only
+        allowed with given advantages): the reported ``reward``.
+    sample_reward:
+        Per sample, float64, after ``reward_key``.
+    rollout_log_probs:
+        ``rollout_log_probs[i]``: float64 per response token, or None.
+    given_advantages:
+        Per sample, float64, from the ``advantage`` column; or None (the
+        advantages come from the rewards).
+    group_of_sample:
+        The reward-normalisation group of every sample
+        (:func:`varbatch_kit.train.advantages.reward_groups`).
     """
 
     tokens: list[np.ndarray]
     rollout_ids: np.ndarray
     rollout_reward: np.ndarray
-    rollout_advantage: np.ndarray
     sample_reward: np.ndarray
-    sample_advantage: np.ndarray
-    old_logprobs: list[np.ndarray] | None
-    advantage_source: str
-    group_of_rollout: np.ndarray
+    rollout_log_probs: list[np.ndarray] | None
+    given_advantages: np.ndarray | None
+    group_of_sample: np.ndarray
     source: str = "rollouts"
-
-    @property
-    def rollout_log_probs(self):
-        return self.old_logprobs
 
 
 def _extra(rollouts: Rollouts):
@@ -283,63 +286,129 @@ def _float_array(value: Any, what: str) -> np.ndarray:
     return arr
 
 
+def _number(v: Any, what: str) -> float:
+    if isinstance(v, bool):
+        v = float(v)
+    try:
+        x = float(v)
+    except (TypeError, ValueError):
+        raise ValueError(f"{what} = {v!r:.80} is not a number") from None
+    if not math.isfinite(x):
+        raise ValueError(f"{what} = {v!r} is not finite")
+    return x
+
+
 def _scalars(rollouts: Rollouts, column: str, *, allow_missing: bool = False) -> np.ndarray:
     """Every sample's number in ``column`` (missing -> NaN when ``allow_missing``)."""
     values = _extra(rollouts)[column].tolist() if allow_missing else _column(rollouts, column)
     out = np.empty(len(values))
     for i, v in enumerate(values):
-        if allow_missing and _missing(v):
-            out[i] = np.nan
-            continue
-        try:
-            out[i] = float(v)
-        except (TypeError, ValueError):
-            raise ValueError(
-                f"Rollouts.extra[{column!r}][{i}] = {v!r:.80} is not a number") from None
-        if not math.isfinite(out[i]):
-            raise ValueError(f"Rollouts.extra[{column!r}][{i}] = {v!r} is not finite")
+        out[i] = np.nan if allow_missing and _missing(v) else _number(
+            v, f"Rollouts.extra[{column!r}][{i}]")
     return out
 
 
-def group_advantages(rewards: np.ndarray, groups: np.ndarray) -> np.ndarray:
-    """GRPO advantages with explicit group labels: ``(r - mean) / (std + 1e-6)`` per group.
+def _keys(values: list) -> list[str]:
+    keys: dict[str, None] = {}
+    for v in values:
+        if isinstance(v, Mapping):
+            keys.update(dict.fromkeys(map(str, v)))
+    return list(keys)
 
-    ``groups[k]`` is the group of reward ``k`` (any hashable labels; members
-    need not be adjacent). Unbiased std; a group of one gets 0.
+
+def sample_rewards(rollouts: Rollouts, *, reward_key: str | None,
+                   allow_missing: bool = False) -> np.ndarray:
+    """Every sample's reward (float64) from the ``reward`` column, after ``reward_key``.
+
+    A missing reward is NaN with ``allow_missing``, else a ValueError; dict
+    rewards need ``reward_key`` (the key of the number to train on).
     """
-    rewards = np.asarray(rewards, dtype=np.float64)
-    groups = np.asarray(groups)
-    if groups.shape != rewards.shape:
-        raise ValueError(f"{groups.size} group labels for {rewards.size} rewards")
-    adv = np.zeros_like(rewards)
-    _, inverse = np.unique(groups, return_inverse=True)
-    for g in range(int(inverse.max()) + 1 if inverse.size else 0):
-        members = np.flatnonzero(inverse == g)
-        if members.size > 1:
-            r = rewards[members]
-            adv[members] = (r - r.mean()) / (r.std(ddof=1) + 1e-6)
-    return adv
+    values = _extra(rollouts)["reward"].tolist()
+    out = np.empty(len(values))
+    for i, v in enumerate(values):
+        if _missing(v):
+            if allow_missing:
+                out[i] = np.nan
+                continue
+            raise ValueError(
+                f"Rollouts.extra['reward'] is missing for sample {i} (of {len(values)}); "
+                "give every sample a 'reward' value, or drop the column")
+        if reward_key is None:
+            if isinstance(v, Mapping):
+                raise ValueError(
+                    f"Rollouts.extra['reward'][{i}] is a dict reward with keys {_keys(values)}; "
+                    "set loss.reward_key to the key to train on (slime's --reward-key)")
+            out[i] = _number(v, f"Rollouts.extra['reward'][{i}]")
+            continue
+        if not isinstance(v, Mapping):
+            raise ValueError(
+                f"loss.reward_key={reward_key!r} picks a key of dict rewards, but "
+                f"Rollouts.extra['reward'][{i}] = {v!r:.80} is not a dict; set "
+                "loss.reward_key=None for plain rewards")
+        if reward_key not in v:
+            raise ValueError(
+                f"loss.reward_key={reward_key!r} is not a key of the reward of sample {i}; its "
+                f"keys are {sorted(map(str, v))}")
+        out[i] = _number(v[reward_key], f"Rollouts.extra['reward'][{i}][{reward_key!r}]")
+    return out
 
 
-def rollout_training_data(
-    rollouts: Rollouts, *, vocab_size: int, n_samples_per_prompt: int
-) -> RolloutData:
-    """Read and check the token sequences, advantages and old log-probs of ``rollouts``.
+def _check_group_index(rollouts: Rollouts, ids: np.ndarray, members_of: list) -> None:
+    """All samples of a rollout share one ``group_index`` (the prompt of the rollout)."""
+    labels = _column(rollouts, "group_index")
+    for k, m in enumerate(members_of):
+        mine = {str(labels[int(i)]) for i in m}
+        if len(mine) > 1:
+            raise ValueError(
+                f"rollout {int(ids[k])}: its samples {m.tolist()} have different "
+                f"group_index values {sorted(mine)}; a rollout belongs to one prompt group")
 
-    See the module docstring for the columns and the advantage rules. Raises
-    ValueError naming the sample and column for: missing tokens, a token
-    sequence whose length is not ``prompt_len + response_len``, token ids
-    outside ``[0, vocab_size)``, non-finite rewards / advantages / old
-    log-probs, old log-probs whose length is not ``response_len``, a rollout
-    whose samples disagree on ``group_index``, and neither ``advantage`` nor
-    ``reward`` given.
+
+def _rollout_log_probs(rollouts: Rollouts) -> list[np.ndarray] | None:
+    for column in ROLLOUT_LOGPROB_COLUMNS:
+        if _present(rollouts, column):
+            out = []
+            for i, v in enumerate(_column(rollouts, column)):
+                arr = _float_array(v, f"Rollouts.extra[{column!r}][{i}]")
+                if arr.size != int(rollouts.response_len[i]):
+                    raise ValueError(
+                        f"Rollouts.extra[{column!r}][{i}] has {arr.size} log-probs but "
+                        f"response_len[{i}] = {int(rollouts.response_len[i])}: give one per "
+                        "response token")
+                arr.setflags(write=False)
+                out.append(arr)
+            return out
+    return None
+
+
+def _check_needs(rollouts: Rollouts, loss, rollout_log_probs) -> None:
+    if loss.needs_rollout_logprobs and rollout_log_probs is None:
+        flags = [f for f in ("use_tis", "use_rollout_logprobs") if getattr(loss, f)]
+        raise ValueError(
+            f"loss.{flags[0]}=True needs the rollout engine's log-probs, but the rollouts carry "
+            f"no {' / '.join(repr(c) for c in ROLLOUT_LOGPROB_COLUMNS)} column in "
+            "Rollouts.extra (one float per response token); give them, or turn "
+            f"{' and '.join(flags)} off")
+
+
+def rollout_training_data(rollouts: Rollouts, *, vocab_size: int, data, loss) -> RolloutData:
+    """Read and check the token sequences, rewards, advantages and log-probs of ``rollouts``.
+
+    ``data`` is a DataConfig, ``loss`` a LossConfig. See the module docstring
+    for the columns. Raises ValueError naming the sample and column for:
+    missing tokens, a token sequence whose length is not ``prompt_len +
+    response_len``, token ids outside ``[0, vocab_size)``, non-finite rewards
+    / advantages / log-probs, log-probs whose length is not ``response_len``,
+    dict rewards without (or lacking) ``reward_key``, a rollout whose samples
+    disagree on ``group_index``, neither ``advantage`` nor ``reward`` given,
+    and rollout log-probs missing where the loss needs them.
     """
+    data, loss = _configs(data, loss)
     vocab_size = positive_int("vocab_size", vocab_size, whole_floats=True)
     if not has_tokens(rollouts):
         raise ValueError(
             "the rollouts carry no token sequences: Rollouts.extra needs a 'tokens' column "
             "(prompt + response token ids per sample)")
-    n = len(rollouts)
     tokens: list[np.ndarray] = []
     for i, seq in enumerate(_column(rollouts, "tokens")):
         arr = _int_array(seq, f"tokens of sample {i}")
@@ -359,100 +428,61 @@ def rollout_training_data(
         arr.setflags(write=False)
         tokens.append(arr)
 
-    ids, members = rollouts.rollout_order()
-    pos = np.empty(n, dtype=np.int64)  # sample -> its rollout's position
-    for k, m in enumerate(members):
-        pos[m] = k
-
-    # prompt groups of rollouts
+    ids, members_of = rollouts.rollout_order()
     if _present(rollouts, "group_index"):
-        labels = _column(rollouts, "group_index")
-        group = np.empty(ids.size, dtype=object)
-        for k, m in enumerate(members):
-            mine = {labels[int(i)] for i in m}
-            if len(mine) > 1:
-                raise ValueError(
-                    f"rollout {int(ids[k])}: its samples {m.tolist()} have different "
-                    f"group_index values {sorted(mine, key=str)}; a rollout belongs to one "
-                    "prompt group")
-            group[k] = labels[int(m[0])]
-        group = np.asarray([str(g) for g in group])
-    else:
-        size = int(n_samples_per_prompt)
-        if size < 1:
-            raise ValueError(f"n_samples_per_prompt must be >= 1, got {n_samples_per_prompt!r}")
-        group = np.arange(ids.size) // size
-
+        _check_group_index(rollouts, ids, members_of)
     has_reward = _present(rollouts, "reward")
-    given_adv = _present(rollouts, "advantage")
+    given = _scalars(rollouts, "advantage") if _present(rollouts, "advantage") else None
     if has_reward:  # only reported when the advantages are given: missing rewards are NaN then
-        sample_reward = _scalars(rollouts, "reward", allow_missing=given_adv)
-        rollout_reward = np.array([sample_reward[m].mean() for m in members])
-    else:
-        sample_reward = np.full(n, np.nan)
-        rollout_reward = np.full(ids.size, np.nan)
-
-    if given_adv:
-        sample_adv = _scalars(rollouts, "advantage")
-        source = "advantage"
-    elif has_reward:
-        sample_adv = group_advantages(rollout_reward, group)[pos]
-        source = "grpo"
+        sample_reward = sample_rewards(rollouts, reward_key=loss.reward_key,
+                                       allow_missing=given is not None)
+    elif given is not None:
+        sample_reward = np.full(len(rollouts), np.nan)
     else:
         raise ValueError(
             "the rollouts carry tokens but neither an 'advantage' column nor a 'reward' "
-            "column in Rollouts.extra: give per-sample advantages, or rewards (normalised "
-            "GRPO-style per prompt group: 'group_index', else groups of "
-            f"n_samples_per_prompt={n_samples_per_prompt} rollouts)")
-    rollout_adv = np.array([sample_adv[m].mean() for m in members])
-
-    old = None
-    for column in OLD_LOGPROB_COLUMNS:
-        if _present(rollouts, column):
-            old = []
-            for i, v in enumerate(_column(rollouts, column)):
-                arr = _float_array(v, f"Rollouts.extra[{column!r}][{i}]")
-                if arr.size != int(rollouts.response_len[i]):
-                    raise ValueError(
-                        f"Rollouts.extra[{column!r}][{i}] has {arr.size} log-probs but "
-                        f"response_len[{i}] = {int(rollouts.response_len[i])}: give one per "
-                        "response token")
-                arr.setflags(write=False)
-                old.append(arr)
-            break
+            "column in Rollouts.extra: give per-sample advantages, or rewards (normalised as "
+            "slime does, see varbatch_kit.train.advantages)")
+    groups, _ = reward_groups(rollouts, data=data, loss=loss)
+    if given is None:
+        check_reward_groups(groups, data=data, loss=loss)
+    log_probs = _rollout_log_probs(rollouts)
+    _check_needs(rollouts, loss, log_probs)
+    for a in (sample_reward, groups) + (() if given is None else (given,)):
+        a.setflags(write=False)
     return RolloutData(
         tokens=tokens,
         rollout_ids=ids,
-        rollout_reward=rollout_reward,
-        rollout_advantage=rollout_adv,
+        rollout_reward=np.array([sample_reward[m].mean() for m in members_of]),
         sample_reward=sample_reward,
-        sample_advantage=sample_adv,
-        old_logprobs=old,
-        advantage_source=source,
-        group_of_rollout=group,
+        rollout_log_probs=log_probs,
+        given_advantages=given,
+        group_of_sample=groups,
     )
 
 
-def validate_rollout_data(rollouts: Rollouts, *, vocab_size: int,
-                          data=None, loss=None) -> None:
-    n_samples_per_prompt = data.n_samples_per_prompt
-    """Check the real training data of ``rollouts`` (no-op without tokens); ValueError if bad.
+def validate_rollout_data(rollouts: Rollouts, *, vocab_size: int, data, loss) -> None:
+    """Check the training data of ``rollouts`` for ``data`` / ``loss``; ValueError if bad.
 
-    The check the launcher runs before starting workers
-    (:func:`rollout_training_data` without keeping the result).
+    The check the launcher runs before starting workers: the real data
+    (:func:`rollout_training_data` without keeping the result) or, for the toy
+    task, its reward groups and that the loss does not need rollout log-probs.
     """
+    data, loss = _configs(data, loss)
     if has_tokens(rollouts):
-        rollout_training_data(rollouts, vocab_size=vocab_size,
-                              n_samples_per_prompt=n_samples_per_prompt)
+        rollout_training_data(rollouts, vocab_size=vocab_size, data=data, loss=loss)
+        return
+    _check_needs(rollouts, loss, None)
+    groups, _ = reward_groups(rollouts, data=data, loss=loss)
+    check_reward_groups(groups, data=data, loss=loss)
 
 
-def make_training_data(
-    rollouts: Rollouts, *, vocab_size: int, seed: int, data=None, loss=None
-) -> RolloutData | ToyData:
-    n_samples_per_prompt = data.n_samples_per_prompt
-    """The data the engine trains on: the rollouts' own tokens, else the toy task."""
+def make_training_data(rollouts: Rollouts, *, vocab_size: int, seed: int, data,
+                       loss) -> RolloutData | ToyData:
+    """The data the engine trains on: the rollouts' own tokens, else the toy task (seeded by
+    ``seed``). ``data``: a DataConfig, ``loss``: a LossConfig."""
     if has_tokens(rollouts):
-        return rollout_training_data(rollouts, vocab_size=vocab_size,
-                                     n_samples_per_prompt=n_samples_per_prompt)
-    return make_toy_data(rollouts, vocab_size=vocab_size, seed=seed,
-                         n_samples_per_prompt=n_samples_per_prompt)
+        return rollout_training_data(rollouts, vocab_size=vocab_size, data=data, loss=loss)
+    data, loss = _configs(data, loss)
+    _check_needs(rollouts, loss, None)
+    return make_toy_data(rollouts, vocab_size=vocab_size, seed=seed, data=data, loss=loss)

@@ -29,10 +29,11 @@ Rollouts and samples
 Rewards and advantages
     A rollout's reward is the mean exact-match reward over its turns
     (``turn_reward``); every sample of the rollout carries it as ``reward``.
-    Advantages are GRPO-normalised per prompt group,
-    :func:`varbatch_kit.train.data.group_advantages` (``(r - mean) / (std +
-    1e-6)``, unbiased std), the same rule the engine applies to a trace that
-    has rewards but no advantages.
+    Advantages are GRPO-normalised per prompt group over the rollouts'
+    rewards, :func:`group_advantages` (``(r - mean) / (std + 1e-6)``,
+    unbiased std). The engine uses a given ``advantage`` column as it is;
+    drop the column to train on slime's advantages from the per-sample
+    rewards (:mod:`varbatch_kit.train.advantages`).
 
 ``Rollouts.extra`` columns (one row per sample)
     ``tokens`` (prompt + response token ids), ``reward``, ``advantage``,
@@ -71,10 +72,31 @@ __all__ = [
     "exact_match_reward",
     "first_integer",
     "generate_rollouts",
+    "group_advantages",
     "load_model",
 ]
 
 SYSTEM_PROMPT = "Reply with only the number."
+
+
+def group_advantages(rewards: np.ndarray, groups: np.ndarray) -> np.ndarray:
+    """GRPO advantages with explicit group labels: ``(r - mean) / (std + 1e-6)`` per group.
+
+    ``groups[k]`` is the group of reward ``k`` (any hashable labels; members
+    need not be adjacent). Unbiased std; a group of one gets 0.
+    """
+    rewards = np.asarray(rewards, dtype=np.float64)
+    groups = np.asarray(groups)
+    if groups.shape != rewards.shape:
+        raise ValueError(f"{groups.size} group labels for {rewards.size} rewards")
+    adv = np.zeros_like(rewards)
+    _, inverse = np.unique(groups, return_inverse=True)
+    for g in range(int(inverse.max()) + 1 if inverse.size else 0):
+        members = np.flatnonzero(inverse == g)
+        if members.size > 1:
+            r = rewards[members]
+            adv[members] = (r - r.mean()) / (r.std(ddof=1) + 1e-6)
+    return adv
 #: one worked example shown before every question (the chat's first exchange)
 EXAMPLE = ("What is 2 + 3?", "5")
 FOLLOW_UP = "Are you sure? Answer again."
@@ -296,8 +318,6 @@ def generate_rollouts(
     are ``prompt * n_samples_per_prompt + k``.
     """
     import pandas as pd
-
-    from varbatch_kit.train.data import group_advantages
 
     for name, v in (("n_samples_per_prompt", n_samples_per_prompt),
                     ("max_new_tokens", max_new_tokens)):

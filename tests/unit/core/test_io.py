@@ -26,6 +26,35 @@ def test_round_trip(tmp_path, suffix):
     assert back.mask_sums().tolist() == [1, 1, 2]
 
 
+def test_jsonl_dict_rewards_and_rollout_log_probs_train_with_reward_key(tmp_path):
+    """A JSONL trace's dict rewards stay dicts and its rollout_log_probs lists; the training
+    data picks LossConfig.reward_key and keeps the log-probs."""
+    from varbatch_kit.train import DataConfig, LossConfig
+    from varbatch_kit.train.data import make_training_data
+
+    rows = [{"prompt_len": 2, "response_len": 2, "rollout_id": 0, "tokens": [1, 2, 3, 4],
+             "reward": {"acc": 1.0, "fmt": 0.5}, "rollout_log_probs": [-0.5, -1.0]},
+            {"prompt_len": 1, "response_len": 1, "rollout_id": 1, "tokens": [5, 6],
+             "reward": {"acc": 0.0, "fmt": 1.0}, "rollout_log_probs": [-2.0]}]
+    p = tmp_path / "t.jsonl"
+    p.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    r = read_trace(p)
+    assert r.extra["reward"].tolist() == [rows[0]["reward"], rows[1]["reward"]]
+    assert r.extra["rollout_log_probs"].tolist() == [[-0.5, -1.0], [-2.0]]
+    data = DataConfig(n_samples_per_prompt=2)
+    d = make_training_data(r, vocab_size=8, seed=0, data=data,
+                           loss=LossConfig(reward_key="fmt", use_tis=True))
+    assert d.sample_reward.tolist() == [0.5, 1.0]
+    assert [x.tolist() for x in d.rollout_log_probs] == [[-0.5, -1.0], [-2.0]]
+    with pytest.raises(ValueError, match=r"reward_key='nope' is not a key of the reward of "
+                                         r"sample 0; its keys are \['acc', 'fmt'\]"):
+        make_training_data(r, vocab_size=8, seed=0, data=data,
+                           loss=LossConfig(reward_key="nope"))
+    # and a Parquet trace of them too
+    back = read_trace(write_trace(r, tmp_path / "t.parquet"))
+    assert back.extra["reward"].tolist() == r.extra["reward"].tolist()
+
+
 def test_rollout_id_optional(tmp_path):
     p = tmp_path / "t.jsonl"
     p.write_text('{"prompt_len": 1, "response_len": 2}\n{"prompt_len": 3, "response_len": 4}\n')

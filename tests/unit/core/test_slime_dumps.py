@@ -8,7 +8,6 @@ The dumps in ``tests/golden/dumps/`` were written by slime's own
 """
 
 import json
-import math
 import os
 import pickle
 import subprocess
@@ -158,13 +157,19 @@ def test_extra_keeps_the_per_sample_fields(name):
         else:
             assert row["rollout_id"] == s["rollout_id"]
         reward = s["reward"]
-        if reward is None or isinstance(reward, dict):
-            assert math.isnan(row["reward"])
-        else:
+        if reward is None:
+            assert pd.isna(row["reward"])
+        else:  # a number, or the dict as slime's Sample.reward holds it
             assert row["reward"] == reward
+            assert isinstance(row["reward"], dict) == isinstance(reward, dict)
         if isinstance(reward, dict):
             for k, v in reward.items():
                 assert row[f"reward/{k}"] == v
+        if d.get("rollout_log_probs") is None:
+            assert "rollout_log_probs" not in extra or row["rollout_log_probs"] is None
+        else:
+            assert row["rollout_log_probs"] == [float(x) for x in d["rollout_log_probs"]]
+            assert len(row["rollout_log_probs"]) == d["response_length"]
         assert row["tokens"] == list(d["tokens"])
         assert row["metadata"] == d["metadata"]
         assert row["label"] == d["label"] and row["response"] == d["response"]
@@ -433,3 +438,60 @@ def test_generator_reproduces_the_records(tmp_path):
                     "--slime-commit", PINNED], check=True, capture_output=True)
     again = {p.stem: json.loads(p.read_text()) for p in sorted(tmp_path.glob("*.json"))}
     assert again == RECORDS
+
+
+def test_rollout_log_probs_and_dict_rewards_are_kept_and_train(tmp_path):
+    """A dump's rollout_log_probs become a column (tensors as lists of float), dict rewards stay
+    dicts; the training data reads both (reward_key picks the reward)."""
+    from varbatch_kit.train import DataConfig, LossConfig
+    from varbatch_kit.train.advantages import token_advantages
+    from varbatch_kit.train.data import make_training_data
+
+    samples = [sample(reward={"acc": 1.0, "fmt": 0.5}, rollout_log_probs=[-0.5, -1.0, -0.25]),
+               sample(reward={"acc": 0.0, "fmt": 1.0},
+                      rollout_log_probs=torch.tensor([-2.0, -0.125, -1.5])),
+               sample(resp=2, total=4, reward={"acc": 1.0, "fmt": 0.0},
+                      rollout_log_probs=[-0.75, -0.5], remove_sample=True)]
+    r = read_trace(write(tmp_path, samples))
+    assert r.extra["reward"].tolist() == [s["reward"] for s in samples]
+    assert r.extra["reward/fmt"].tolist() == [0.5, 1.0, 0.0]
+    assert r.extra["rollout_log_probs"].tolist() == [[-0.5, -1.0, -0.25], [-2.0, -0.125, -1.5],
+                                                     [-0.75, -0.5]]
+    data = DataConfig(n_samples_per_prompt=3)
+    loss = LossConfig(reward_key="acc", use_tis=True, grpo_std_normalization=False)
+    d = make_training_data(r, vocab_size=8, seed=0, data=data, loss=loss)
+    assert d.sample_reward.tolist() == [1.0, 0.0, 1.0]
+    assert [x.tolist() for x in d.rollout_log_probs] == r.extra["rollout_log_probs"].tolist()
+    adv = token_advantages(d, r, loss=loss, data_cfg=data)
+    assert np.concatenate(adv).tolist() == pytest.approx([1 / 3] * 3 + [-2 / 3] * 3 + [1 / 3] * 2)
+    assert r.masks()[2].tolist() == [0, 0]  # remove_sample: fully masked, still in its group
+    with pytest.raises(ValueError, match=r"dict reward with keys \['acc', 'fmt'\]"):
+        make_training_data(r, vocab_size=8, seed=0, data=data, loss=LossConfig())
+    # both travel through JSONL and Parquet traces
+    for suffix in (".jsonl", ".parquet"):
+        back = read_trace(write_trace(r, tmp_path / f"t{suffix}"))
+        assert back.extra["reward"].tolist() == r.extra["reward"].tolist()
+        assert back.extra["rollout_log_probs"].map(list).tolist() == \
+            r.extra["rollout_log_probs"].tolist()
+        d2 = make_training_data(back, vocab_size=8, seed=0, data=data, loss=loss)
+        assert d2.sample_reward.tolist() == d.sample_reward.tolist()
+    # a dump without log-probs has no such column, and TIS is refused before training
+    plain = read_trace(write(tmp_path, [sample(reward=1.0), sample(reward=0.0)], "p.pt"))
+    assert "rollout_log_probs" not in plain.extra
+    with pytest.raises(ValueError, match="loss.use_tis=True needs the rollout engine's"):
+        make_training_data(plain, vocab_size=8, seed=0, data=DataConfig(n_samples_per_prompt=2),
+                           loss=LossConfig(use_tis=True))
+
+
+def test_recorded_dump_with_rollout_log_probs_trains_with_them():
+    rec = READABLE["rollout_10"]
+    dumped = flat(raw_samples(rec))
+    assert all(d.get("rollout_log_probs") is not None for d in dumped)
+    r = read_trace(GOLDEN / rec["dump"])
+    from varbatch_kit.train import DataConfig, LossConfig
+    from varbatch_kit.train.data import make_training_data
+
+    d = make_training_data(r, vocab_size=1 << 20, seed=0, data=DataConfig(n_samples_per_prompt=2),
+                           loss=LossConfig(use_tis=True, use_rollout_logprobs=True))
+    assert [x.tolist() for x in d.rollout_log_probs] == [
+        [float(v) for v in s["rollout_log_probs"]] for s in dumped]

@@ -13,8 +13,10 @@ from _megatron import single_process_megatron
 
 from varbatch_kit import Rollouts, ScheduleConfig
 from varbatch_kit.train import ModelConfig, TrainConfig, cpu_shim
+from varbatch_kit.train.advantages import token_advantages
 from varbatch_kit.train.batch import block_causal_mask, pack, response_token_stats
-from varbatch_kit.train.data import grpo_advantages, make_toy_data
+from varbatch_kit.train.config import DataConfig, LossConfig
+from varbatch_kit.train.data import make_toy_data
 from varbatch_kit.train.model_spec import resolve_model
 
 warnings.filterwarnings("ignore", message=".*Transformer Engine and Apex are not installed.*")
@@ -143,39 +145,62 @@ def test_packed_losses_equal_each_sample_alone(megatron_single_process):
 
 
 # --------------------------------------------------------------------------- toy data
-def test_grpo_advantages_hand_values():
-    adv = grpo_advantages(np.array([1.0, 0.0, 0.5, 0.5, 0.2]), 2)
-    s = np.std([1.0, 0.0], ddof=1)
-    assert np.allclose(adv[:2], [0.5 / (s + 1e-6), -0.5 / (s + 1e-6)])
-    assert np.allclose(adv[2:4], 0.0)  # equal rewards
-    assert adv[4] == 0.0  # a trailing group of one
-    with pytest.raises(ValueError, match="n_samples_per_prompt"):
-        grpo_advantages(np.zeros(2), 0)
+def test_toy_advantages_take_slimes_path_over_samples():
+    """Each sample's reward is its rollout's; the advantages are slime's over the samples:
+    groups of n_samples_per_prompt consecutive samples when the batch holds
+    rollout_batch_size * n of them, else one group of the whole batch."""
+    single = Rollouts.synthetic(6, samples_per_rollout=(1, 1), prompt_len=(2, 5), response_len=6,
+                                max_response_len=10, seed=2)
+    data, loss = DataConfig(n_samples_per_prompt=3), LossConfig()
+    d = make_toy_data(single, vocab_size=32, seed=5, data=data, loss=loss)
+    assert d.group_of_sample.tolist() == [0, 0, 0, 1, 1, 1]
+    adv = [a[0] for a in token_advantages(d, single, loss=loss, data_cfg=data)]
+    for g in (slice(0, 3), slice(3, 6)):
+        r = d.sample_reward[g]
+        want = (r - r.mean()) / (np.std(r, ddof=1) + 1e-6)
+        assert np.allclose(adv[g], want, atol=1e-5)
+    # multi-sample rollouts: 18 samples != 2 prompts * 3, one group over every sample
+    multi = Rollouts.synthetic(6, samples_per_rollout=(2, 4), prompt_len=(2, 5), response_len=6,
+                               max_response_len=10, seed=2)
+    d = make_toy_data(multi, vocab_size=32, seed=5, data=data, loss=loss)
+    assert len(multi) > 6 and d.group_of_sample.tolist() == [0] * len(multi)
+    adv = token_advantages(d, multi, loss=loss, data_cfg=data)
+    r = d.sample_reward
+    want = (r - r.mean()) / (np.std(r, ddof=1) + 1e-6)
+    assert np.allclose([a[0] for a in adv], want, atol=1e-5)
+    assert all((a == a[0]).all() for a in adv)
+    # good rollouts (quality 0.9) get positive advantages, sloppy ones (0.1) negative
+    _ids, members = multi.rollout_order()
+    for k, m in enumerate(members):
+        assert np.sign(adv[int(m[0])][0]) == np.sign(d.rollout_reward[k] - r.mean())
 
 
 def test_toy_data_is_seeded_per_rollout_and_follows_the_rule():
     r = Rollouts.synthetic(8, samples_per_rollout=(1, 3), prompt_len=(2, 5), response_len=6,
                            max_response_len=10, seed=1)
-    d = make_toy_data(r, vocab_size=32, seed=5, n_samples_per_prompt=4)
+    cfg = dict(data=DataConfig(n_samples_per_prompt=4), loss=LossConfig())
+    d = make_toy_data(r, vocab_size=32, seed=5, **cfg)
     # rule bookkeeping: follows_rule marks exactly the tokens equal to previous + 1
     for i, seq in enumerate(d.tokens):
         p = int(r.prompt_len[i])
         assert seq.size == r.total_len[i]
         assert np.array_equal(d.follows_rule[i], seq[p:] == (seq[p - 1:-1] + 1) % 32)
-    # reward = fraction of rule tokens over the rollout's samples (all-ones masks)
+    # reward = fraction of rule tokens over the rollout's samples (all-ones masks), and
+    # every sample carries its rollout's reward
     _ids, groups = r.rollout_order()
     for k, members in enumerate(groups):
         hits = sum(int(d.follows_rule[i].sum()) for i in members)
         total = sum(int(r.response_len[i]) for i in members)
         assert d.rollout_reward[k] == pytest.approx(hits / total)
-        assert np.all(d.sample_advantage[members] == d.rollout_advantage[k])
+        assert np.all(d.sample_reward[members] == d.rollout_reward[k])
+    assert d.rollout_log_probs is None and d.given_advantages is None
     # a rollout's tokens do not depend on the other rollouts in the batch
     last = r.subset(groups[-1])
-    d2 = make_toy_data(last, vocab_size=32, seed=5, n_samples_per_prompt=4)
+    d2 = make_toy_data(last, vocab_size=32, seed=5, **cfg)
     for j, i in enumerate(groups[-1]):
         assert np.array_equal(d2.tokens[j], d.tokens[i])
     # and the seed matters
-    d3 = make_toy_data(r, vocab_size=32, seed=6, n_samples_per_prompt=4)
+    d3 = make_toy_data(r, vocab_size=32, seed=6, **cfg)
     assert any(not np.array_equal(a, b) for a, b in zip(d.tokens, d3.tokens))
 
 
@@ -206,8 +231,13 @@ def test_run_rejects_bad_inputs_before_launching():
     with pytest.raises(ValueError, match="max_seq_len"):
         run(TrainConfig(schedule=ScheduleConfig(global_batch_size=1, micro_batch_size=1),
                         model=ModelConfig(max_seq_len=5)), r)
+    # two one-sample rollouts with slime's default n_samples_per_prompt=1: groups of one
+    # sample, whose std is undefined (slime would train on NaN advantages)
+    with pytest.raises(ValueError, match="sample 0 is alone in its reward group"):
+        run(TrainConfig(schedule=ScheduleConfig(global_batch_size=1, micro_batch_size=1)), r)
     with pytest.raises(ValueError, match="global_batch_size"):
-        run(TrainConfig(schedule=ScheduleConfig(global_batch_size=3, micro_batch_size=1)), r)
+        run(TrainConfig(schedule=ScheduleConfig(global_batch_size=3, micro_batch_size=1),
+                        data=DataConfig(n_samples_per_prompt=2)), r)
 
 
 def test_cli_builds_every_combination():
