@@ -146,6 +146,8 @@ class LossConfig:
     use_rollout_logprobs: bool = _f(False, "old log-probs = the rollout engine's (the rollouts' "
                                            "rollout_log_probs), not the log-prob pass's")
     reward_key: str | None = _f(None, "the key of dict rewards to train on (e.g. 'acc')")
+    rollout_temperature: float = _f(1.0, "the sampling temperature of the rollouts: logits are "
+                                         "divided by it before the log-probs (> 0)")
 
     def __post_init__(self) -> None:
         if self.advantage_estimator == "ppo":
@@ -170,6 +172,7 @@ class LossConfig:
         need_choice("loss", "tis_function", self.tis_function, TIS_FUNCTIONS)
         need_number("loss", "tis_clip", self.tis_clip, lo=0, lo_open=True)
         need_number("loss", "tis_clip_low", self.tis_clip_low, lo=0, hi=self.tis_clip)
+        need_number("loss", "rollout_temperature", self.rollout_temperature, lo=0, lo_open=True)
         if self.reward_key is not None and (not isinstance(self.reward_key, str)
                                             or not self.reward_key):
             raise ValueError(f"loss.reward_key={self.reward_key!r}: give the key of the dict "
@@ -179,6 +182,20 @@ class LossConfig:
     def clip_high(self) -> float:
         """``eps_clip_high``, or ``eps_clip`` when unset (slime's default)."""
         return self.eps_clip if self.eps_clip_high is None else float(self.eps_clip_high)
+
+    def objective_options(self):
+        """The per-token objective's options
+        (:class:`~varbatch_kit.report.objective.ObjectiveOptions`)."""
+        from varbatch_kit.report.objective import ObjectiveOptions
+
+        return ObjectiveOptions(
+            advantage_estimator=self.advantage_estimator, eps_clip=self.eps_clip,
+            eps_clip_high=self.clip_high, eps_clip_c=self.eps_clip_c,
+            entropy_coef=self.entropy_coef, use_kl_loss=self.use_kl_loss,
+            kl_loss_coef=self.kl_loss_coef, kl_loss_type=self.kl_loss_type,
+            use_unbiased_kl=self.use_unbiased_kl, use_tis=self.use_tis,
+            tis_function=self.tis_function, tis_clip=self.tis_clip,
+            tis_clip_low=self.tis_clip_low, use_rollout_logprobs=self.use_rollout_logprobs)
 
     @property
     def needs_rollout_logprobs(self) -> bool:

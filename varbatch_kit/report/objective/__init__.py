@@ -13,7 +13,10 @@ from slime's own functions (``tests/golden/objective/``).
 - :mod:`.kl`: per-token KL estimators (k1, k2, k3, low_var_kl) and the
   per-sequence masked KL (GSPO);
 - :mod:`.policy_loss`: PPO clip (with dual clip), CISPO, OPSM masking, TIS and
-  ICEPOP weights.
+  ICEPOP weights;
+- :mod:`.terms`: :func:`policy_objective`, every per-token term of slime's policy
+  loss for one micro-batch (what the training step and ``compat.slime``'s
+  ``policy_loss_function`` reduce).
 """
 
 from varbatch_kit.report.objective.advantages import (
@@ -34,11 +37,19 @@ from varbatch_kit.report.objective.policy_loss import (
     truncated_is_weights,
 )
 from varbatch_kit.report.objective.rewards import normalize_group_rewards
+from varbatch_kit.report.objective.terms import (
+    OBJECTIVE_ESTIMATORS,
+    ObjectiveOptions,
+    metric_keys,
+    policy_objective,
+)
 from varbatch_kit.report.objective.whiten import masked_whiten
 
 __all__ = [
     "ESTIMATORS",
     "KL_TYPES",
+    "OBJECTIVE_ESTIMATORS",
+    "ObjectiveOptions",
     "approx_kl",
     "broadcast_advantages",
     "cispo_loss",
@@ -47,8 +58,10 @@ __all__ = [
     "gae",
     "icepop_weights",
     "masked_whiten",
+    "metric_keys",
     "normalize_group_rewards",
     "opsm_keep_mask",
+    "policy_objective",
     "ppo_clip_loss",
     "reinforce_pp_baseline_advantages",
     "reinforce_pp_returns",
