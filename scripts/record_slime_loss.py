@@ -37,10 +37,12 @@ Each case's ``inputs`` hold ``args`` (the namespace slime reads), ``batch``
 ``total_lengths``, ``response_lengths``, ``loss_masks``, ``advantages``,
 ``log_probs`` and ``rollout_log_probs`` when present, ``ref_log_probs``,
 ``rollout_mask_sums``) and ``logits``; ``loss_function`` cases also
-``num_microbatches`` and ``step_global_batch_size``. ``policy_loss_function``
-cases run with the reducer ``loss_function`` would build
-(``get_sum_of_sample_mean(total_lengths, response_lengths, loss_masks,
-rollout_mask_sums, calculate_per_token_loss)``). Outputs:
+``num_microbatches`` and ``step_global_batch_size``; ``policy_loss_function``
+cases also ``sum_of_sample_mean``: the ``sample_denoms`` and
+``calculate_per_token_loss`` of the reducer handed in
+(``get_sum_of_sample_mean(total_lengths, response_lengths, loss_masks, ...)``),
+the one ``loss_function`` would build in two cases of three, else a per-sample
+mean. Outputs:
 
 - ``policy_loss_function``: ``{"loss", "metrics": {key: value, ...} (slime's
   order), "logits_grad"}``;
@@ -223,21 +225,24 @@ def make_case(i: int, rng: random.Random) -> tuple[SimpleNamespace, dict, torch.
     return args, batch, logits
 
 
-def _reducer(S, args, batch):
-    return S.cp_utils.get_sum_of_sample_mean(
-        batch["total_lengths"], batch["response_lengths"], batch["loss_masks"],
-        batch["rollout_mask_sums"], args.calculate_per_token_loss)
-
-
 def family_policy_loss_function(S, rng):
     cases = []
     for i in range(30):
         args, batch, logits = make_case(i, rng)
-        inp = {"args": args, "batch": batch, "logits": logits}
+        # the reducer handed in: loss_function's in two cases of three, else a per-sample
+        # mean (slime's TIS path rebuilds its own from rollout_mask_sums; the mismatch
+        # metrics keep this one)
+        own = i % 3 != 1
+        reducer = {"sample_denoms": batch["rollout_mask_sums"] if own else None,
+                   "calculate_per_token_loss": args.calculate_per_token_loss if own else False}
+        inp = {"args": args, "batch": batch, "logits": logits, "sum_of_sample_mean": reducer}
 
-        def run(args=args, batch=batch, logits=logits):
+        def run(args=args, batch=batch, logits=logits, reducer=reducer):
             x = logits.clone().requires_grad_(True)
-            loss, metrics = S.loss.policy_loss_function(args, batch, x, _reducer(S, args, batch))
+            sum_of_sample_mean = S.cp_utils.get_sum_of_sample_mean(
+                batch["total_lengths"], batch["response_lengths"], batch["loss_masks"],
+                reducer["sample_denoms"], reducer["calculate_per_token_loss"])
+            loss, metrics = S.loss.policy_loss_function(args, batch, x, sum_of_sample_mean)
             loss.backward()
             return {"loss": loss, "metrics": metrics, "logits_grad": x.grad}
 

@@ -11,7 +11,9 @@ temperature of the grid) and records the loss, the normalizer, every logged
 value with its key, and the gradient of the returned loss with respect to the
 logits. Every case is replayed here against
 :mod:`varbatch_kit.compat.slime.loss` (which sits on the engine's
-:func:`~varbatch_kit.report.objective.policy_objective`).
+:func:`~varbatch_kit.report.objective.policy_objective`), and against the
+engine's own path: the one per-token ``loss`` tensor of ``policy_objective``
+reduced once gives slime's loss and logits gradient.
 
 Tolerances (float32 throughout): keys equal and in the same order; dtypes,
 shapes and the normalizer exact; logged values and losses within ``rtol =
@@ -86,7 +88,11 @@ def reducer(args, batch):
 def run_policy(case):
     args, batch, inp = case_inputs(case)
     x = inp["logits"].clone().requires_grad_(True)
-    loss, metrics = sl.policy_loss_function(args, batch, x, reducer(args, batch))
+    given = inp["sum_of_sample_mean"]
+    sum_of_sample_mean = compat.get_sum_of_sample_mean(
+        batch["total_lengths"], batch["response_lengths"], batch["loss_masks"],
+        given["sample_denoms"], given["calculate_per_token_loss"])
+    loss, metrics = sl.policy_loss_function(args, batch, x, sum_of_sample_mean)
     loss.backward()
     return loss, metrics, x.grad
 
@@ -168,6 +174,34 @@ def test_loss_function_matches_slime(i):
     close(grad, want["logits_grad"], GRAD_TOL, "logits_grad")
 
 
+@pytest.mark.parametrize("i", range(FAMILIES["loss_function"]))
+def test_the_engines_single_per_token_loss_reduces_to_slimes(i):
+    """The training step reduces one tensor, ``policy_objective(...)["loss"]``; its gradient
+    is slime's (OPSM is not part of the engine's objective: those cases are skipped)."""
+    case = load("loss_function")["cases"][i]
+    args, batch, inp = case_inputs(case)
+    if args.use_opsm:
+        pytest.skip("OPSM is applied by compat's policy_loss_function, not the engine")
+    want = dec(case["output"])
+    x = inp["logits"].clone().requires_grad_(True)
+    log_probs, entropy = obj.response_log_probs_and_entropy(
+        x[0], batch["unconcat_tokens"], batch["total_lengths"], batch["response_lengths"],
+        args.rollout_temperature)
+    terms = obj.policy_objective(
+        sl.objective_options_from_args(args), log_probs, entropy, batch["advantages"],
+        batch["loss_masks"], old_log_probs=batch.get("log_probs"),
+        ref_log_probs=batch["ref_log_probs"], rollout_log_probs=batch.get("rollout_log_probs"))
+    loss = reducer(args, batch)(terms["loss"])
+    if not args.calculate_per_token_loss:
+        loss = loss * inp["num_microbatches"] / inp["step_global_batch_size"]
+    loss.backward()
+    close(loss, want["loss"], VALUE_TOL, "loss")
+    close(x.grad, want["logits_grad"], GRAD_TOL, "logits_grad")
+    keys = obj.metric_keys(sl.objective_options_from_args(args),
+                           has_rollout_log_probs="rollout_log_probs" in batch)
+    assert list(keys) == want["log"]["keys"]
+
+
 def test_a_fully_masked_sample_counts_one_token_in_the_per_token_normalizer():
     """slime's ``clamp_min(loss_mask.sum(), 1)``: recorded cases, then a hand-made one."""
     checked = 0
@@ -233,12 +267,24 @@ def test_a_custom_tis_function_path_is_loaded_and_called(monkeypatch):
     ({"rollout_top_p": 0.9}, "rollout_top_p"),
     ({"loss_type": "value_loss"}, "Unknown loss type"),
     ({"advantage_estimator": "ppo"}, "advantage_estimator"),
+    ({"data_parallel_size": 0}, "data_parallel_size=0"),
     ({"custom_tis_function_path": "no_such_module_here.fn", "use_tis": True}, "cannot load"),
 ])
 def test_unsupported_arguments_raise_naming_the_flag(override, match):
     case = load("loss_function")["cases"][0]
     with pytest.raises(SlimeCompatError, match=match):
         run_loss(case, **override)
+
+
+def test_the_engine_options_refuse_a_tis_function_they_do_not_have():
+    args = SimpleNamespace(**load("loss_function")["cases"][0]["inputs"]["args"])
+    args.use_tis, args.custom_tis_function_path = True, "my_tis.my_icepop"
+    with pytest.raises(SlimeCompatError, match="custom_tis_function_path='my_tis.my_icepop'"):
+        sl.objective_options_from_args(args)
+    args.custom_tis_function_path = "varbatch_kit.compat.slime.icepop_function"
+    assert sl.objective_options_from_args(args).tis_function == "icepop"
+    args.use_tis, args.get_mismatch_metrics = False, True
+    assert sl.objective_options_from_args(args).use_tis  # slime weighs the loss then too
 
 
 def test_tis_without_rollout_log_probs_raises_slimes_message():

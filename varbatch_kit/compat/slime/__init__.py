@@ -16,7 +16,11 @@ from varbatch_kit.compat.slime.flags import (
     parse_slime_flags,
     schedule_config_from_slime_args,
 )
-from varbatch_kit.compat.slime.loss import loss_function, policy_loss_function
+from varbatch_kit.compat.slime.loss import (
+    loss_function,
+    objective_options_from_args,
+    policy_loss_function,
+)
 from varbatch_kit.compat.slime.metrics import (
     gather_and_reduce_log_dict,
     get_logits_and_tokens_offset_with_cp,
@@ -81,6 +85,7 @@ __all__ = [
     "icepop_function",
     "karmarkar_karp",
     "loss_function",
+    "objective_options_from_args",
     "parse_slime_flags",
     "policy_loss_function",
     "post_process_rewards",

@@ -37,7 +37,8 @@ from varbatch_kit.compat.slime.errors import SlimeCompatError, raises_slime_erro
 from varbatch_kit.compat.slime.metrics import get_sum_of_sample_mean
 from varbatch_kit.report import objective as obj
 
-__all__ = ["KNOWN_TIS_FUNCTIONS", "loss_function", "policy_loss_function"]
+__all__ = ["KNOWN_TIS_FUNCTIONS", "loss_function", "objective_options_from_args",
+           "policy_loss_function"]
 
 #: the last component of a ``--custom-tis-function-path`` naming slime's own TIS functions
 KNOWN_TIS_FUNCTIONS = {"vanilla_tis_function": "vanilla", "icepop_function": "icepop"}
@@ -71,15 +72,15 @@ def _check_args(args: Any) -> None:
                                f"policy loss supports {_ESTIMATORS}")
 
 
-def _tis_choice(args: Any) -> tuple[str, Callable | None]:
-    """``(engine weight name, None)`` for slime's own TIS functions, else ``("", function)``."""
+def _tis_choice(args: Any) -> tuple[str, str | None]:
+    """``(engine weight name, None)`` for slime's own TIS functions, else ``("", path)``."""
     path = getattr(args, "custom_tis_function_path", None)
     if path is None:
         return "vanilla", None
     name = path.rpartition(".")[2]
     if name in KNOWN_TIS_FUNCTIONS and path.startswith(("slime.", "varbatch_kit.")):
         return KNOWN_TIS_FUNCTIONS[name], None
-    return "", _load_function(path)
+    return "", path
 
 
 def _options(args: Any, use_tis: bool, tis_function: str) -> obj.ObjectiveOptions:
@@ -93,6 +94,30 @@ def _options(args: Any, use_tis: bool, tis_function: str) -> obj.ObjectiveOption
         tis_function=tis_function or "vanilla", tis_clip=getattr(args, "tis_clip", 2.0),
         tis_clip_low=getattr(args, "tis_clip_low", 0.0),
         use_rollout_logprobs=args.use_rollout_logprobs)
+
+
+def _mismatch(args: Any) -> bool:
+    return bool(args.use_tis or getattr(args, "get_mismatch_metrics", False))
+
+
+@raises_slime_errors
+def objective_options_from_args(args: Any) -> obj.ObjectiveOptions:
+    """The engine's per-token objective options
+    (:class:`~varbatch_kit.report.objective.ObjectiveOptions`) for slime's ``args``.
+
+    ``get_mismatch_metrics`` counts as ``use_tis`` (slime weighs the loss then
+    too); ``custom_tis_function_path`` must be None or name slime's
+    ``vanilla_tis_function`` / ``icepop_function`` (:data:`KNOWN_TIS_FUNCTIONS`);
+    :func:`policy_loss_function` calls any other function itself.
+    """
+    _check_args(args)
+    name, func = _tis_choice(args) if _mismatch(args) else ("vanilla", None)
+    if func is not None:
+        raise SlimeCompatError(f"args.custom_tis_function_path={args.custom_tis_function_path!r}"
+                               " is not one of slime's TIS functions "
+                               f"{sorted(KNOWN_TIS_FUNCTIONS)}: the per-token objective has no "
+                               "weights for it")
+    return _options(args, _mismatch(args), name)
 
 
 @raises_slime_errors
@@ -126,8 +151,9 @@ def policy_loss_function(args: Any, batch: dict, logits: torch.Tensor,
         entropy = [e.detach() for e in entropy]  # slime keeps no entropy gradient then
     train_log_probs = batch.get("log_probs") or None
     rollout_log_probs = batch.get("rollout_log_probs") or None
-    mismatch = bool(args.use_tis or getattr(args, "get_mismatch_metrics", False))
-    tis_name, tis_func = _tis_choice(args) if mismatch else ("", None)
+    mismatch = _mismatch(args)
+    tis_name, tis_path = _tis_choice(args) if mismatch else ("", None)
+    tis_func = _load_function(tis_path) if tis_path is not None else None
     if mismatch and rollout_log_probs is None:
         raise SlimeCompatError("rollout_log_probs must be provided for TIS "
                                "(batch['rollout_log_probs'])")
@@ -225,7 +251,10 @@ def loss_function(args: Any, batch: dict, num_microbatches: int, step_global_bat
     if step_global_batch_size <= 0 or num_microbatches <= 0:
         raise SlimeCompatError(f"num_microbatches={num_microbatches}, step_global_batch_size="
                                f"{step_global_batch_size}: both must be positive")
-    dp = getattr(args, "data_parallel_size", 1) or 1
+    dp = getattr(args, "data_parallel_size", 1)
+    if isinstance(dp, bool) or not isinstance(dp, int) or dp < 1:
+        raise SlimeCompatError(f"args.data_parallel_size={dp!r}: give the data-parallel world "
+                               "size, an integer >= 1")
     num_tokens = sum(torch.clamp_min(m.sum(), 1) for m in batch["loss_masks"])
     reducer = get_sum_of_sample_mean(batch["total_lengths"], batch["response_lengths"],
                                      batch["loss_masks"], batch["rollout_mask_sums"],
