@@ -120,15 +120,17 @@ def test_reports_gradients_and_parameters_do_not_move_with_the_layout(tmp_path):
 
 
 def test_variable_batch_lr_schedule_and_loss_curve(tmp_path):
-    """One launch: 30 steps on the toy task (loss falls), and a per-token run whose LR
-    schedule advances by each step's sample count."""
+    """One launch: 30 steps on the toy task (one rollout batch per step: on-policy, the model
+    learns the rule), and a per-token run whose LR schedule advances by each step's sample
+    count."""
     curve_rollouts = Rollouts.synthetic(240, samples_per_rollout=(1, 2), prompt_len=(4, 8),
                                         response_len=12, response_sigma=0.5,
                                         max_response_len=24, seed=3)
     gbs8 = ScheduleConfig(global_batch_size=8, max_tokens_per_gpu=256)
     curve_cfg = TrainConfig().with_(schedule=gbs8,
                             num_layers=2, hidden_size=64, num_attention_heads=4, vocab_size=64,
-                            lr=3e-3, min_lr=3e-4, n_samples_per_prompt=4, label="curve")
+                            lr=3e-3, min_lr=3e-4, n_samples_per_prompt=4, num_steps_per_rollout=1,
+                            label="curve")
     lr_cfg = TrainConfig().with_(schedule=gbs8,
                          mode="per_token", lr=1e-3, min_lr=0.0, lr_decay_style="linear",
                          max_steps=5, label="lr", **TINY)
@@ -138,8 +140,15 @@ def test_variable_batch_lr_schedule_and_loss_curve(tmp_path):
     s = curve.steps
     print("loss curve:", [round(x, 4) for x in s["loss"]])
     print("token_acc:", [round(x, 3) for x in s["token_acc"]])
+    print("nll:", [round(x, 3) for x in s["nll"]])
     assert s["step"].tolist() == list(range(1, 31))
-    first, last = s["loss"].iloc[:5].mean(), s["loss"].iloc[-5:].mean()
+    # on-policy (the log-prob pass before every step): ratio 1, so slime's PPO loss is the
+    # reported mean of -advantage, nothing is clipped, and ppo_kl is 0 (the pass and the
+    # step run the same micro-batches: bit for bit)
+    assert np.allclose(s["loss"], -s["advantage"], rtol=0, atol=1e-12)
+    assert (s["pg_clipfrac"] == 0).all() and (s["ppo_kl"] == 0).all()
+    assert (s["log_prob_pass_s"] > 0).all()
+    first, last = s["nll"].iloc[:5].mean(), s["nll"].iloc[-5:].mean()
     assert last < first - 0.1, (first, last)
     assert s["token_acc"].iloc[-5:].mean() > s["token_acc"].iloc[:5].mean() + 0.05
     assert (s["rollouts"] == 8).all() and s["lr_increment"].eq(8).all()  # per-rollout: rollouts

@@ -85,6 +85,9 @@ class ReportMode:
         microbatch_mean: the loss sum is the micro-batch's own token mean (naive).
         norm_constant: ``C`` of ``seq-mean-token-sum-norm`` (None: the step's
             longest response).
+        empty_counts_one: the token count counts a fully masked sample as one
+            token (slime's ``clamp_min(loss_mask.sum(), 1)`` in ``loss_function``;
+            ``per_token``).
         divides_by: the divisor in words (for docs, tables and notebooks).
     """
 
@@ -96,6 +99,7 @@ class ReportMode:
     naive: bool = False
     microbatch_mean: bool = False
     norm_constant: float | None = None
+    empty_counts_one: bool = False
     description: str = field(default="", compare=False)
 
     def __post_init__(self) -> None:
@@ -154,7 +158,7 @@ class ReportMode:
             global_batch_size = num_rollouts
         gbs = positive("global_batch_size", global_batch_size)
         own = sample_mask_sums(loss_masks)
-        num_tokens = int(own.sum().item())
+        num_tokens = int((own.clamp_min(1.0) if self.empty_counts_one else own).sum().item())
         num_samples = len(ids)
 
         if self.denominators == "rollout":
@@ -259,7 +263,8 @@ class ReportMode:
         """
         if not self.megatron_per_token_loss:
             return 1
-        return _weighted_token_count(loss_masks, cp_size, reference_cp)
+        return _weighted_token_count(loss_masks, cp_size, reference_cp,
+                                     empty_counts_one=self.empty_counts_one)
 
     def count_slot(
         self,
@@ -332,9 +337,14 @@ def _weighted_token_count(
     loss_masks: Sequence[torch.Tensor],
     cp_size: int | Sequence[int] | None,
     reference_cp: int | None,
+    *,
+    empty_counts_one: bool = False,
 ) -> int:
-    """``sum_i n_i * K / c_i`` (``n_i`` a sample's unmasked tokens, ``c_i`` its degree)."""
+    """``sum_i n_i * K / c_i`` (``n_i`` a sample's unmasked tokens, at least 1 with
+    ``empty_counts_one``; ``c_i`` its degree)."""
     sums = sample_mask_sums(loss_masks)
+    if empty_counts_one:
+        sums = sums.clamp_min(1.0)
     if cp_size is None and reference_cp is None:
         return int(sums.sum().item())
     per_sample = per_sample_cp(0, 1 if cp_size is None else cp_size, len(loss_masks))
@@ -375,8 +385,10 @@ def _modes() -> dict[str, ReportMode]:
             "per_token",
             "one",
             "tokens",
-            "the global count of unmasked tokens of the step (all-reduced slot 0 / cp)",
+            "the global count of unmasked tokens of the step, a fully masked sample counting "
+            "one (all-reduced slot 0 / cp)",
             megatron_per_token_loss=True,
+            empty_counts_one=True,
             description="slime per-token: masked token sum over the step's token count",
         ),
         ReportMode(

@@ -218,18 +218,21 @@ def response_logits(model, batch: PackedBatch) -> torch.Tensor:
 
 
 def response_token_stats(logits: torch.Tensor, batch: PackedBatch, *,
-                         at_response_rows: bool = False) -> dict[str, torch.Tensor]:
+                         at_response_rows: bool = False, temperature: float = 1.0,
+                         entropy_grad: bool = False) -> dict[str, torch.Tensor]:
     """Per-response-token values of a packed batch, samples concatenated (float64).
 
     ``logits`` has shape ``[1, T, V]`` (or ``[T, V]``); with
     ``at_response_rows=True`` only the rows that predict response tokens, as
-    :func:`response_logits` gives them (``[1, R, V]``). The log-softmax runs in
-    float64: the loss and report sums that follow add many signed terms whose
-    float32 rounding would otherwise show at the 1e-5 level when packing
-    changes the summation order. Returns
+    :func:`response_logits` gives them (``[1, R, V]``). The logits are divided
+    by ``temperature`` (the rollouts' sampling temperature, as slime does) and
+    the log-softmax runs in float64: the loss and report sums that follow add
+    many signed terms whose float32 rounding would otherwise show at the 1e-5
+    level when packing changes the summation order. Returns
 
     - ``logprob``: log-probability of each response token (differentiable),
-    - ``entropy``: entropy of the predicting distribution (detached),
+    - ``entropy``: entropy of the predicting distribution (differentiable with
+      ``entropy_grad``, for an entropy bonus; else detached),
     - ``correct``: 1.0 where the argmax equals the response token (detached).
     """
     if logits.dim() == 3:
@@ -239,11 +242,16 @@ def response_token_stats(logits: torch.Tensor, batch: PackedBatch, *,
     if at_response_rows:
         if logits.shape[0] != pos.numel():
             raise ValueError(f"{logits.shape[0]} logit rows for {pos.numel()} response tokens")
-        logp_all = torch.log_softmax(logits.double(), dim=-1)
     else:
-        logp_all = torch.log_softmax(logits[pos].double(), dim=-1)
+        logits = logits[pos]
+    logits = logits.double()
+    if temperature != 1.0:
+        logits = logits / float(temperature)
+    logp_all = torch.log_softmax(logits, dim=-1)
     logprob = logp_all.gather(-1, targets[:, None])[:, 0]
-    with torch.no_grad():
+    with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
         entropy = -(logp_all.exp() * logp_all).sum(-1)
+    with torch.no_grad():
         correct = (logp_all.argmax(-1) == targets).double()
-    return {"logprob": logprob, "entropy": entropy, "correct": correct}
+    return {"logprob": logprob, "entropy": entropy if entropy_grad else entropy.detach(),
+            "correct": correct}

@@ -215,7 +215,6 @@ def _sweep(cfg, model, dev, fit_set, out_set, longest, repeats, warmup, seed,
     from tqdm.auto import tqdm
 
     from varbatch_kit.train.batch import pack, response_logits, response_token_stats
-    from varbatch_kit.train.loss import policy_gradient_loss
     from varbatch_kit.train.model import build_gpt
     from varbatch_kit.train.timing import MicroBatchTimer
 
@@ -232,8 +231,8 @@ def _sweep(cfg, model, dev, fit_set, out_set, longest, repeats, warmup, seed,
         timer.forward_start(batch.lengths)
         logits = response_logits(gpt, batch)  # as the training engine does
         stats = response_token_stats(logits, batch, at_response_rows=True)
-        adv = torch.ones_like(stats["logprob"])
-        loss = policy_gradient_loss(stats["logprob"], adv).sum() / max(1, stats["logprob"].numel())
+        # a policy-gradient loss of advantage 1 (on-policy: -log p), the training step's cost
+        loss = -stats["logprob"].sum() / max(1, stats["logprob"].numel())
         timer.forward_end()
         loss.backward()
         timer.finish()

@@ -214,10 +214,16 @@ class DataConfig:
                                               "of prompt groups, group_index, else rollouts / "
                                               "n_samples_per_prompt)")
 
+    num_steps_per_rollout: int | None = _f(None, "training steps per rollout batch: the log-prob "
+                                                 "pass and the advantages cover that many "
+                                                 "consecutive steps (default: the whole run is "
+                                                 "one rollout batch)")
+
     def __post_init__(self) -> None:
         need_int("data", "seed", self.seed, 0)
         need_int("data", "n_samples_per_prompt", self.n_samples_per_prompt, 1)
         need_int("data", "rollout_batch_size", self.rollout_batch_size, 1, optional=True)
+        need_int("data", "num_steps_per_rollout", self.num_steps_per_rollout, 1, optional=True)
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ the response token ids, ``prompt_len[i] + response_len[i]`` of them, each in
 
 Old log-probs (an ``old_logprobs`` or ``rollout_log_probs`` column, one
 float per response token) switch the loss to PPO's clipped surrogate
-(:mod:`varbatch_kit.train.loss`). Everything is checked at the boundary by
+(:mod:`varbatch_kit.report.objective`). Everything is checked at the boundary by
 :func:`validate_rollout_data` with ValueErrors naming the sample and column.
 
 The toy task (:func:`make_toy_data`, the fallback without ``tokens``)
@@ -105,6 +105,7 @@ class ToyData:
     #: the toy task has no behaviour policy: the loss is on-policy
     old_logprobs: list[np.ndarray] | None = None
     source: str = "toy"
+    rollout_log_probs = None
 
 
 def _rollout_rng(seed: int, rollout_id: int) -> np.random.Generator:
@@ -213,6 +214,10 @@ class RolloutData:
     advantage_source: str
     group_of_rollout: np.ndarray
     source: str = "rollouts"
+
+    @property
+    def rollout_log_probs(self):
+        return self.old_logprobs
 
 
 def _extra(rollouts: Rollouts):
@@ -429,7 +434,8 @@ def rollout_training_data(
 
 
 def validate_rollout_data(rollouts: Rollouts, *, vocab_size: int,
-                          n_samples_per_prompt: int = 1) -> None:
+                          data=None, loss=None) -> None:
+    n_samples_per_prompt = data.n_samples_per_prompt
     """Check the real training data of ``rollouts`` (no-op without tokens); ValueError if bad.
 
     The check the launcher runs before starting workers
@@ -441,8 +447,9 @@ def validate_rollout_data(rollouts: Rollouts, *, vocab_size: int,
 
 
 def make_training_data(
-    rollouts: Rollouts, *, vocab_size: int, seed: int, n_samples_per_prompt: int
+    rollouts: Rollouts, *, vocab_size: int, seed: int, data=None, loss=None
 ) -> RolloutData | ToyData:
+    n_samples_per_prompt = data.n_samples_per_prompt
     """The data the engine trains on: the rollouts' own tokens, else the toy task."""
     if has_tokens(rollouts):
         return rollout_training_data(rollouts, vocab_size=vocab_size,

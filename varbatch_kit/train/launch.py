@@ -170,8 +170,8 @@ def write_job(job_dir: Path, plans: list[PlannedRun], rollouts: Rollouts, device
         shutil.rmtree(job_dir)
     job_dir.mkdir(parents=True, exist_ok=True)
     job = Job([p.config for p in plans], [p.model for p in plans], [p.steps for p in plans],
-              rollouts, [str(d) for d in out_dirs], device, resume_from=resume_from,
-              fingerprints=fingerprints)
+              [p.log_prob_steps for p in plans], rollouts, [str(d) for d in out_dirs], device,
+              resume_from=resume_from, fingerprints=fingerprints)
     with open(job_dir / "job.pkl", "wb") as f:
         pickle.dump(job, f)
     return job_dir / "job.pkl"

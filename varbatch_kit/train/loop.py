@@ -45,14 +45,17 @@ CP_NOTE = (
 class Job:
     """What the launcher hands to the workers (pickled into ``JOB_DIR/job.pkl``).
 
-    Per run: ``configs[k]``, its resolved model ``models[k]`` and the steps it
+    Per run: ``configs[k]``, its resolved model ``models[k]``, the steps it
     trains ``steps[k]`` (the launcher's one build of the schedule, cut to
-    ``run.max_steps``), ``out_dirs[k]``.
+    ``run.max_steps``), the steps of its log-prob pass ``log_prob_steps[k]``
+    (:func:`~varbatch_kit.core.log_prob_schedule.build_log_prob_schedule`'s, the
+    same cut), ``out_dirs[k]``.
     """
 
     configs: list[TrainConfig]
     models: list  # ResolvedModel per config
     steps: list  # list[Step] per config
+    log_prob_steps: list  # list[Step] per config
     rollouts: Rollouts
     out_dirs: list[str]
     device: str  # "cpu" or "cuda"
@@ -71,13 +74,15 @@ def _at_point(at, number: int, point: str) -> None:
     at(point, number)
 
 
-def train(cfg: TrainConfig, model_spec, steps: list, rollouts: Rollouts, out_dir: Path,
-          device: torch.device, *, resume_from: str | None = None,
+def train(cfg: TrainConfig, model_spec, steps: list, log_prob_steps: list, rollouts: Rollouts,
+          out_dir: Path, device: torch.device, *, resume_from: str | None = None,
           fingerprint: dict | None = None) -> None:
     """Train ``cfg`` on ``rollouts`` over ``steps``; rank 0 writes ``out_dir/steps.jsonl``.
 
     ``model_spec``: the :class:`~varbatch_kit.train.model_spec.ResolvedModel`;
-    ``steps``: the schedule's steps to train (the launcher built them). From
+    ``steps``: the schedule's steps to train (the launcher built them), and
+    ``log_prob_steps`` those of the forward-only log-prob pass that runs before
+    step 1 (:mod:`varbatch_kit.train.policy_inputs`). From
     scratch, or from the checkpoint folder ``resume_from`` (every rank loads
     rank 0's full state; the launcher has truncated the step log to its
     step). With ``cfg.checkpoint.save_every`` rank 0 writes a checkpoint after
@@ -95,8 +100,13 @@ def train(cfg: TrainConfig, model_spec, steps: list, rollouts: Rollouts, out_dir
     from varbatch_kit.report import get_report_mode
     from varbatch_kit.train.data import make_training_data
     from varbatch_kit.train.model import build_gpt
+    from varbatch_kit.train.policy_inputs import (
+        RolloutBatches,
+        initial_state_if_needed,
+        prepare_policy_inputs,
+    )
     from varbatch_kit.train.run_state import kill_self, restore, save
-    from varbatch_kit.train.step import train_step
+    from varbatch_kit.train.step import report_keys, train_step
 
     rank, world = dist.get_rank(), dist.get_world_size()
     if world != cfg.world_size:
@@ -108,7 +118,7 @@ def train(cfg: TrainConfig, model_spec, steps: list, rollouts: Rollouts, out_dir
     # the tokens and advantages: the rollouts' own (Rollouts.extra tokens/reward/advantage),
     # else the toy task's (train/data.py)
     data = make_training_data(rollouts, vocab_size=model_spec.vocab_size, seed=cfg.data.seed,
-                              n_samples_per_prompt=cfg.data.n_samples_per_prompt)
+                              data=cfg.data, loss=cfg.loss)
     max_seq_len = cfg.model.max_seq_len or int(rollouts.total_len.max())
 
     # model, DDP over all dp*cp ranks, optimizer, LR schedule — identical init on every rank
@@ -138,11 +148,28 @@ def train(cfg: TrainConfig, model_spec, steps: list, rollouts: Rollouts, out_dir
         end_wd=opt.weight_decay, wd_incr_steps=horizon, wd_incr_style="constant",
     )
 
+    initial = initial_state_if_needed(cfg, gpt)  # the reference model's weights (a KL term)
     start, consumed, load_s = 0, 0, None
     if resume_from is not None:
         t_load = time.perf_counter()
         start, consumed = restore(resume_from, gpt, optimizer, scheduler)
         load_s = time.perf_counter() - t_load
+    # rollout batches of data.num_steps_per_rollout steps: before the first step of each, the
+    # log-prob pass, the advantages and the rollout log-probs (train/policy_inputs.py)
+    batches = RolloutBatches(len(steps), cfg.data.num_steps_per_rollout)
+    inputs, inputs_of, pass_s = None, None, 0.0
+
+    def inputs_for(number: int):
+        nonlocal inputs, inputs_of, pass_s
+        k = batches.index(number)
+        if inputs_of != k:
+            t_pass = time.perf_counter()
+            inputs = prepare_policy_inputs(
+                cfg, model, gpt, batches.steps(log_prob_steps, k), rollouts, data, device,
+                out_dir, rollout_batch=k, initial_state=initial,
+                resumed=not batches.starts(number) and resume_from is not None)
+            inputs_of, pass_s = k, time.perf_counter() - t_pass
+        return inputs
     kill = faults.kill_point() if rank == faults.fail_rank else None
     current = {"step": 0}
     if kill is not None and kill[0] == "mid_step":
@@ -162,7 +189,9 @@ def train(cfg: TrainConfig, model_spec, steps: list, rollouts: Rollouts, out_dir
             "cp_emulated": cfg.cp > 1, "cp_note": CP_NOTE if cfg.cp > 1 else "",
             "parameters": sum(p.numel() for p in gpt.parameters()),
             "max_seq_len": max_seq_len, "num_steps": len(steps), "lr_increment": unit,
-            "data": data.source, "ppo_clipped": data.old_logprobs is not None,
+            "data": data.source, "rollout_log_probs": data.rollout_log_probs is not None,
+            "metrics": list(report_keys(cfg, data.rollout_log_probs is not None)),
+            "steps_per_rollout_batch": batches.per_batch,
             "torch": torch.__version__, "resumed_from_step": start if resume_from else None,
             "checkpoint_load_s": load_s,
         }
@@ -177,7 +206,10 @@ def train(cfg: TrainConfig, model_spec, steps: list, rollouts: Rollouts, out_dir
             while True:  # debug hook: a rank that hangs (the launcher's step timeout fires)
                 time.sleep(1)
         at("before_step", number)
-        record = train_step(cfg, mode, model, optimizer, step, rollouts, data, device)
+        record = train_step(cfg, mode, model, optimizer, step, rollouts, data,
+                            inputs_for(number), device)
+        # the rollout batch's log-prob pass (and advantages) ran before this step: its time
+        record["log_prob_pass_s"] = pass_s if batches.starts(number) else 0.0
         at("after_step", number)
         record["lr"] = _lr_of(optimizer)  # the LR this step's update used
         scheduler.step(increment=increments[number - 1])  # rollouts or samples of this step
@@ -238,10 +270,11 @@ def main(argv: list[str] | None = None) -> int:
         device = setup_process(job.device, job.configs[0].run.threads_per_worker)
         resume = job.resume_from or [None] * len(job.configs)
         prints = job.fingerprints or [None] * len(job.configs)
-        for cfg, spec, steps, out, ckpt, fp in zip(job.configs, job.models, job.steps,
-                                                   job.out_dirs, resume, prints):
+        for cfg, spec, steps, lp_steps, out, ckpt, fp in zip(
+                job.configs, job.models, job.steps, job.log_prob_steps, job.out_dirs, resume,
+                prints):
             current = cfg.name
-            train(cfg, spec, steps, job.rollouts, Path(out), device, resume_from=ckpt,
+            train(cfg, spec, steps, lp_steps, job.rollouts, Path(out), device, resume_from=ckpt,
                   fingerprint=fp)
     except BaseException:  # noqa: BLE001 - any failure must reach the launcher, then exit
         _write_error(job_dir, rank, f"rank {rank} failed in {current!r}:\n{traceback.format_exc()}")

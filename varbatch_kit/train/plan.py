@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from varbatch_kit.core.build import build_schedule
+from varbatch_kit.core.log_prob_schedule import build_log_prob_schedule
 from varbatch_kit.core.rollouts import Rollouts
 from varbatch_kit.train.config import TrainConfig
 from varbatch_kit.train.model_spec import ResolvedModel, resolve_model
@@ -27,13 +28,16 @@ __all__ = ["PlannedRun", "plan_runs", "resolve_device"]
 
 @dataclass(frozen=True)
 class PlannedRun:
-    """One configuration ready to train: its resolved model, its schedule (built once) and
-    the steps it trains (the schedule's, cut to ``run.max_steps``)."""
+    """One configuration ready to train: its resolved model, its schedule (built once), the
+    steps it trains (the schedule's, cut to ``run.max_steps``) and the steps of its
+    forward-only log-prob pass (the log-prob schedule's, the same cut: the training steps
+    themselves unless ``log_probs_max_tokens_per_gpu`` sets another cap)."""
 
     config: TrainConfig
     model: ResolvedModel
     schedule: Any  # varbatch_kit.core.schedule.Schedule
     steps: list
+    log_prob_steps: list
 
     @property
     def num_steps(self) -> int:
@@ -68,8 +72,7 @@ def _check_rollouts(cfg: TrainConfig, model: ResolvedModel, rollouts: Rollouts) 
             f"model.max_seq_len={cfg.model.max_seq_len} < longest sample ({longest} tokens); "
             "raise it or leave it None")
     # real token sequences are checked here, before any worker starts (no TrainingError wrap)
-    validate_rollout_data(rollouts, vocab_size=model.vocab_size,
-                          n_samples_per_prompt=cfg.data.n_samples_per_prompt)
+    validate_rollout_data(rollouts, vocab_size=model.vocab_size, data=cfg.data, loss=cfg.loss)
 
 
 def plan_runs(configs: Sequence[TrainConfig], rollouts: Rollouts) -> list[PlannedRun]:
@@ -90,5 +93,11 @@ def plan_runs(configs: Sequence[TrainConfig], rollouts: Rollouts) -> list[Planne
                      else schedule.steps)
         if cfg.faults.fail_at_step is None and not steps:
             raise ValueError("the schedule has no step to train")
-        plans.append(PlannedRun(cfg, model, schedule, steps))
+        # the log-prob pass re-packs each DP rank's samples under its own cap (fixed CP only:
+        # a dynamic-CP plan's log-prob pass runs on the training micro-batches)
+        lp_steps = steps
+        if schedule.steps and schedule.steps[0].is_fixed_shape:
+            lp = build_log_prob_schedule(rollouts, cfg.schedule, model.shape, schedule=schedule)
+            lp_steps = steps if lp is schedule else list(lp.steps[: len(steps)])
+        plans.append(PlannedRun(cfg, model, schedule, steps, lp_steps))
     return plans

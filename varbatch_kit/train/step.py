@@ -30,10 +30,13 @@ One training step, top to bottom (:func:`train_step`)
 2. This DP rank's micro-batches (from the :class:`~varbatch_kit.Schedule`),
    each packed into one row (:mod:`.batch`).
 3. megatron-core's forward/backward schedule over them. The loss function
-   returns ``(prescale * loss_sum, num_tokens, {"values": [...]})``: the
-   policy-gradient loss ``-advantage * log p`` (PPO-clipped when the rollouts
-   carry old log-probs; :mod:`.loss`) summed with the mode's denominators over
-   the CP-local response tokens.
+   returns ``(prescale * loss_sum, num_tokens, {"values": [...]})``: every
+   per-token term of slime's policy loss
+   (:func:`varbatch_kit.report.objective.policy_objective`: the PPO / CISPO /
+   GSPO surrogate on the log-prob pass's old log-probs, TIS, the entropy
+   bonus, the KL loss) computed on the full responses, then each summed with
+   the mode's denominators over the CP-local response tokens; the loss is
+   the sum of the combined per-token loss.
 4. The megatron-core optimizer step (gradient norm before clipping), then
    ``OptimizerParamScheduler.step(increment=<rollouts or samples of the step>)``.
 5. The report: micro-batch value vectors summed, all-reduced over DP x CP,
@@ -43,26 +46,56 @@ One training step, top to bottom (:func:`train_step`)
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from functools import partial
 
 import numpy as np
 import torch
 import torch.distributed as dist
 
-__all__ = ["METRIC_KEYS", "reduce_step_report", "train_step"]
+__all__ = ["EXTRA_METRIC_KEYS", "PolicyInputs", "reduce_step_report", "report_keys",
+           "train_step"]
 
-METRIC_KEYS = ("loss", "nll", "entropy", "token_acc", "advantage")
+#: reported beside slime's policy-loss metrics: the response tokens' negative log-likelihood,
+#: the share the argmax predicts, and the mean advantage (all under the report mode)
+EXTRA_METRIC_KEYS = ("nll", "token_acc", "advantage")
 
 
-def train_step(cfg, mode, model, optimizer, step, rollouts, data, device) -> dict:
+@dataclass(frozen=True, eq=False)
+class PolicyInputs:
+    """What the policy loss reads per sample besides the model's output, for a whole run.
+
+    ``advantages[i]``: one float per response token of sample ``i`` (the samples of the
+    current rollout batch);
+    ``old_log_probs`` / ``ref_log_probs``: the log-prob pass's (sample -> array;
+    ``ref_log_probs`` only with a KL loss); ``rollout_log_probs[i]``: the
+    rollout engine's, or None.
+    """
+
+    advantages: list
+    old_log_probs: dict
+    ref_log_probs: dict | None = None
+    rollout_log_probs: list | None = None
+
+
+def report_keys(cfg, has_rollout_log_probs: bool) -> tuple[str, ...]:
+    """The reported metric names of a run: slime's policy-loss metrics, then the extras."""
+    from varbatch_kit.report.objective import metric_keys
+
+    return metric_keys(cfg.loss.objective_options(),
+                       has_rollout_log_probs=has_rollout_log_probs) + EXTRA_METRIC_KEYS
+
+
+def train_step(cfg, mode, model, optimizer, step, rollouts, data, inputs: PolicyInputs,
+               device) -> dict:
     """Forward/backward over this rank's micro-batches, optimizer step, reduced report."""
     from megatron.core.pipeline_parallel import get_forward_backward_func
     from megatron.core.utils import get_model_config
 
     from varbatch_kit.core.placement import RankWork
     from varbatch_kit.report.cp import slice_flat_responses_for_cp
+    from varbatch_kit.report.objective import policy_objective
     from varbatch_kit.train.batch import pack, response_logits, response_token_stats
-    from varbatch_kit.train.loss import policy_gradient_loss
     from varbatch_kit.train.timing import MicroBatchTimer, busy_and_straggler, gather_timings
 
     t0 = time.perf_counter()
@@ -104,21 +137,31 @@ def train_step(cfg, mode, model, optimizer, step, rollouts, data, device) -> dic
         for w in work
     ]
 
+    options = cfg.loss.objective_options()
+    keys = report_keys(cfg, inputs.rollout_log_probs is not None)
+
+    def _f64(arrays, idx):
+        return [torch.as_tensor(np.asarray(arrays[g], dtype=np.float64)).to(device) for g in idx]
+
     def loss_func(batch, cp_size, cp_rank, logits):
         idx = [int(g) for g in batch.sample_indices]
-        stats = response_token_stats(logits, batch, at_response_rows=True)
-        adv = torch.cat([torch.full((int(rollouts.response_len[g]),),
-                                    float(data.sample_advantage[g]), dtype=torch.float64)
-                         for g in idx]).to(device)
-        old = None if data.old_logprobs is None else torch.from_numpy(
-            np.concatenate([data.old_logprobs[g] for g in idx]).astype(np.float64)).to(device)
-        per_token = {  # the loss: train/loss.py (-A log p, or PPO-clipped with old log-probs)
-            "loss": policy_gradient_loss(stats["logprob"], adv, old, clip_eps=cfg.loss.eps_clip),
-            "nll": -stats["logprob"].detach(),
-            "entropy": stats["entropy"],
-            "token_acc": stats["correct"],
-            "advantage": adv,
-        }
+        stats = response_token_stats(logits, batch, at_response_rows=True,
+                                     temperature=cfg.loss.rollout_temperature,
+                                     entropy_grad=cfg.loss.entropy_coef != 0)
+        splits = list(batch.response_lens)
+        adv = _f64(inputs.advantages, idx)
+        # every term of slime's policy loss on the full responses (train/objective docs)
+        per_token = policy_objective(
+            options, list(stats["logprob"].split(splits)), list(stats["entropy"].split(splits)),
+            adv, [masks[g].to(device) for g in idx],
+            old_log_probs=_f64(inputs.old_log_probs, idx),
+            ref_log_probs=None if inputs.ref_log_probs is None else _f64(inputs.ref_log_probs,
+                                                                         idx),
+            rollout_log_probs=None if inputs.rollout_log_probs is None else _f64(
+                inputs.rollout_log_probs, idx))
+        per_token["nll"] = -stats["logprob"].detach()
+        per_token["token_acc"] = stats["correct"]
+        per_token["advantage"] = torch.cat(adv)
         kw = {
             "total_lengths": list(batch.lengths),
             "response_lengths": list(batch.response_lens),
@@ -128,7 +171,7 @@ def train_step(cfg, mode, model, optimizer, step, rollouts, data, device) -> dic
             "cp_size": cp_size,
         }
         sums = {}
-        for key in METRIC_KEYS:
+        for key in keys:
             local = slice_flat_responses_for_cp(
                 per_token[key], kw["total_lengths"], kw["response_lengths"],
                 cp_rank=cp_rank, cp_size=cp_size)
@@ -137,7 +180,7 @@ def train_step(cfg, mode, model, optimizer, step, rollouts, data, device) -> dic
         count = {"cp_size": cp_size, "reference_cp": norm.reference_cp} if dynamic else {}
         num_tokens = mode.megatron_num_tokens(kw["loss_masks"], **count) if weight else 0
         values = torch.stack([torch.tensor(float(mode.count_slot(kw["loss_masks"], **count)))]
-                             + [sums[k].detach().cpu().double() for k in METRIC_KEYS]) * weight
+                             + [sums[k].detach().cpu().double() for k in keys]) * weight
         return (weight * prescale * sums["loss"],
                 torch.tensor(num_tokens, dtype=torch.int, device=device),
                 {"values": values})
@@ -170,7 +213,7 @@ def train_step(cfg, mode, model, optimizer, step, rollouts, data, device) -> dic
     wall = time.perf_counter() - t0
 
     # 5. report: sum micro-batch vectors, all-reduce over DP x CP, divide by the step divisor
-    report = reduce_step_report([o["values"] for o in outputs], mode=mode, norm=norm,
+    report = reduce_step_report([o["values"] for o in outputs], keys=keys, mode=mode, norm=norm,
                                 cp_size=norm.reference_cp)
     walls = torch.tensor([wall], dtype=torch.float64, device=device)
     gathered = [torch.zeros_like(walls) for _ in range(world)]
@@ -219,7 +262,7 @@ def _reward(data, step) -> float:
     return float(np.mean([data.rollout_reward[pos[int(r)]] for r in step.rollout_ids]))
 
 
-def reduce_step_report(values, *, mode, norm, cp_size) -> dict[str, float]:
+def reduce_step_report(values, *, keys, mode, norm, cp_size) -> dict[str, float]:
     """:func:`varbatch_kit.report.reduce_train_step_metrics` over megatron's DP x CP group.
 
     With emulated CP, megatron's data-parallel group is the whole dp * cp world.
@@ -231,5 +274,5 @@ def reduce_step_report(values, *, mode, norm, cp_size) -> dict[str, float]:
 
     group = parallel_state.get_data_parallel_group(with_context_parallel=True)
     divisor = None if mode.megatron_per_token_loss else norm.report_divisor
-    return reduce_train_step_metrics(values, keys=METRIC_KEYS, divisor=divisor,
+    return reduce_train_step_metrics(values, keys=keys, divisor=divisor,
                                      cp_size=cp_size, group=group)

@@ -446,3 +446,23 @@ def test_layout_must_cover_every_sample_once():
         report("per_token", case, [[[0, 1, 2, 2]]])
     with pytest.raises(ValueError, match=r"same number"):
         report("per_token", case, [[[0, 1]], [[2], [3]]])
+
+
+def test_per_token_counts_a_fully_masked_sample_as_one_token_as_slime_does():
+    """slime's loss_function: num_tokens = sum(clamp_min(loss_mask.sum(), 1)); verl's
+    token-mean does not clamp. Hand-derived: masks with 3, 0 and 2 unmasked tokens."""
+    import torch as _torch
+
+    from varbatch_kit.report import get_report_mode
+
+    masks = [_torch.tensor([1.0, 1, 1]), _torch.zeros(4), _torch.tensor([0.0, 1, 1])]
+    per_token, verl = get_report_mode("per_token"), get_report_mode("token-mean")
+    assert per_token.step_normalizers([0, 1, 2], masks).num_tokens == 6  # 3 + 1 + 2
+    assert per_token.step_normalizers([0, 1, 2], masks).report_divisor == 6.0
+    assert per_token.megatron_num_tokens(masks) == 6
+    assert per_token.count_slot(masks) == 6
+    assert verl.step_normalizers([0, 1, 2], masks).num_tokens == 5
+    # every sample fully masked: slime still counts one token per sample
+    empty = [_torch.zeros(2), _torch.zeros(3)]
+    assert per_token.step_normalizers([0, 1], empty).report_divisor == 2.0
+    assert verl.step_normalizers([0, 1], empty).report_divisor == 1.0  # max(0, 1)

@@ -1,17 +1,13 @@
-"""The policy-gradient loss and the real-data path: hand-derived numbers, GRPO advantages,
-validation of token sequences at the boundary."""
+"""The real-data path: hand-derived GRPO advantages, validation of token sequences at the
+boundary. (The per-token loss terms: tests/unit/report/test_objective_terms.py.)"""
 
 from __future__ import annotations
-
-import math
 
 import numpy as np
 import pandas as pd
 import pytest
-import torch
 
 from varbatch_kit import Rollouts
-from varbatch_kit.train import LossConfig, TrainConfig
 from varbatch_kit.train.data import (
     RolloutData,
     ToyData,
@@ -21,103 +17,6 @@ from varbatch_kit.train.data import (
     rollout_training_data,
     validate_rollout_data,
 )
-from varbatch_kit.train.loss import policy_gradient_loss, step_loss
-
-
-# --------------------------------------------------------------------------- per-token loss
-def test_on_policy_loss_is_minus_advantage_times_logprob_and_its_gradient():
-    logp = torch.tensor([-1.0, -2.0, -0.5], dtype=torch.float64, requires_grad=True)
-    adv = torch.tensor([1.0, 1.0, -2.0], dtype=torch.float64)
-    loss = policy_gradient_loss(logp, adv)
-    assert loss.tolist() == [1.0, 2.0, -1.0]
-    loss.sum().backward()
-    assert logp.grad.tolist() == [-1.0, -1.0, 2.0]  # d/dlogp of -A log p
-
-
-def test_ppo_clipping_cases_by_hand():
-    """r = exp(logp - old); loss = max(-A r, -A clip(r, 0.8, 1.2)); clipped tokens get no
-    gradient."""
-    old = torch.zeros(4, dtype=torch.float64)
-    ratio = torch.tensor([1.5, 0.5, 1.5, 0.5], dtype=torch.float64)
-    logp = ratio.log().clone().requires_grad_(True)
-    adv = torch.tensor([2.0, 2.0, -2.0, -2.0], dtype=torch.float64)
-    loss = policy_gradient_loss(logp, adv, old, clip_eps=0.2)
-    # A > 0, r above 1 + eps: clipped at 1.2;   A > 0, r below 1 - eps: unclipped 0.5
-    # A < 0, r above 1 + eps: unclipped 1.5;    A < 0, r below 1 - eps: clipped at 0.8
-    assert loss.tolist() == pytest.approx([-2.4, -1.0, 3.0, 1.6], abs=1e-12)
-    loss.sum().backward()
-    # d(-A r)/dlogp = -A r where unclipped, 0 where the clipped branch is the max
-    assert logp.grad.tolist() == pytest.approx([0.0, -1.0, 3.0, 0.0], abs=1e-12)
-
-
-def test_ppo_inside_the_clip_range_and_at_ratio_one():
-    logp = torch.tensor([-1.0, -3.0], dtype=torch.float64, requires_grad=True)
-    adv = torch.tensor([1.5, -0.5], dtype=torch.float64)
-    old = torch.tensor([-1.1, -3.0], dtype=torch.float64)  # ratios e^0.1 = 1.105 and 1
-    loss = policy_gradient_loss(logp, adv, old, clip_eps=0.2)
-    assert loss.tolist() == pytest.approx([-1.5 * math.exp(0.1), 0.5], abs=1e-12)
-    loss.sum().backward()
-    assert logp.grad.tolist() == pytest.approx([-1.5 * math.exp(0.1), 0.5], abs=1e-12)
-    # old == current: the value is -A, the gradient the on-policy one (-A d log p)
-    lp = logp.detach().clone().requires_grad_(True)
-    on = lp.detach().clone().requires_grad_(True)
-    policy_gradient_loss(lp, adv, lp.detach()).sum().backward()
-    policy_gradient_loss(on, adv).sum().backward()
-    assert torch.allclose(lp.grad, on.grad)
-    assert policy_gradient_loss(lp, adv, lp.detach()).tolist() == pytest.approx([-1.5, 0.5])
-
-
-def test_loss_shape_and_clip_eps_errors():
-    x = torch.zeros(3)
-    with pytest.raises(ValueError, match="advantages has shape"):
-        policy_gradient_loss(x, torch.zeros(2))
-    with pytest.raises(ValueError, match="old_logprobs has shape"):
-        policy_gradient_loss(x, x, torch.zeros(4))
-    for bad in (0, 1.0, -0.1, "0.2", True):
-        with pytest.raises(ValueError, match="clip_eps"):
-            policy_gradient_loss(x, x, x, clip_eps=bad)
-        with pytest.raises(ValueError, match="loss.clip_eps"):
-            LossConfig(clip_eps=bad)
-    assert TrainConfig().loss.clip_eps == 0.2
-    assert TrainConfig(loss=LossConfig(clip_eps=0.1)).loss.clip_eps == 0.1
-
-
-# --------------------------------------------------------------------------- reduced step loss
-# sample A: log-probs [-1, -2], advantage 1  -> per-token loss [1, 2]
-# sample B: log-probs [-0.5],   advantage -2 -> per-token loss [-1]
-LOGP = [[-1.0, -2.0], [-0.5]]
-ADV = [1.0, -2.0]
-
-
-def test_step_loss_per_rollout_mean_by_hand():
-    # two rollouts: mean over rollouts of each rollout's token mean = (3/2 + -1/1) / 2
-    assert step_loss(LOGP, ADV, [0, 1]) == pytest.approx(0.25)
-    # one rollout of two samples: (1 + 2 - 1) / 3 tokens, one rollout
-    assert step_loss(LOGP, ADV, [0, 0]) == pytest.approx(2 / 3)
-    # a masked token drops out of numerator and denominator: (1/1 + -1/1) / 2
-    assert step_loss(LOGP, ADV, [0, 1], loss_masks=[[1, 0], [1]]) == pytest.approx(0.0)
-
-
-def test_step_loss_per_token_and_naive_by_hand():
-    assert step_loss(LOGP, ADV, [0, 1], mode="per_token") == pytest.approx(2 / 3)
-    assert step_loss(LOGP, ADV, [0, 1], mode="per_sample_mean") == pytest.approx(0.25)
-    # one micro-batch: the naive micro-batch mean equals the token mean
-    assert step_loss(LOGP, ADV, [0, 1], mode="naive_microbatch_mean") == pytest.approx(2 / 3)
-
-
-def test_step_loss_with_old_logprobs_by_hand():
-    # A's ratios e^0.5 (clipped at 1.2 for A > 0) and 1; B's ratio e^-0.5 = 0.607 (A < 0:
-    # max(2 * 0.607, 2 * 0.8) = 1.6, clipped)
-    old = [[-1.5, -2.0], [0.0]]
-    a = [-1.2, -1.0]  # -A * clip(r) = -1.2 and -A * r = -1
-    b = [1.6]
-    want = (sum(a) / 2 + sum(b) / 1) / 2
-    assert step_loss(LOGP, ADV, [0, 1], old_logprobs=old) == pytest.approx(want)
-    # a wider clip range lets A's first token through: -e^0.5
-    a_wide = [-math.exp(0.5), -1.0]
-    b_wide = [2 * math.exp(-0.5)]  # 0.607 is inside [0.1, 1.9]: unclipped
-    want = (sum(a_wide) / 2 + sum(b_wide)) / 2
-    assert step_loss(LOGP, ADV, [0, 1], old_logprobs=old, clip_eps=0.9) == pytest.approx(want)
 
 
 # --------------------------------------------------------------------------- advantages

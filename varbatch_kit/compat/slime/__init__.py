@@ -1,4 +1,5 @@
-"""slime's scheduling, metric and RL-objective functions, with slime's signatures and results.
+"""slime's scheduling, metric and RL-objective functions, with slime's signatures and results;
+slime's command line mapped onto a ScheduleConfig or a TrainConfig.
 
 Thin adapters over varbatch_kit's core, :mod:`varbatch_kit.report` and
 :mod:`varbatch_kit.report.objective` (the behaviour is described in
@@ -56,6 +57,7 @@ from varbatch_kit.compat.slime.schedule import (
     to_slime,
 )
 from varbatch_kit.compat.slime.train_data import convert_samples_to_train_data
+from varbatch_kit.compat.slime.train_flags import train_config_from_slime_args
 
 __all__ = [
     "GROUP_NORMALIZED_ESTIMATORS",
@@ -93,5 +95,6 @@ __all__ = [
     "rollout_log_metric_contribution",
     "schedule_config_from_slime_args",
     "to_slime",
+    "train_config_from_slime_args",
     "vanilla_tis_function",
 ]

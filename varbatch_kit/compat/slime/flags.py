@@ -19,7 +19,10 @@ slime flags                               packing      distribution
 list of arguments (``sys.argv``-style) or a namespace with slime's attribute
 names. Strings and lists are parsed strictly: a bad value or an abbreviated
 flag is a ``ValueError`` naming the flag; flags that do not affect the
-schedule are ignored with one warning listing them.
+schedule are ignored with one warning listing them. The parser is
+:func:`parse_flag_table` over a known-flag table (:data:`SCHEDULE_FLAG_TABLE`);
+:mod:`.train_flags` parses its own flags and these in the same single pass, so
+a training command line is warned about once.
 
 Also mapped: ``--pipeline-model-parallel-size`` → ``pp`` (what
 ``microbatch_order`` optimises for and the simulator's default) and, with
@@ -38,7 +41,8 @@ from typing import Any
 
 from varbatch_kit.core.config import ScheduleConfig, batching_fields
 
-__all__ = ["SLIME_FLAGS", "SLIME_SCHEDULE_FLAGS", "parse_slime_flags",
+__all__ = ["SCHEDULE_DESTS", "SCHEDULE_FLAG_TABLE", "SLIME_FLAGS", "SLIME_SCHEDULE_FLAGS",
+           "flag_dest", "parse_flag_table", "parse_slime_flags", "positive_int",
            "schedule_config_from_slime_args"]
 
 #: slime's command-line flags for each (packing, distribution) pair it offers
@@ -72,7 +76,8 @@ class _StrictParser(argparse.ArgumentParser):
         raise ValueError(f"slime flags: {message}")
 
 
-def _positive(text: str) -> int:
+def positive_int(text: str) -> int:
+    """argparse type of a positive whole number (its error names the flag through argparse)."""
     try:
         value = int(text)
     except ValueError:
@@ -82,15 +87,67 @@ def _positive(text: str) -> int:
     return value
 
 
-def _parser() -> _StrictParser:
-    p = _StrictParser(prog="slime", add_help=False, allow_abbrev=False)
-    for flag in _INT_FLAGS:
-        p.add_argument(flag, type=_positive)
-    for flag, dest in _ALIASES.items():
-        p.add_argument(flag, type=_positive, dest=dest)
-    for flag in _BOOL_FLAGS:
-        p.add_argument(flag, action="store_true")
-    return p
+#: the known-flag table of the schedule: (flag, argparse keyword arguments), one row a flag
+SCHEDULE_FLAG_TABLE: tuple[tuple[str, dict[str, Any]], ...] = (
+    tuple((flag, {"type": positive_int}) for flag in _INT_FLAGS)
+    + tuple((flag, {"type": positive_int, "dest": dest}) for flag, dest in _ALIASES.items())
+    + tuple((flag, {"action": "store_true"}) for flag in _BOOL_FLAGS)
+)
+
+
+def flag_dest(flag: str, kwargs: dict[str, Any]) -> str:
+    """The attribute a table row sets (argparse's ``dest``: ``--eps-clip`` -> ``eps_clip``)."""
+    return kwargs.get("dest", flag.lstrip("-").replace("-", "_"))
+
+
+#: the namespace attributes the schedule reads
+SCHEDULE_DESTS: tuple[str, ...] = tuple(flag_dest(f, kw) for f, kw in SCHEDULE_FLAG_TABLE)
+
+
+def _tokens(argv: str | Sequence[str]) -> list[str]:
+    if isinstance(argv, str):
+        return shlex.split(argv)
+    if isinstance(argv, Sequence) and all(isinstance(t, str) for t in argv):
+        return list(argv)
+    raise ValueError(
+        f"slime args must be a command-line string, a list of strings or a namespace, got "
+        f"{type(argv).__name__}")
+
+
+def parse_flag_table(argv: str | Sequence[str], table: Sequence[tuple[str, dict[str, Any]]], *,
+                     ignored_because: str, given_only: bool = False,
+                     stacklevel: int = 2) -> argparse.Namespace:
+    """Parse the flags of ``table`` out of a slime command line, strictly; the one parser.
+
+    ``table`` rows are ``(flag, argparse keyword arguments)``. A bad value or an
+    abbreviated flag (a prefix of a flag of the table) is a ``ValueError`` naming
+    the flag; every other flag is ignored, and ONE warning lists them all
+    ("slime flags that {ignored_because} were ignored: ..."). With
+    ``given_only`` the namespace holds only the flags given (no defaults).
+    ``stacklevel`` is the warning's, counted from the caller of this function.
+    """
+    tokens = _tokens(argv)
+    p = _StrictParser(prog="slime", add_help=False, allow_abbrev=False,
+                      argument_default=argparse.SUPPRESS if given_only else None)
+    for flag, kwargs in table:
+        p.add_argument(flag, **kwargs)
+    known = [flag for flag, _ in table]
+    ns, unknown = p.parse_known_args(tokens)
+    ignored = []
+    for tok in unknown:
+        if not tok.startswith("--"):
+            continue  # the value of an ignored flag
+        name = tok.split("=", 1)[0]
+        prefixed = [f for f in known if f.startswith(name) and f != name]
+        if prefixed:
+            raise ValueError(
+                f"slime flag {name!r} is not a flag; abbreviations are not accepted: did you "
+                f"mean {' or '.join(prefixed)}?")
+        ignored.append(name)
+    if ignored:
+        warnings.warn(f"slime flags that {ignored_because} were ignored: {', '.join(ignored)}",
+                      stacklevel=stacklevel + 1)
+    return ns
 
 
 def parse_slime_flags(argv: str | Sequence[str]) -> argparse.Namespace:
@@ -100,31 +157,8 @@ def parse_slime_flags(argv: str | Sequence[str]) -> argparse.Namespace:
     flag (``--balance-dat``); warns once, listing them, about flags that do
     not affect the schedule.
     """
-    if isinstance(argv, str):
-        tokens = shlex.split(argv)
-    elif isinstance(argv, Sequence) and all(isinstance(t, str) for t in argv):
-        tokens = list(argv)
-    else:
-        raise ValueError(
-            f"slime args must be a command-line string, a list of strings or a namespace, got "
-            f"{type(argv).__name__}")
-    ns, unknown = _parser().parse_known_args(tokens)
-    ignored = []
-    for tok in unknown:
-        if not tok.startswith("--"):
-            continue  # the value of an ignored flag
-        name = tok.split("=", 1)[0]
-        prefixed = [f for f in SLIME_SCHEDULE_FLAGS if f.startswith(name) and f != name]
-        if prefixed:
-            raise ValueError(
-                f"slime flag {name!r} is not a flag; abbreviations are not accepted: did you "
-                f"mean {' or '.join(prefixed)}?")
-        ignored.append(name)
-    if ignored:
-        warnings.warn(
-            f"slime flags that do not affect the schedule were ignored: {', '.join(ignored)}",
-            stacklevel=3)
-    return ns
+    return parse_flag_table(argv, SCHEDULE_FLAG_TABLE, ignored_because="do not affect the "
+                            "schedule", stacklevel=3)
 
 
 def schedule_config_from_slime_args(args: Any, *, dp: int | None = None) -> ScheduleConfig:

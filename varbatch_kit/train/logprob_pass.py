@@ -1,0 +1,102 @@
+"""The forward-only log-prob pass: every sample's log-probs under the actor, before training.
+
+slime recomputes the old policy's log-probs (and, with a KL loss, the
+reference model's) with the actor before a rollout batch's training steps, in
+micro-batches packed under ``--log-probs-max-tokens-per-gpu``
+(:func:`varbatch_kit.core.log_prob_schedule.build_log_prob_schedule`). Here:
+
+- each world rank runs, without gradients, the micro-batches of the log-prob
+  schedule it holds as CP rank 0 (fixed CP: DP rank ``w // cp``'s micro-batches
+  on ``w % cp == 0``; dynamic CP: the first rank of each micro-batch's group),
+  so every sample is computed exactly once (CP is emulated: the full forward
+  runs on one rank);
+- the per-sample results are all-gathered, so every rank ends with the
+  log-probs of every sample of the run's steps (what the loss and the
+  advantages read).
+
+The log-probs are float64, at the rollout temperature, computed as the
+training step computes them (:func:`varbatch_kit.train.batch.response_token_stats`):
+on the same micro-batches the first training step's log-probs equal them
+bit for bit, so its PPO ratio is exactly 1.
+
+The pass runs before the first step of every rollout batch
+(:mod:`.policy_inputs`). Rank 0 saves its result to
+``OUT_DIR/log_probs_batch{K}.pt``; a run resumed in the middle of rollout
+batch ``K`` reads it back (its actor has moved since the pass).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+__all__ = ["compute_log_probs", "load_or_compute", "log_probs_file"]
+
+
+def log_probs_file(out_dir: Path, rollout_batch: int) -> Path:
+    """Where rank 0 keeps rollout batch ``rollout_batch``'s log-prob pass."""
+    return Path(out_dir) / f"log_probs_batch{int(rollout_batch)}.pt"
+
+
+def _my_micro_batches(steps, rank: int) -> list[np.ndarray]:
+    mine = []
+    for step in steps:
+        for work in step.rank_program(rank):
+            if work.samples.size and work.cp_rank == 0:
+                mine.append(work.samples)
+    return mine
+
+
+@torch.no_grad()
+def compute_log_probs(model, steps, rollouts, tokens, device, *,
+                      temperature: float = 1.0) -> dict[int, np.ndarray]:
+    """Log-probs (float64 per response token) of every sample of ``steps``, on every rank.
+
+    ``steps``: the log-prob schedule's steps (or the training steps);
+    ``tokens[i]``: sample ``i``'s prompt + response ids. Collective: every rank
+    of the world calls it.
+    """
+    from varbatch_kit.train.batch import pack, response_logits, response_token_stats
+
+    was_training = model.training
+    model.eval()
+    mine: dict[int, np.ndarray] = {}
+    try:
+        for samples in _my_micro_batches(steps, dist.get_rank()):
+            batch = pack([tokens[g] for g in samples], rollouts.prompt_len[samples], samples,
+                         device=device)
+            logits = response_logits(model, batch)
+            lp = response_token_stats(logits, batch, at_response_rows=True,
+                                      temperature=temperature)["logprob"].cpu().numpy()
+            for g, piece in zip(batch.sample_indices.tolist(),
+                                np.split(lp, np.cumsum(batch.response_lens)[:-1])):
+                mine[int(g)] = piece
+    finally:
+        model.train(was_training)
+    gathered: list = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, mine)
+    out: dict[int, np.ndarray] = {}
+    for part in gathered:
+        out.update(part)
+    return out
+
+
+def load_or_compute(compute, path: Path, *, resumed: bool):
+    """``compute()`` (a collective; rank 0 saves its result to ``path``), or, for a run resumed
+    inside the rollout batch, the result saved there."""
+    path = Path(path)
+    if resumed:
+        if not path.exists():
+            raise RuntimeError(f"resuming inside a rollout batch needs its log-prob pass, {path}, "
+                               "which is missing: train the run again from step 1")
+        return torch.load(path, weights_only=False)
+    out = compute()
+    if dist.get_rank() == 0:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        torch.save(out, tmp)
+        tmp.replace(path)
+    return out
