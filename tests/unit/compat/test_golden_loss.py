@@ -121,6 +121,12 @@ def test_file_header_and_coverage_pin(name):
     assert all("output" in c for c in data["cases"]), "slime raised on a recorded case"
 
 
+def test_the_files_are_in_the_objective_folder():
+    """The folder is shared with record_slime_objective.py (test_golden_objective.py pins
+    its whole listing)."""
+    assert set(FAMILIES) <= {p.stem for p in FOLDER.glob("*.json")}
+
+
 def test_the_grid_covers_every_option():
     cases = load("policy_loss_function")["cases"] + load("loss_function")["cases"]
     args = [c["inputs"]["args"] for c in cases]

@@ -42,6 +42,18 @@ def test_values_and_gradients_match_float64(temperature):
     torch.testing.assert_close(logits.grad.double(), x.grad, rtol=1e-5, atol=1e-6)
 
 
+def test_float64_on_request():
+    g = torch.Generator().manual_seed(5)
+    logits, tokens = torch.randn(4, 7, generator=g), torch.randint(0, 7, (4,), generator=g)
+    lp, ent = token_log_probs_and_entropy(logits, tokens, 0.8, dtype=torch.float64)
+    assert lp.dtype == ent.dtype == torch.float64
+    want_lp, want_ent = reference(logits, tokens, 0.8)
+    torch.testing.assert_close(lp, want_lp, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(ent, want_ent, rtol=1e-12, atol=1e-12)
+    with pytest.raises(ValueError, match="dtype"):
+        token_log_probs_and_entropy(logits, tokens, dtype=torch.float16)
+
+
 def test_uniform_logits_give_log_v():
     lp, ent = token_log_probs_and_entropy(torch.zeros(2, 8), torch.tensor([0, 7]))
     assert lp.tolist() == pytest.approx([-math.log(8)] * 2)

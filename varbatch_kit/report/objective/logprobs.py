@@ -1,7 +1,7 @@
 """Log-probabilities and entropies of the sampled tokens, from the model's logits.
 
 The forward pass of slime's ``get_log_probs_and_entropy`` without the tensor
-parallelism: the logits are cast to float32 and divided by the rollout
+parallelism: the logits are cast to float32 (or float64 on request) and divided by the rollout
 temperature (when it is not 1), then per row ``log_prob = x[token] -
 logsumexp(x)`` and ``entropy = logsumexp(x) - sum(softmax(x) * x)``. Both are
 differentiable through autograd (the gradients are slime's closed forms:
@@ -23,10 +23,12 @@ __all__ = ["response_log_probs_and_entropy", "token_log_probs_and_entropy"]
 
 
 def token_log_probs_and_entropy(logits: torch.Tensor, tokens: torch.Tensor,
-                                temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+                                temperature: float = 1.0, *, dtype: torch.dtype = torch.float32
+                                ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(log_probs [N], entropy [N])`` of ``tokens [N]`` under ``logits [N, V]`` / temperature.
 
-    float32 whatever the logits' dtype.
+    Computed in ``dtype`` whatever the logits' dtype: float32 is slime's;
+    float64 keeps float32 rounding out of later layout-sensitive sums.
     """
     if logits.ndim != 2:
         raise ValueError(f"logits must be [N, V], got shape {tuple(logits.shape)}")
@@ -35,7 +37,9 @@ def token_log_probs_and_entropy(logits: torch.Tensor, tokens: torch.Tensor,
                          f"row ({logits.shape[0]})")
     if not temperature > 0:
         raise ValueError(f"temperature={temperature!r}: must be > 0")
-    x = logits.float()
+    if dtype not in (torch.float32, torch.float64):
+        raise ValueError(f"dtype={dtype}: use torch.float32 (slime's) or torch.float64")
+    x = logits.to(dtype)
     if temperature != 1.0:
         x = x / temperature
     if x.shape[0] == 0:
@@ -48,7 +52,8 @@ def token_log_probs_and_entropy(logits: torch.Tensor, tokens: torch.Tensor,
 
 def response_log_probs_and_entropy(
     logits: torch.Tensor, tokens: Sequence[torch.Tensor], total_lengths: Sequence[int],
-    response_lengths: Sequence[int], temperature: float = 1.0,
+    response_lengths: Sequence[int], temperature: float = 1.0, *,
+    dtype: torch.dtype = torch.float32,
 ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     """Per sample, the response tokens' log-probs and entropies from packed ``logits [T, V]``.
 
@@ -75,6 +80,7 @@ def response_log_probs_and_entropy(
         targets.append(tok[total - resp:total])
     index = torch.cat(rows).to(logits.device) if rows else torch.zeros(0, dtype=torch.long)
     target = torch.cat(targets).to(logits.device) if targets else index
-    log_probs, entropy = token_log_probs_and_entropy(logits[index], target, temperature)
+    log_probs, entropy = token_log_probs_and_entropy(logits[index], target, temperature,
+                                                     dtype=dtype)
     sizes = list(response_lengths)
     return list(log_probs.split(sizes)), list(entropy.split(sizes))
