@@ -434,6 +434,7 @@ def test_smollm2_training_step_descends_on_a_repeated_batch(smollm2, megatron_si
     from varbatch_kit.core.build import build_schedule
     from varbatch_kit.report import get_report_mode
     from varbatch_kit.train.data import make_toy_data
+    from varbatch_kit.train.advantages import token_advantages
     from varbatch_kit.train.logprob_pass import compute_log_probs
     from varbatch_kit.train.model import build_gpt
     from varbatch_kit.train.step import PolicyInputs, train_step
@@ -455,9 +456,8 @@ def test_smollm2_training_step_descends_on_a_repeated_batch(smollm2, megatron_si
         OptimizerConfig(optimizer="adam", lr=cfg.optim.lr, clip_grad=cfg.optim.clip_grad),
         [model])
     old = compute_log_probs(model, [step], rollouts, data.tokens, device)
-    inputs = PolicyInputs(advantages={i: np.full(int(rollouts.response_len[i]), a)
-                                      for i, a in enumerate(data.sample_advantage)},
-                          old_log_probs=old)
+    adv = token_advantages(data, rollouts, loss=cfg.loss, data_cfg=cfg.data)
+    inputs = PolicyInputs(advantages=dict(enumerate(adv)), old_log_probs=old)
     losses = [train_step(cfg, mode, model, optimizer, step, rollouts, data, inputs,
                          device)["loss"] for _ in range(4)]
     print("loss on the repeated batch:", [round(x, 4) for x in losses])

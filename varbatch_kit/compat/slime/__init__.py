@@ -3,7 +3,8 @@ slime's command line mapped onto a ScheduleConfig or a TrainConfig.
 
 Thin adapters over varbatch_kit's core, :mod:`varbatch_kit.report` and
 :mod:`varbatch_kit.report.objective` (the behaviour is described in
-``docs/reference_semantics.md``). Checked against vectors recorded from
+``docs/reference_semantics.md``); slime's ``policy_loss_function`` and
+``loss_function`` sit on the engine's per-token objective. Checked against vectors recorded from
 slime's own code (``tests/golden/``, ``tests/golden/objective/``). Every error
 a caller can cause is a :class:`SlimeCompatError`, which is both a
 ``ValueError`` and an ``AssertionError`` (slime asserts), so code written
@@ -15,6 +16,11 @@ from varbatch_kit.compat.slime.flags import (
     SLIME_FLAGS,
     parse_slime_flags,
     schedule_config_from_slime_args,
+)
+from varbatch_kit.compat.slime.loss import (
+    loss_function,
+    objective_options_from_args,
+    policy_loss_function,
 )
 from varbatch_kit.compat.slime.metrics import (
     gather_and_reduce_log_dict,
@@ -80,7 +86,10 @@ __all__ = [
     "get_sum_of_sample_mean",
     "icepop_function",
     "karmarkar_karp",
+    "loss_function",
+    "objective_options_from_args",
     "parse_slime_flags",
+    "policy_loss_function",
     "post_process_rewards",
     "reduce_train_step_metrics",
     "rollout_log_metric_contribution",

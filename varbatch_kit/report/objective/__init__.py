@@ -12,6 +12,8 @@ from slime's own functions (``tests/golden/objective/``).
 - :mod:`.whiten`: masked whitening over a process group (``--normalize-advantages``);
 - :mod:`.kl`: per-token KL estimators (k1, k2, k3, low_var_kl) and the
   per-sequence masked KL (GSPO);
+- :mod:`.logprobs`: the sampled tokens' log-probs and entropies from (packed)
+  logits, at the rollout temperature;
 - :mod:`.policy_loss`: PPO clip (with dual clip), CISPO, OPSM masking, TIS and
   ICEPOP weights;
 - :mod:`.terms`: :func:`policy_objective`, every per-token term of slime's policy
@@ -29,6 +31,10 @@ from varbatch_kit.report.objective.advantages import (
     reinforce_pp_returns,
 )
 from varbatch_kit.report.objective.kl import KL_TYPES, approx_kl, sequence_kl
+from varbatch_kit.report.objective.logprobs import (
+    response_log_probs_and_entropy,
+    token_log_probs_and_entropy,
+)
 from varbatch_kit.report.objective.policy_loss import (
     cispo_loss,
     icepop_weights,
@@ -65,6 +71,8 @@ __all__ = [
     "ppo_clip_loss",
     "reinforce_pp_baseline_advantages",
     "reinforce_pp_returns",
+    "response_log_probs_and_entropy",
     "sequence_kl",
+    "token_log_probs_and_entropy",
     "truncated_is_weights",
 ]
