@@ -1,8 +1,14 @@
 """Real model, real rollouts: SmolLM2 (first 2 layers) trained on its own generations.
 
-The layout matrix: dp {1, 2} x emulated cp {1, 2} x packing {first_fit, balanced} for
-per_rollout_mean and per_token give the same step-1 and step-2 loss, gradient norm and
-parameters (1e-5 relative); the naive micro-batch mean drifts. Runs of the same world size
+The objective is slime's, from slime's own command line (``SLIME_FLAGS``: GRPO with the
+asymmetric clip, the low_var_kl KL loss and the entropy bonus, through
+``compat.slime.train_config_from_slime_args``), on slime's advantages from the rewards (the
+generated ``advantage`` column dropped). The layout matrix: dp {1, 2} x emulated cp {1, 2} x
+packing {first_fit, balanced} for per_rollout_mean and per_token give the same step-1 and
+step-2 loss, every objective metric (pg_loss, pg_clipfrac, ppo_kl, entropy_loss, kl_loss),
+gradient norm and parameters (1e-5 relative); the naive micro-batch mean drifts. Step 2 is
+off-policy (the log-prob pass ran before step 1), so the ratio, the clip and the KL to the
+initial model are all at work there. Runs of the same world size
 share one torchrun launch (:func:`varbatch_kit.train.compare`). The rollouts are generated
 once (SmolLM2-135M-Instruct, arithmetic questions, two turns per rollout) and cached as a
 trace under ``build/cache``; the table of the matrix is cached there too
@@ -41,6 +47,13 @@ CACHE = ROOT / "build" / "cache"  # the notebooks run under nbval get it as VARB
 GEN = dict(n_prompts=3, n_samples_per_prompt=4, turns=2, follow_up="always", max_new_tokens=8,
            temperature=0.7, seed=0)
 GBS, CAP = 6, 256
+# slime's flags for the objective (issue 20's example command line)
+SLIME_FLAGS = ("--advantage-estimator grpo --eps-clip 0.2 --eps-clip-high 0.28 --use-kl-loss "
+               "--kl-loss-coef 0.01 --kl-loss-type low_var_kl --entropy-coef 0.001 "
+               "--n-samples-per-prompt 4")
+# every metric the matrix compares across layouts (besides grad norm and parameters)
+OBJECTIVE_METRICS = ("loss", "pg_loss", "pg_clipfrac", "ppo_kl", "entropy_loss", "kl_loss",
+                     "nll", "advantage")
 
 
 @pytest.fixture(scope="session")
@@ -76,18 +89,30 @@ def _layouts():
 
 
 def _matrix_configs(smollm2_path) -> list[TrainConfig]:
-    base = dict(path=str(smollm2_path), num_layers=2, lr=1e-4, min_lr=1e-4,
-                lr_decay_style="constant", n_samples_per_prompt=GEN["n_samples_per_prompt"],
-                save_params_at=(1, 2), max_steps=2, timeout_s=600)
+    from varbatch_kit.compat.slime import train_config_from_slime_args
+
+    base = TrainConfig().with_(path=str(smollm2_path), num_layers=2, lr=1e-4, min_lr=1e-4,
+                               lr_decay_style="constant", save_params_at=(1, 2), max_steps=2,
+                               timeout_s=600)
+    objective = train_config_from_slime_args(SLIME_FLAGS, base=base)
     layouts = list(_layouts())
-    configs = [TrainConfig().with_(schedule=s, mode=m, **base)
+    configs = [objective.with_(schedule=s, mode=m)
                for m in ("per_rollout_mean", "per_token") for s in layouts]
     # pack-first: dp alone hands the same micro-batches to more ranks, so the naive mean moves
     # with the packing and with cp: dp1 cp1 first_fit (ref), dp1 cp2 first_fit, dp2 cp2 balanced
     naive = [layouts[i] for i in (0, 4, 7)]
-    configs += [TrainConfig().with_(schedule=s, mode="naive_microbatch_mean", **base)
-                for s in naive]
+    configs += [objective.with_(schedule=s, mode="naive_microbatch_mean") for s in naive]
     return configs
+
+
+def test_the_matrix_runs_slimes_objective_from_slimes_flags(smollm2_path):
+    c = _matrix_configs(smollm2_path)[0]
+    assert (c.loss.advantage_estimator, c.loss.eps_clip, c.loss.eps_clip_high) == ("grpo", 0.2,
+                                                                                   0.28)
+    assert (c.loss.use_kl_loss, c.loss.kl_loss_coef, c.loss.kl_loss_type) == (True, 0.01,
+                                                                              "low_var_kl")
+    assert (c.loss.entropy_coef, c.data.n_samples_per_prompt) == (0.001, 4)
+    assert c.loss.advantage_grouping == "slime" and c.model.num_layers == 2
 
 
 def test_notebook_04_runs_this_matrix_on_these_rollouts(tmp_path):
@@ -102,11 +127,22 @@ def test_notebook_04_runs_this_matrix_on_these_rollouts(tmp_path):
     checkpoint = tmp_path / "SmolLM2-135M-Instruct"
     seen: dict = {}
     # the notebook's own code, its imports given and the cache calls recorded instead of run
+    from varbatch_kit.compat.slime import train_config_from_slime_args
+
+    class Generated:  # what cached_rollouts returns, recording what the notebook does with it
+        def __init__(self, path, kw):
+            seen["rollouts"] = (path, kw)
+
+        def without_columns(self, *names):
+            return ("without_columns", names)
+
     ns = {"os": os, "Path": Path, "torch": torch, "ScheduleConfig": ScheduleConfig,
           "TrainConfig": TrainConfig, "GenerationStats": GenerationStats,
+          "train_config_from_slime_args": train_config_from_slime_args,
           "smollm2_checkpoint": lambda models: checkpoint,
-          "cached_rollouts": lambda path, **kw: seen.setdefault("rollouts", (path, kw)),
-          "cached_compare": lambda configs, rollouts, **kw: seen.setdefault("compare", configs)}
+          "cached_rollouts": lambda path, **kw: Generated(path, kw),
+          "cached_compare": lambda configs, rollouts, **kw: seen.setdefault(
+              "compare", (configs, rollouts))}
     code = "\n".join(line for line in (cells["04-16"] + "\n" + cells["04-17"]).splitlines()
                      if not line.startswith(("import ", "from ")))
     exec(code.split("real_table[[")[0], ns)  # noqa: S102 - the notebook's cells
@@ -116,18 +152,21 @@ def test_notebook_04_runs_this_matrix_on_these_rollouts(tmp_path):
     path, kw = seen["rollouts"]
     assert path == checkpoint
     assert {k: v for k, v in kw.items() if k != "stats"} == {**GEN, "device": "cpu"}
-    assert [repr(c) for c in seen["compare"]] == [repr(c) for c in _matrix_configs(checkpoint)]
+    configs, rollouts = seen["compare"]
+    assert rollouts == ("without_columns", ("advantage",))  # slime's advantages, from rewards
+    assert ns["SLIME_FLAGS"] == SLIME_FLAGS
+    assert [repr(c) for c in configs] == [repr(c) for c in _matrix_configs(checkpoint)]
 
 
 def test_smollm2_layout_matrix(real_rollouts, smollm2_path):
-    r = real_rollouts
-    adv = r.extra["advantage"].to_numpy()
+    r = real_rollouts.without_columns("advantage")  # train on slime's advantages from rewards
+    reward = r.extra["reward"].to_numpy(dtype=float)
     assert len(r) == 24 and r.num_rollouts == 12
-    # real data: every step must hold rollouts with a non-zero advantage, or the loss is 0
+    # real data: every step must hold samples of different rewards, or its advantages are equal
     for lo in (0, GBS):
         rows = r.rollout_id >= lo
         rows &= r.rollout_id < lo + GBS
-        assert np.abs(adv[rows]).max() > 0.1, (
+        assert np.ptp(reward[rows]) > 0.1, (
             "the generated rollouts have no reward variance in a step; change GEN['seed']")
 
     configs = _matrix_configs(smollm2_path)
@@ -135,8 +174,9 @@ def test_smollm2_layout_matrix(real_rollouts, smollm2_path):
     # computed here, or read back from notebook 04's run of the same matrix (same key)
     table = cached_compare(configs, r, cache_dir=CACHE, progress=False)
     wall = time.monotonic() - t0
-    cols = ["label", "step", "samples", "tokens", "num_microbatches", "loss", "grad_norm",
-            "loss_rel_diff", "grad_norm_rel_diff", "param_rel_diff"]
+    cols = ["label", "step", "samples", "num_microbatches", "loss", "pg_loss", "pg_clipfrac",
+            "ppo_kl", "entropy_loss", "kl_loss", "grad_norm", "loss_rel_diff",
+            "grad_norm_rel_diff", "param_rel_diff"]
     with pd.option_context("display.width", 250, "display.max_rows", 100,
                            "display.float_format", "{:.6g}".format):
         print(f"\nSmolLM2 (2 of 30 layers) on {len(r)} generated samples, "
@@ -158,7 +198,16 @@ def test_smollm2_layout_matrix(real_rollouts, smollm2_path):
             assert len(s) == 8
             for key in ("loss_rel_diff", "grad_norm_rel_diff", "param_rel_diff"):
                 assert s[key].max() < 1e-5, s[cols]
+            ref = s[s.config == s.reference].iloc[0]
+            for key in OBJECTIVE_METRICS:  # every metric: 1e-5 relative (1e-9 absolute at 0)
+                assert np.allclose(s[key], ref[key], rtol=1e-5, atol=1e-9), (step, key, s[cols])
             assert (s["grad_norm"] > 0).all() and (s["loss"].abs() > 1e-4).all()
+        # step 1 is on-policy (the log-prob pass's model is the actor, and the reference): no
+        # ratio, no clip, no KL; step 2 is off-policy: all three at work, in every layout
+        one, two = t[t.step == 1], t[t.step == 2]
+        assert (one["ppo_kl"] == 0).all() and (one["pg_clipfrac"] == 0).all()
+        assert (one["kl_loss"] == 0).all()
+        assert (two["ppo_kl"].abs() > 1e-6).all() and (two["kl_loss"] > 1e-9).all()
     n = table[(table["mode"] == "naive_microbatch_mean") & (table.step == 1)]
     moved = n[n.config != n.reference]
     assert (np.maximum(moved["loss_rel_diff"], moved["grad_norm_rel_diff"]) > 1e-3).all(), n

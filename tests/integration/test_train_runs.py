@@ -50,7 +50,7 @@ def test_reports_gradients_and_parameters_do_not_move_with_the_layout(tmp_path):
     # (24 != 12 // 3 * 3), so a step's advantages do not sum to 0 and its loss is far from
     # 0: relative differences are meaningful
     base = dict(TINY, lr=1e-3, min_lr=1e-3, lr_decay_style="constant", n_samples_per_prompt=3,
-                save_params_at=(1, 3))
+                save_params_at=(1, 3), save_grads_at=(1,))
     layouts = list(_layouts())
     configs = [TrainConfig().with_(schedule=s, mode=mode, **base)
                for mode in ("per_rollout_mean", "per_token") for s in layouts]
@@ -80,6 +80,9 @@ def test_reports_gradients_and_parameters_do_not_move_with_the_layout(tmp_path):
         assert s1["loss_rel_diff"].max() < 1e-5, s1[cols]
         assert s1["grad_norm_rel_diff"].max() < 1e-5, s1[cols]
         assert s1["param_rel_diff"].max() < 1e-5, s1[cols]
+        # the whole gradient vector, not only its norm (reduced over the ranks, pre-clipping)
+        assert s1["grad_rel_diff"].max() < 1e-5, s1[cols + ["grad_rel_diff"]]
+        assert (s1["grad_cosine"] > 1 - 1e-9).all()
         assert s3["loss_rel_diff"].max() < 1e-4, s3[cols]
         assert s3["grad_norm_rel_diff"].max() < 1e-4, s3[cols]
         assert s3["param_rel_diff"].max() < 1e-4, s3[cols]
@@ -89,6 +92,7 @@ def test_reports_gradients_and_parameters_do_not_move_with_the_layout(tmp_path):
     naive = table[(table["mode"] == "naive_microbatch_mean") & (table.step == 1)]
     moved = naive[naive.config != naive.reference]
     assert (np.maximum(moved["loss_rel_diff"], moved["grad_norm_rel_diff"]) > 0.01).all(), naive
+    assert (moved["grad_rel_diff"] > 0.01).all()  # the gradient's direction moves too
 
     # micro-batch timing (train/timing.py) of the same launches: per world rank, one record per
     # micro-batch in training order, with its lengths; busy and straggler follow from them

@@ -208,6 +208,17 @@ class Rollouts:
         return Rollouts(self.prompt_len[idx], self.response_len[idx], self.rollout_id[idx], masks,
                         extra=extra)
 
+    def without_columns(self, *names: str) -> Rollouts:
+        """The same samples without the ``extra`` columns ``names`` (e.g. a given
+        ``advantage``, so that training computes the advantages from the rewards)."""
+        missing = [n for n in names if self.extra is None or n not in self.extra.columns]
+        if missing:
+            have = [] if self.extra is None else list(self.extra.columns)
+            raise ValueError(f"without_columns: no column(s) {missing} in Rollouts.extra; it "
+                             f"has {have}")
+        return Rollouts(self.prompt_len, self.response_len, self.rollout_id, self.loss_masks,
+                        extra=self.extra.drop(columns=list(names)))
+
     def to_frame(self, *, extra: bool = True):
         """A pandas DataFrame with one row per sample.
 

@@ -48,7 +48,8 @@ from dataclasses import dataclass, replace
 import numpy as np
 import torch
 
-__all__ = ["ATTENTION_PATHS", "PackedBatch", "block_causal_mask", "pack", "response_token_stats"]
+__all__ = ["ATTENTION_PATHS", "PackedBatch", "block_causal_mask", "pack", "response_token_stats",
+           "unwrap_model"]
 
 #: the attention paths of :func:`pack`
 ATTENTION_PATHS = ("per_sample", "dense")
@@ -187,7 +188,7 @@ def pack(
     )
 
 
-def _unwrap(model):
+def unwrap_model(model):
     """The ``GPTModel`` inside megatron's DDP (or other ``.module``) wrappers."""
     while not hasattr(model, "output_layer") and hasattr(model, "module"):
         model = model.module
@@ -205,7 +206,7 @@ def response_logits(model, batch: PackedBatch) -> torch.Tensor:
     computation as in the full forward; prompt rows are skipped.
     """
     rows = batch.response_positions()
-    layer = _unwrap(model).output_layer
+    layer = unwrap_model(model).output_layer
 
     def keep_response_rows(_module, args, kwargs):
         return (args[0].index_select(0, rows), *args[1:]), kwargs

@@ -243,6 +243,9 @@ class RunConfig:
     threads_per_worker: int = _f(1, "CPU torch threads per worker")
     save_params_at: tuple[int, ...] = _f((), "1-based steps after whose optimiser step rank 0 "
                                              "saves the parameters")
+    save_grads_at: tuple[int, ...] = _f((), "1-based steps after whose backward (reduced over "
+                                            "the ranks, before clipping and the optimiser step) "
+                                            "rank 0 saves the gradients")
     label: str | None = _f(None, "the run's name (default: layout and mode)")
 
     def __post_init__(self) -> None:
@@ -252,13 +255,15 @@ class RunConfig:
         need_number("run", "step_timeout_s", self.step_timeout_s, lo=0, lo_open=True,
                      optional=True)
         need_int("run", "threads_per_worker", self.threads_per_worker, 1)
-        try:
-            steps = tuple(int(s) for s in self.save_params_at)
-        except (TypeError, ValueError):
-            steps = None
-        if steps is None or any(s < 1 for s in steps):
-            raise ValueError(f"run.save_params_at={self.save_params_at!r}: give 1-based steps")
-        object.__setattr__(self, "save_params_at", steps)
+        for name in ("save_params_at", "save_grads_at"):
+            given = getattr(self, name)
+            try:
+                steps = tuple(int(s) for s in given)
+            except (TypeError, ValueError):
+                steps = None
+            if steps is None or any(s < 1 for s in steps):
+                raise ValueError(f"run.{name}={given!r}: give 1-based steps")
+            object.__setattr__(self, name, steps)
 
 
 @dataclass(frozen=True)

@@ -49,7 +49,7 @@ from varbatch_kit.core.rollouts import Rollouts
 from varbatch_kit.train.checkpoint import check_resumable, fingerprint, latest_checkpoint
 from varbatch_kit.train.config import TrainConfig
 from varbatch_kit.train.plan import PlannedRun, plan_runs, resolve_device
-from varbatch_kit.train.results import Run, load_run, param_rel_diff
+from varbatch_kit.train.results import Run, grad_cosine, load_run, param_rel_diff
 from varbatch_kit.train.steplog import read_records, truncate_to_step
 from varbatch_kit.train.supervise import (
     TrainingTimeout,
@@ -435,7 +435,9 @@ def compare(configs: Sequence[TrainConfig], rollouts: Rollouts, *, reference: in
     num_microbatches, loss, metrics, grad_norm, lr, step_time_s, ...), and,
     against the reference at the same step: ``loss_rel_diff``,
     ``grad_norm_rel_diff`` and ``param_rel_diff`` (``||p - p_ref|| / ||p_ref||``
-    where both saved parameters at that step, see ``RunConfig.save_params_at``; else NaN).
+    where both saved parameters at that step, see ``RunConfig.save_params_at``; else NaN);
+    ``grad_rel_diff`` (``||g - g_ref|| / ||g_ref||``) and ``grad_cosine`` where both saved
+    gradients at that step (``RunConfig.save_grads_at``; else NaN).
 
     ``reference``: an index into ``configs``; ``None`` (default) compares each
     configuration with the first one of the same report mode. Pass a list as
@@ -449,7 +451,7 @@ def compare(configs: Sequence[TrainConfig], rollouts: Rollouts, *, reference: in
     first_of_mode: dict[str, int] = {}
     for k, c in enumerate(configs):
         first_of_mode.setdefault(c.mode, k)
-    frames, ref_params = [], {}
+    frames, ref_params, ref_grads = [], {}, {}
     for k, r in enumerate(results):
         ref_k = first_of_mode[r.config.mode] if reference is None else reference
         ref = results[ref_k]
@@ -475,5 +477,17 @@ def compare(configs: Sequence[TrainConfig], rollouts: Rollouts, *, reference: in
             else:
                 diffs.append(float("nan"))
         df["param_rel_diff"] = diffs
+        grad_diffs, cosines = [], []
+        for s in df["step"]:
+            if s in r.config.run.save_grads_at and s in ref.config.run.save_grads_at:
+                if (ref_k, s) not in ref_grads:
+                    ref_grads[(ref_k, s)] = ref.grads(s)
+                mine = r.grads(s)
+                grad_diffs.append(param_rel_diff(mine, ref_grads[(ref_k, s)]))
+                cosines.append(grad_cosine(mine, ref_grads[(ref_k, s)]))
+            else:
+                grad_diffs.append(float("nan"))
+                cosines.append(float("nan"))
+        df["grad_rel_diff"], df["grad_cosine"] = grad_diffs, cosines
         frames.append(df)
     return pd.concat(frames, ignore_index=True)

@@ -206,8 +206,9 @@ def train(cfg: TrainConfig, model_spec, steps: list, log_prob_steps: list, rollo
             while True:  # debug hook: a rank that hangs (the launcher's step timeout fires)
                 time.sleep(1)
         at("before_step", number)
+        grads = {} if number in cfg.run.save_grads_at else None
         record = train_step(cfg, mode, model, optimizer, step, rollouts, data,
-                            inputs_for(number), device)
+                            inputs_for(number), device, grads_out=grads)
         # the rollout batch's log-prob pass (and advantages) ran before this step: its time
         record["log_prob_pass_s"] = pass_s if batches.starts(number) else 0.0
         at("after_step", number)
@@ -220,6 +221,8 @@ def train(cfg: TrainConfig, model_spec, steps: list, log_prob_steps: list, rollo
             if number in cfg.run.save_params_at:
                 torch.save({n: p.detach().cpu().clone() for n, p in gpt.named_parameters()},
                            out_dir / f"params_step{number}.pt")
+            if grads is not None:
+                torch.save(grads, out_dir / f"grads_step{number}.pt")
             # one whole line per step, one write + fsync (train/steplog.py)
             append_record(out_dir / "steps.jsonl", _ordered(record, cfg, device))
             every = cfg.checkpoint.save_every

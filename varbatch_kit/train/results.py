@@ -10,7 +10,7 @@ import numpy as np
 
 from varbatch_kit.train.config import TrainConfig
 
-__all__ = ["Run", "load_run", "param_rel_diff"]
+__all__ = ["Run", "grad_cosine", "load_run", "param_rel_diff"]
 
 
 @dataclass
@@ -64,13 +64,21 @@ class Run:
 
     def params(self, step: int) -> dict:
         """Parameters (name -> CPU tensor) saved after ``step`` (see ``save_params_at``)."""
+        return self._saved("params", "save_params_at", step)
+
+    def grads(self, step: int) -> dict:
+        """Gradients (name -> CPU tensor) of ``step``, reduced over the ranks, before clipping
+        (see ``save_grads_at``)."""
+        return self._saved("grads", "save_grads_at", step)
+
+    def _saved(self, what: str, field: str, step: int) -> dict:
         import torch
 
-        path = self.out_dir / f"params_step{step}.pt"
+        path = self.out_dir / f"{what}_step{step}.pt"
         if not path.is_file():
             raise ValueError(
-                f"no parameters saved after step {step}; set RunConfig(save_params_at=({step},)) "
-                f"(saved: {sorted(p.name for p in self.out_dir.glob('params_step*.pt'))})"
+                f"no {what} saved at step {step}; set RunConfig({field}=({step},)) "
+                f"(saved: {sorted(p.name for p in self.out_dir.glob(f'{what}_step*.pt'))})"
             )
         return torch.load(path, map_location="cpu", weights_only=True)
 
@@ -88,6 +96,18 @@ def load_run(cfg: TrainConfig, out: Path, wall: float) -> Run:
     lines = read_records(out / "steps.jsonl")  # a torn last line (older crash): dropped, warned
     meta = json.loads((out / "meta.json").read_text()) if (out / "meta.json").is_file() else {}
     return Run(cfg, pd.DataFrame(lines), out, meta, wall)
+
+
+def grad_cosine(a: dict, b: dict) -> float:
+    """The cosine of the angle between two gradients (all parameters flattened together)."""
+    import torch
+
+    if set(a) != set(b):
+        raise ValueError("parameter sets differ")
+    dot = sum(float(torch.sum(a[k].double() * b[k].double())) for k in b)
+    na = sum(float(torch.sum(a[k].double() ** 2)) for k in a) ** 0.5
+    nb = sum(float(torch.sum(b[k].double() ** 2)) for k in b) ** 0.5
+    return dot / (na * nb) if na and nb else float("nan")
 
 
 def param_rel_diff(a: dict, b: dict) -> float:

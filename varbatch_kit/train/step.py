@@ -87,8 +87,12 @@ def report_keys(cfg, has_rollout_log_probs: bool) -> tuple[str, ...]:
 
 
 def train_step(cfg, mode, model, optimizer, step, rollouts, data, inputs: PolicyInputs,
-               device) -> dict:
-    """Forward/backward over this rank's micro-batches, optimizer step, reduced report."""
+               device, *, grads_out: dict | None = None) -> dict:
+    """Forward/backward over this rank's micro-batches, optimizer step, reduced report.
+
+    ``grads_out`` (a dict): receives the gradients (name -> CPU tensor) after the backward,
+    reduced over the ranks, before clipping and the optimiser step.
+    """
     from megatron.core.pipeline_parallel import get_forward_backward_func
     from megatron.core.utils import get_model_config
 
@@ -207,6 +211,14 @@ def train_step(cfg, mode, model, optimizer, step, rollouts, data, inputs: Policy
         forward_only=False,
     )
     timer.detach()
+    if grads_out is not None:  # DDP has reduced them into main_grad (finalize_model_grads)
+        from varbatch_kit.train.batch import unwrap_model
+
+        for name, p in unwrap_model(model).named_parameters():
+            g = getattr(p, "main_grad", None)
+            g = p.grad if g is None else g
+            grads_out[name] = torch.zeros_like(p, device="cpu") if g is None else (
+                g.detach().float().cpu().clone())
 
     # 4. optimizer step; grad_norm is the norm before clipping
     ok, grad_norm, _ = optimizer.step()

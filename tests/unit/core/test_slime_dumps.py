@@ -495,3 +495,14 @@ def test_recorded_dump_with_rollout_log_probs_trains_with_them():
                            loss=LossConfig(use_tis=True, use_rollout_logprobs=True))
     assert [x.tolist() for x in d.rollout_log_probs] == [
         [float(v) for v in s["rollout_log_probs"]] for s in dumped]
+
+
+def test_without_columns_drops_extra_columns_and_names_missing_ones():
+    r = read_trace(GOLDEN / READABLE["rollout_4"]["dump"])
+    r2 = r.without_columns("status", "index")
+    assert "status" not in r2.extra and "index" not in r2.extra
+    assert list(r2.extra.columns) == [c for c in r.extra.columns if c not in ("status", "index")]
+    assert r2.rollout_id.tolist() == r.rollout_id.tolist() and len(r2) == len(r)
+    assert [m.tolist() for m in r2.masks()] == [m.tolist() for m in r.masks()]
+    with pytest.raises(ValueError, match=r"no column\(s\) \['nope'\]"):
+        r.without_columns("nope")

@@ -338,3 +338,12 @@ def test_calibrate_cli_takes_the_model_flags(monkeypatch):
 
     assert TrainConfig(**config_kwargs(a, groups=("model",))).model == ModelConfig(
         num_layers=1, vocab_size=32)
+
+
+def test_save_grads_at_takes_1_based_steps_like_save_params_at():
+    from varbatch_kit.train import RunConfig
+
+    assert RunConfig(save_grads_at=[2, 1]).save_grads_at == (2, 1)
+    for bad in ((0,), ("x",), 3):
+        with pytest.raises(ValueError, match=r"run\.save_grads_at=.*give 1-based steps"):
+            RunConfig(save_grads_at=bad)
