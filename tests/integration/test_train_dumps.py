@@ -35,12 +35,14 @@ def test_a_dump_with_rollout_log_probs_trains_with_the_ppo_ratio_and_tis(tmp_pat
     configs = [base.with_(schedule=ScheduleConfig(dp=dp, global_batch_size=6,
                                                   max_tokens_per_gpu=64))
                for dp in (1, 2)]
-    # TIS against the rollout log-probs, the ratio against the log-prob pass's
+    # TIS against the rollout log-probs, the ratio against the log-prob pass's; and the same
+    # with the pass packed under its own, larger cap (slime's --log-probs-max-tokens-per-gpu)
     configs.append(configs[0].with_(use_rollout_logprobs=False, label="pass ratio + TIS"))
+    configs.append(configs[-1].with_(log_probs_max_tokens_per_gpu=512, label="pass cap 512"))
     table = compare(configs, r, out_dir=tmp_path, progress=False)
     cols = ["label", "step", "samples", "loss", "ppo_kl", "pg_clipfrac", "tis", "tis_clipfrac"]
     print(table[cols].to_string())
-    dp1, dp2, pass_ratio = (table[table.config == k] for k in range(3))
+    dp1, dp2, pass_ratio, pass_cap = (table[table.config == k] for k in range(4))
     # the dump's rollout log-probs (another model's, about -0.5 a token; the toy model's are
     # about -log 32000) are the old policy: the ratio is far from 1 at step 1, the clip and the
     # TIS bounds act
@@ -56,6 +58,10 @@ def test_a_dump_with_rollout_log_probs_trains_with_the_ppo_ratio_and_tis(tmp_pat
     one = pass_ratio[pass_ratio.step == 1]
     assert (one["ppo_kl"] == 0).all() and (one["pg_clipfrac"] == 0).all()
     assert (one["tis_clipfrac"] > 0).all()
+    # other micro-batches for the pass (float rounding apart), the same training
+    assert (pass_cap["step"] == 1).any() and abs(float(pass_cap["ppo_kl"].iloc[0])) < 1e-6
+    for key in METRICS:
+        assert np.allclose(pass_cap[key], pass_ratio[key], rtol=1e-5, atol=1e-6), key
 
 
 def test_a_dump_with_dict_rewards_trains_on_the_reward_key(tmp_path):
@@ -65,9 +71,14 @@ def test_a_dump_with_dict_rewards_trains_on_the_reward_key(tmp_path):
                                schedule=ScheduleConfig(dp=1, global_batch_size=3,
                                                        max_tokens_per_gpu=64), **MODEL)
     configs = [base.with_(reward_key=key, label=key) for key in ("score", "format")]
+    # the first step alone: a rollout batch is the schedule's, whatever max_steps trains of it
+    configs.append(configs[0].with_(max_steps=1, label="score, 1 step"))
     table = compare(configs, r, out_dir=tmp_path, progress=False)
     score = np.array([x["score"] for x in r.extra["reward"]])
     fmt = np.array([x["format"] for x in r.extra["reward"]])
+    first, alone = table[(table.config == 0) & (table.step == 1)], table[table.config == 2]
+    for key in ("loss", "pg_loss", "advantage", "grad_norm", "reward"):
+        assert alone[key].tolist() == first[key].tolist(), key
     for k, values in enumerate((score, fmt)):
         t = table[table.config == k]
         assert t["step"].tolist() == [1, 2]

@@ -48,8 +48,8 @@ class Job:
     Per run: ``configs[k]``, its resolved model ``models[k]``, the steps it
     trains ``steps[k]`` (the launcher's one build of the schedule, cut to
     ``run.max_steps``), the steps of its log-prob pass ``log_prob_steps[k]``
-    (:func:`~varbatch_kit.core.log_prob_schedule.build_log_prob_schedule`'s, the
-    same cut), ``out_dirs[k]``.
+    (:func:`~varbatch_kit.core.log_prob_schedule.build_log_prob_schedule`'s, all of
+    them: the rollout batches are the schedule's), ``out_dirs[k]``.
     """
 
     configs: list[TrainConfig]
@@ -156,7 +156,7 @@ def train(cfg: TrainConfig, model_spec, steps: list, log_prob_steps: list, rollo
         load_s = time.perf_counter() - t_load
     # rollout batches of data.num_steps_per_rollout steps: before the first step of each, the
     # log-prob pass, the advantages and the rollout log-probs (train/policy_inputs.py)
-    batches = RolloutBatches(len(steps), cfg.data.num_steps_per_rollout)
+    batches = RolloutBatches(len(log_prob_steps), cfg.data.num_steps_per_rollout)
     inputs, inputs_of, pass_s = None, None, 0.0
 
     def inputs_for(number: int):

@@ -30,8 +30,9 @@ __all__ = ["PlannedRun", "plan_runs", "resolve_device"]
 class PlannedRun:
     """One configuration ready to train: its resolved model, its schedule (built once), the
     steps it trains (the schedule's, cut to ``run.max_steps``) and the steps of its
-    forward-only log-prob pass (the log-prob schedule's, the same cut: the training steps
-    themselves unless ``log_probs_max_tokens_per_gpu`` sets another cap)."""
+    forward-only log-prob pass: every step of the log-prob schedule, not cut (the rollout
+    batches, and so the advantages and the old log-probs, do not depend on ``max_steps``); the
+    training steps themselves unless ``log_probs_max_tokens_per_gpu`` sets another cap."""
 
     config: TrainConfig
     model: ResolvedModel
@@ -95,9 +96,9 @@ def plan_runs(configs: Sequence[TrainConfig], rollouts: Rollouts) -> list[Planne
             raise ValueError("the schedule has no step to train")
         # the log-prob pass re-packs each DP rank's samples under its own cap (fixed CP only:
         # a dynamic-CP plan's log-prob pass runs on the training micro-batches)
-        lp_steps = steps
+        lp_steps = list(schedule.steps)
         if schedule.steps and schedule.steps[0].is_fixed_shape:
             lp = build_log_prob_schedule(rollouts, cfg.schedule, model.shape, schedule=schedule)
-            lp_steps = steps if lp is schedule else list(lp.steps[: len(steps)])
+            lp_steps = list(lp.steps)
         plans.append(PlannedRun(cfg, model, schedule, steps, lp_steps))
     return plans

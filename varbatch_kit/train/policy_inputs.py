@@ -1,9 +1,11 @@
 """A rollout batch's policy-loss inputs, prepared before its first step: old and reference
 log-probs, per-token advantages, rollout log-probs (:class:`~varbatch_kit.train.step.PolicyInputs`).
 
-A run's steps form rollout batches of ``data.num_steps_per_rollout``
-consecutive steps (default: one batch, the whole run), as slime trains
-``--num-steps-per-rollout`` steps on each rollout batch. Before a batch's
+The schedule's steps form rollout batches of ``data.num_steps_per_rollout``
+consecutive steps (default: one batch, every step of the schedule), as slime
+trains ``--num-steps-per-rollout`` steps on each rollout batch. A batch is the
+schedule's whatever ``run.max_steps`` trains of it: its advantages and old
+log-probs do not depend on where the run stops. Before a batch's
 first step, in slime's order:
 
 1. the forward-only log-prob pass (:mod:`.logprob_pass`) over the batch's
