@@ -65,9 +65,8 @@ from types import SimpleNamespace
 
 import torch
 from _golden_recorder import record
-from record_slime_objective import _package, run_case
+from record_slime_objective import OBJECTIVE_FORMAT, _package, run_case
 
-SLIME_COMMIT = "624b824a898ab0ec1fcb4d373004c7f3852bf515"
 GENERATOR = "scripts/record_slime_loss.py"
 DEFAULT_SEED = 20261202
 ICEPOP_PATH = "slime.backends.megatron_utils.loss.icepop_function"
@@ -277,10 +276,8 @@ FAMILIES = {
 
 def main(argv: list[str] | None = None) -> int:
     return record(argv, description=__doc__.split("\n\n")[0], families=FAMILIES,
-                  load_slime=load_slime, generator=GENERATOR, commit=SLIME_COMMIT,
-                  default_seed=DEFAULT_SEED, out_help="output folder (tests/golden/objective)",
-                  name_in_header=True, before_family=torch.manual_seed, name_width=44,
-                  count_width=4)
+                  load_slime=load_slime, generator=GENERATOR, default_seed=DEFAULT_SEED,
+                  **OBJECTIVE_FORMAT)
 
 
 if __name__ == "__main__":

@@ -543,12 +543,16 @@ FAMILIES = {
 }
 
 
+#: how both objective recorders write tests/golden/objective (record_slime_loss.py reuses it)
+OBJECTIVE_FORMAT = dict(commit=SLIME_COMMIT,
+                        out_help="output folder (tests/golden/objective)", name_in_header=True,
+                        before_family=torch.manual_seed, name_width=44, count_width=4)
+
+
 def main(argv: list[str] | None = None) -> int:
     return record(argv, description=__doc__.split("\n\n")[0], families=FAMILIES,
-                  load_slime=load_slime, generator=GENERATOR, commit=SLIME_COMMIT,
-                  default_seed=DEFAULT_SEED, out_help="output folder (tests/golden/objective)",
-                  name_in_header=True, before_family=torch.manual_seed, name_width=44,
-                  count_width=4)
+                  load_slime=load_slime, generator=GENERATOR, default_seed=DEFAULT_SEED,
+                  **OBJECTIVE_FORMAT)
 
 
 if __name__ == "__main__":

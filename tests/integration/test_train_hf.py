@@ -433,8 +433,8 @@ def test_smollm2_training_step_descends_on_a_repeated_batch(smollm2, megatron_si
 
     from varbatch_kit.core.build import build_schedule
     from varbatch_kit.report import get_report_mode
-    from varbatch_kit.train.data import make_toy_data
     from varbatch_kit.train.advantages import token_advantages
+    from varbatch_kit.train.data import make_toy_data
     from varbatch_kit.train.logprob_pass import compute_log_probs
     from varbatch_kit.train.model import build_gpt
     from varbatch_kit.train.step import PolicyInputs, train_step

@@ -7,8 +7,8 @@ recorded from slime, ``tests/golden/objective/``):
 1. **Reward post-processing** (slime's ``RolloutManager._post_process_rewards``),
    :func:`post_processed_rewards`: on the per-*sample* rewards (a multi-turn
    rollout's samples each keep their own), for the estimators of
-   :data:`GROUP_NORMALIZED_ESTIMATORS` with ``loss.rewards_normalization``:
-   subtract the group mean, and for grpo / gspo / cispo with
+   :data:`~varbatch_kit.report.objective.GROUP_NORMALIZED_ESTIMATORS` with
+   ``loss.rewards_normalization``: subtract the group mean, and for grpo / gspo / cispo with
    ``loss.grpo_std_normalization`` divide by the group's unbiased std + 1e-6
    (float32). The groups (:func:`reward_groups`):
 
@@ -61,10 +61,9 @@ import torch
 
 from varbatch_kit.core.rollouts import Rollouts
 from varbatch_kit.report import objective as obj
+from varbatch_kit.report.objective import GROUP_NORMALIZED_ESTIMATORS, STD_NORMALIZED_ESTIMATORS
 
 __all__ = [
-    "GROUP_NORMALIZED_ESTIMATORS",
-    "STD_NORMALIZED_ESTIMATORS",
     "check_reward_groups",
     "default_rollout_batch_size",
     "post_processed_rewards",
@@ -72,10 +71,6 @@ __all__ = [
     "token_advantages",
 ]
 
-#: estimators whose rewards slime group-normalises (with ``rewards_normalization``)
-GROUP_NORMALIZED_ESTIMATORS = ("grpo", "gspo", "cispo", "reinforce_plus_plus_baseline")
-#: estimators that also divide by the group's std (with ``grpo_std_normalization``)
-STD_NORMALIZED_ESTIMATORS = ("grpo", "gspo", "cispo")
 #: estimators whose advantages use the KL to the reference (``kl_coef``)
 KL_SHAPED_ESTIMATORS = ("reinforce_plus_plus", "reinforce_plus_plus_baseline")
 

@@ -39,6 +39,7 @@ from _paths import GOLDEN
 from varbatch_kit.compat.slime import SlimeCompatError
 from varbatch_kit.compat.slime import objective as so
 from varbatch_kit.report import objective as obj
+from varbatch_kit.report.objective import GROUP_NORMALIZED_ESTIMATORS
 
 SLIME_COMMIT = "624b824a898ab0ec1fcb4d373004c7f3852bf515"
 FOLDER = GOLDEN / "objective"
@@ -197,7 +198,7 @@ def test_golden_coverage():
     pr = [c["inputs"]["args"] | {"n": len(c["inputs"]["samples"])}
           for c in load("post_process_rewards")["cases"]]
     assert {(a["advantage_estimator"], a["rewards_normalization"], a["grpo_std_normalization"])
-            for a in pr} == {(e, x, y) for e in so.GROUP_NORMALIZED_ESTIMATORS + (
+            for a in pr} == {(e, x, y) for e in GROUP_NORMALIZED_ESTIMATORS + (
                 "reinforce_plus_plus", "ppo") for x in (True, False) for y in (True, False)}
     equal = {a["n"] == a["n_samples_per_prompt"] * a["rollout_batch_size"] for a in pr}
     assert equal == {True, False}

@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 
 from varbatch_kit import Rollouts
 from varbatch_kit.compat.slime import objective as so
+from varbatch_kit.report.objective import GROUP_NORMALIZED_ESTIMATORS
 from varbatch_kit.train import DataConfig, LossConfig
 from varbatch_kit.train.advantages import (
     default_rollout_batch_size,
@@ -123,16 +124,16 @@ def test_token_advantages_are_slimes_on_random_batches(estimator, normalize, rew
         d, got = ours(r, data, loss, log_probs=lp, ref_log_probs=ref)
         want = slime_advantages(r, d.sample_reward.tolist(), data, loss, lp=lp, ref=ref)
         same(got, want)
-        if trial % 2 and estimator in so.GROUP_NORMALIZED_ESTIMATORS and rewards_norm:
+        if trial % 2 and estimator in GROUP_NORMALIZED_ESTIMATORS and rewards_norm:
             assert d.group_of_sample.tolist() == (np.arange(len(r)) // n_per).tolist()
 
 
-@pytest.mark.parametrize("estimator", so.GROUP_NORMALIZED_ESTIMATORS)
+@pytest.mark.parametrize("estimator", GROUP_NORMALIZED_ESTIMATORS)
 @pytest.mark.parametrize("normalize", [False, True])
 def test_prompt_grouping_is_slimes_normalisation_within_each_prompt(estimator, normalize):
     """advantage_grouping='prompt': slime's post-processing on each group_index group's
     samples (one slime group each), then slime's train-side step on the whole batch."""
-    rng = np.random.default_rng([so.GROUP_NORMALIZED_ESTIMATORS.index(estimator), normalize])
+    rng = np.random.default_rng([GROUP_NORMALIZED_ESTIMATORS.index(estimator), normalize])
     for _ in range(4):
         counts = rng.integers(1, 4, int(rng.integers(4, 9))).tolist()
         r = batch(rng, counts, n_per=2, fully_masked=(1,))

@@ -30,7 +30,6 @@ from varbatch_kit.compat.slime.metrics import (
     rollout_log_metric_contribution,
 )
 from varbatch_kit.compat.slime.objective import (
-    GROUP_NORMALIZED_ESTIMATORS,
     chunked_discounted_returns,
     compute_advantages_and_returns,
     compute_approx_kl,
@@ -60,7 +59,6 @@ from varbatch_kit.compat.slime.train_data import convert_samples_to_train_data
 from varbatch_kit.compat.slime.train_flags import train_config_from_slime_args
 
 __all__ = [
-    "GROUP_NORMALIZED_ESTIMATORS",
     "SLIME_FLAGS",
     "SlimeCompatError",
     "build_dp_schedule",

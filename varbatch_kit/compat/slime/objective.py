@@ -20,9 +20,9 @@ import torch
 
 from varbatch_kit.compat.slime.errors import SlimeCompatError, raises_slime_errors
 from varbatch_kit.report import objective as obj
+from varbatch_kit.report.objective import GROUP_NORMALIZED_ESTIMATORS, STD_NORMALIZED_ESTIMATORS
 
 __all__ = [
-    "GROUP_NORMALIZED_ESTIMATORS",
     "chunked_discounted_returns",
     "compute_advantages_and_returns",
     "compute_approx_kl",
@@ -40,9 +40,6 @@ __all__ = [
     "vanilla_tis_function",
 ]
 
-#: estimators whose rewards are group-normalised (``--rewards-normalization``)
-GROUP_NORMALIZED_ESTIMATORS = ("grpo", "gspo", "cispo", "reinforce_plus_plus_baseline")
-_STD_ESTIMATORS = ("grpo", "gspo", "cispo")
 
 
 @raises_slime_errors
@@ -185,7 +182,8 @@ def post_process_rewards(args: Any, samples: Sequence[Mapping[str, Any]]
     ``samples`` are ``Sample.to_dict()`` dicts; ``args`` carries
     ``advantage_estimator``, ``rewards_normalization``, ``grpo_std_normalization``,
     ``n_samples_per_prompt``, ``rollout_batch_size`` and ``reward_key``. The
-    estimators of :data:`GROUP_NORMALIZED_ESTIMATORS` (with normalisation on)
+    estimators of
+    :data:`~varbatch_kit.report.objective.GROUP_NORMALIZED_ESTIMATORS` (with normalisation on)
     subtract the group mean, groups of ``n_samples_per_prompt`` when the batch
     holds exactly ``n_samples_per_prompt * rollout_batch_size`` samples, else
     one group; grpo/gspo/cispo with ``grpo_std_normalization`` also divide by
@@ -198,7 +196,7 @@ def post_process_rewards(args: Any, samples: Sequence[Mapping[str, Any]]
         return raw, raw
     full = args.n_samples_per_prompt * args.rollout_batch_size
     group = args.n_samples_per_prompt if len(raw) == full else None
-    std = args.advantage_estimator in _STD_ESTIMATORS and args.grpo_std_normalization
+    std = args.advantage_estimator in STD_NORMALIZED_ESTIMATORS and args.grpo_std_normalization
     try:
         return raw, obj.normalize_group_rewards(raw, group, divide_by_std=std)
     except ValueError as e:

@@ -42,7 +42,11 @@ from varbatch_kit.report.objective.policy_loss import (
     ppo_clip_loss,
     truncated_is_weights,
 )
-from varbatch_kit.report.objective.rewards import normalize_group_rewards
+from varbatch_kit.report.objective.rewards import (
+    GROUP_NORMALIZED_ESTIMATORS,
+    STD_NORMALIZED_ESTIMATORS,
+    normalize_group_rewards,
+)
 from varbatch_kit.report.objective.terms import (
     OBJECTIVE_ESTIMATORS,
     ObjectiveOptions,
@@ -53,9 +57,11 @@ from varbatch_kit.report.objective.whiten import masked_whiten
 
 __all__ = [
     "ESTIMATORS",
+    "GROUP_NORMALIZED_ESTIMATORS",
     "KL_TYPES",
     "OBJECTIVE_ESTIMATORS",
     "ObjectiveOptions",
+    "STD_NORMALIZED_ESTIMATORS",
     "approx_kl",
     "broadcast_advantages",
     "cispo_loss",

@@ -7,7 +7,12 @@ from collections.abc import Sequence
 
 import torch
 
-__all__ = ["normalize_group_rewards"]
+__all__ = ["GROUP_NORMALIZED_ESTIMATORS", "STD_NORMALIZED_ESTIMATORS", "normalize_group_rewards"]
+
+#: estimators whose rewards slime group-normalises (with ``rewards_normalization``)
+GROUP_NORMALIZED_ESTIMATORS = ("grpo", "gspo", "cispo", "reinforce_plus_plus_baseline")
+#: estimators that also divide by the group's std (with ``grpo_std_normalization``)
+STD_NORMALIZED_ESTIMATORS = ("grpo", "gspo", "cispo")
 
 
 def normalize_group_rewards(rewards: Sequence[float], group_size: int | None, *,
