@@ -423,7 +423,9 @@ def test_smollm2_trains_in_torchrun_workers_at_dp_1_and_2(smollm2, tmp_path):
 @needs_smollm2
 def test_smollm2_training_step_descends_on_a_repeated_batch(smollm2, megatron_single_process):
     """The real ``train_step`` (megatron DDP, Adam) on one batch, repeated: its PPO loss (old
-    log-probs from the log-prob pass before the first repeat) falls."""
+    log-probs from the log-prob pass before the first repeat) falls. The clip range is wide
+    enough that no token is clipped in four repeats (clipped tokens stop moving: the loss
+    would then stay flat, as PPO intends)."""
     from megatron.core.distributed import (
         DistributedDataParallel,
         DistributedDataParallelConfig,
@@ -442,6 +444,7 @@ def test_smollm2_training_step_descends_on_a_repeated_batch(smollm2, megatron_si
     device = megatron_single_process
     rollouts = _train_rollouts()
     cfg = TrainConfig().with_(path=str(smollm2), num_layers=2, lr=3e-5, min_lr=3e-5,
+                              eps_clip=0.9, eps_clip_high=100.0,
                               schedule=ScheduleConfig(global_batch_size=4, max_tokens_per_gpu=128))
     mode = get_report_mode(cfg.mode)
     spec = cfg.resolve_model()

@@ -43,8 +43,9 @@ NB02 = "notebooks/02_dp_flops_balance.ipynb"
 PACKING = ".vbk-packing-explorer"
 BALANCE = ".vbk-balance-explorer"
 # waits after a control moved: a recompute takes well under a second, but the
-# machine may be shared; long enough never to flake, short enough to fail soon
-UPDATE_MS = 60_000
+# machine may be shared (under pytest-xdist a training test runs in the other worker): a
+# safety net long enough never to flake, not a speed check
+UPDATE_MS = 180_000
 # bar traces of the packing figure, by index: one bar per sample, one per micro-batch
 SAMPLES_TRACE = str(PACKING_TRACE_NAMES.index("samples"))
 MB_TRACE = str(PACKING_TRACE_NAMES.index("micro-batches"))
