@@ -15,7 +15,9 @@ Pure: no plotting, no printing.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
@@ -39,6 +41,8 @@ RUN_QUALITY_COLUMNS = {
     "distribution": "how the micro-batches are dealt to the DP ranks",
     "samples": "samples in the dump (count)",
     "steps": "training steps of global_batch_size rollouts in this rollout step (count)",
+    "dropped_samples": "samples of the trailing rollouts that fill no training step, left out "
+                       "(count)",
     "micro_batches": "micro-batches over the training steps and ranks (count)",
     "cap_violations": "micro-batches of two or more samples over the token cap (count)",
     "oversize_alone": "single samples longer than the cap, alone in a micro-batch (count)",
@@ -66,6 +70,19 @@ def _config_for(config: ScheduleConfig, packing: str, distribution: str) -> Sche
     if (packing, distribution) == (config.packing, config.distribution):
         return config
     return config.with_batching(packing=packing, distribution=distribution)
+
+
+@contextmanager
+def _quiet_drops():
+    """Hold back the scheduler's "dropping trailing rollouts" warnings (``dropped_samples``
+    reports them)."""
+    log = logging.getLogger("varbatch_kit")
+    level = log.level
+    log.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        log.setLevel(level)
 
 
 def run_quality_table(run: RunDumps, config: ScheduleConfig, model: ModelShape,
@@ -98,7 +115,9 @@ def run_quality_table(run: RunDumps, config: ScheduleConfig, model: ModelShape,
     Returns a pandas table with one row per rollout step and policy (steps in
     the run's order, the policies in the given order), the columns of
     :data:`RUN_QUALITY_COLUMNS` (and ``slime``). A policy that cannot run a
-    step does not raise: its row holds NaN and the message in ``error``.
+    step does not raise: its row holds NaN and the message in ``error``. The
+    scheduler's warning about trailing rollouts that fill no training step is
+    not logged here: ``dropped_samples`` counts them.
     """
     import pandas as pd
 
@@ -133,7 +152,8 @@ def run_quality_table(run: RunDumps, config: ScheduleConfig, model: ModelShape,
             try:
                 if isinstance(cfg, str):
                     raise ValueError(cfg)
-                sched = build_schedule(step.rollouts, cfg, model)
+                with _quiet_drops():  # the row counts them: no warning per step and policy
+                    sched = build_schedule(step.rollouts, cfg, model)
             except ValueError as e:
                 row["error"] = str(e)
                 rows.append(row)
@@ -142,7 +162,8 @@ def run_quality_table(run: RunDumps, config: ScheduleConfig, model: ModelShape,
             t = simulate(sched, hardware=hardware, timelines=False,
                          **simulate_kwargs).step_times
             time_s, bound_s = float(t["time_s"].sum()), float(t["bound_s"].sum())
-            row.update(steps=len(q), micro_batches=int(q["micro_batches"].sum()),
+            row.update(steps=len(q), dropped_samples=int(sched.dropped_samples.size),
+                       micro_batches=int(q["micro_batches"].sum()),
                        cap_violations=int(q["cap_violations"].sum()),
                        oversize_alone=int(q["oversize_alone"].sum()),
                        flops_imbalance=float(q["flops_imbalance"].max()),
@@ -152,6 +173,7 @@ def run_quality_table(run: RunDumps, config: ScheduleConfig, model: ModelShape,
             rows.append(row)
     cols = list(RUN_QUALITY_COLUMNS) + (["slime"] if flag_names is not None else [])
     table = pd.DataFrame(rows)[cols]
-    for c in ("samples", "steps", "micro_batches", "cap_violations", "oversize_alone"):
+    for c in ("samples", "steps", "dropped_samples", "micro_batches", "cap_violations",
+              "oversize_alone"):
         table[c] = table[c].astype("Int64")
     return table
