@@ -237,7 +237,7 @@ def _run_of_dumps(args: argparse.Namespace) -> int:
     (:mod:`varbatch_kit.cli.schedule_run`, on the layout :func:`_config` gives)."""
     from varbatch_kit.cli.schedule_run import run_schedule_run
 
-    return run_schedule_run(args, _config)
+    return run_schedule_run(args, _config, load_model(args.model))
 
 
 def write_figures(out: Path, rollouts: Rollouts, config: ScheduleConfig, model: ModelShape,

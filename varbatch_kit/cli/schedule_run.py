@@ -20,6 +20,7 @@ import sys
 from pathlib import Path
 
 from varbatch_kit.analysis.run_quality import RUN_QUALITY_COLUMNS, run_quality_table
+from varbatch_kit.core.flops import ModelShape
 from varbatch_kit.core.run_dumps import read_run
 
 __all__ = ["RUN_TABLE_COLUMNS", "format_run_table", "run_schedule_run", "write_run_figures"]
@@ -68,17 +69,15 @@ def write_run_figures(out: Path, table, *, title: str, summary: str = "") -> lis
     return [path]
 
 
-def run_schedule_run(args: argparse.Namespace, config_for) -> int:
+def run_schedule_run(args: argparse.Namespace, config_for, model: ModelShape) -> int:
     """``schedule`` on a run; ``config_for(args, rollouts)`` is the schedule command's layout
-    (:func:`varbatch_kit.cli.schedule.run` passes its own). ``ValueError`` for what the user
-    can fix."""
+    and ``model`` its ``--model`` (:func:`varbatch_kit.cli.schedule.run` passes its own).
+    ``ValueError`` for what the user can fix."""
     from varbatch_kit.analysis.run_quality import BALANCED_POLICY
-    from varbatch_kit.cli.schedule import load_model
     from varbatch_kit.compat.slime.flags import SLIME_FLAGS
     from varbatch_kit.policies.registry import get_distribution
 
     run = read_run(args.trace)
-    model = load_model(args.model)
     config = config_for(args, run.steps[0].rollouts)
     if args.distribution is not None:
         get_distribution(args.distribution)

@@ -14,7 +14,9 @@ trained on: they are listed in :attr:`RunDumps.eval_paths` and not read.
 One file is one rollout batch (:func:`~varbatch_kit.core.traces.read_trace`,
 which returns :class:`Rollouts`); a run is several (:func:`read_run`, which
 returns :class:`RunDumps`): one function per return type.
-:func:`is_run_path` says which of the two a path is.
+:func:`is_run_path` says which of the two a path is; :func:`bundled_runs`
+lists the runs shipped with the package (``data/runs``: eight small rollout
+steps written by slime's own ``save_debug_rollout_data``).
 
 Errors are :class:`~varbatch_kit.core.trace_errors.TraceError`: no dump found
 (naming the pattern looked for), a file that is not a dump (the dump's own
@@ -33,8 +35,13 @@ from pathlib import Path
 from varbatch_kit.core.rollouts import Rollouts
 from varbatch_kit.core.slime_dumps import read_slime_dump_with_id
 from varbatch_kit.core.trace_errors import TraceError
+from varbatch_kit.resources import data_dir
 
-__all__ = ["RUN_TEMPLATE_FIELD", "RolloutStep", "RunDumps", "is_run_path", "read_run"]
+__all__ = ["RUNS_DIR", "RUN_TEMPLATE_FIELD", "RolloutStep", "RunDumps", "bundled_runs",
+           "is_run_path", "read_run"]
+
+#: the slime runs shipped with the package (``data/runs``: one folder of dumps each)
+RUNS_DIR = Path(str(data_dir("runs")))
 
 #: the placeholder slime's ``--save-debug-rollout-data`` template holds
 RUN_TEMPLATE_FIELD = "{rollout_id}"
@@ -55,7 +62,8 @@ class RolloutStep:
     path: Path
 
     def __repr__(self) -> str:
-        return f"RolloutStep(rollout_id={self.rollout_id}, {self.rollouts!r}, path={self.path.name!r})"
+        return (f"RolloutStep(rollout_id={self.rollout_id}, {self.rollouts!r}, "
+                f"path={self.path.name!r})")
 
 
 @dataclass(frozen=True)
@@ -106,6 +114,12 @@ class RunDumps:
         span = f"{ids[0]}..{ids[-1]}" if len(ids) > 1 else str(ids[0])
         return (f"RunDumps({len(self)} rollout steps (rollout_id {span}), {self.num_samples} "
                 f"samples, pattern={self.pattern!r})")
+
+
+def bundled_runs() -> dict[str, Path]:
+    """Name → template (``.../rollout_{rollout_id}.pt``) of the runs shipped with the package."""
+    return {p.name: p / f"rollout_{RUN_TEMPLATE_FIELD}.pt"
+            for p in sorted(RUNS_DIR.iterdir()) if p.is_dir() and any(p.glob("*.pt"))}
 
 
 def is_run_path(path: str | Path) -> bool:

@@ -44,7 +44,7 @@ def run_quality_figure(table, *, title: str | None = None) -> go.Figure:
     for i, policy in enumerate(policies):
         rows = df[df["policy"] == policy].sort_values("rollout_id", kind="stable")
         color = qualitative.D3[i % len(qualitative.D3)]
-        for r, (col, label) in enumerate(RUN_PANELS, start=1):
+        for r, (col, _) in enumerate(RUN_PANELS, start=1):
             fmt = "%{y:.4f} s" if col == "time_s" else "%{y:.4f}"
             fig.add_trace(go.Scatter(
                 x=rows["rollout_id"].to_numpy(np.int64),
