@@ -15,8 +15,8 @@ from pathlib import Path
 
 __all__ = ["DATA_KINDS", "data_dir", "notebooks_dir"]
 
-#: the folders of ``data/``: model presets, rollout traces, recorded calibrations
-DATA_KINDS = ("models", "traces", "timing")
+#: the folders of ``data/``: model presets, rollout traces, recorded calibrations, slime runs
+DATA_KINDS = ("models", "traces", "timing", "runs")
 
 
 def _folder(name: str) -> Traversable:

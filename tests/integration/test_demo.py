@@ -55,7 +55,7 @@ def test_demo_renders_figures_an_index_and_the_summary(tmp_path, capsys):
     assert "(not available: notebook 04 did not run or failed)" in text.out
     assert sorted(p.name for p in out.iterdir()) == [
         "01_small.html", "01_small.ipynb", "02_broken.html", "02_broken.ipynb", "index.html",
-        "plotly.min.js"]
+        "plotly.min.js", "run-quality.html"]  # the last: a figure page, drawn without a notebook
     assert f"open {out / 'index.html'} in a browser" in text.out
 
     page = (out / "01_small.html").read_text()
@@ -73,6 +73,8 @@ def test_demo_renders_figures_an_index_and_the_summary(tmp_path, capsys):
     described = dict(links)
     assert described["01_small.html"].startswith("01 · A small figure (ran, ")
     assert described["02_broken.html"].startswith("02 · Broken (FAILED, ")
+    assert described["run-quality.html"].startswith("a whole slime run read from its dumps")
+    assert "run-quality                    figure page  ok" in text.out
     assert "(not available: notebook 04 did not run or failed)" in index
 
     executed = nbformat.read(out / "01_small.ipynb", as_version=4)

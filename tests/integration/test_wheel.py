@@ -51,6 +51,7 @@ def test_wheel_carries_data_and_notebooks(wheel):
                    "varbatch_kit/data/traces/agentic.jsonl",
                    "varbatch_kit/data/traces/traces.json",
                    "varbatch_kit/data/timing/cpu_toy_calibration.json",
+                   "varbatch_kit/data/runs/slime_debug/rollout_8.pt",
                    "varbatch_kit/notebooks/01_packing_explorer.ipynb",
                    "varbatch_kit/notebooks/04_metric_report_invariance.ipynb",
                    "varbatch_kit/notebooks/05_dynamic_cp.ipynb",

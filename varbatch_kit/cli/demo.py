@@ -5,10 +5,12 @@ extra, and ``[train]`` for notebooks 03 and 04) executes ``notebooks/*.ipynb`` t
 in a fresh kernel each (nbclient), writes ``build/demo/<name>.html`` with
 every figure (plotly.js is written once next to them as ``plotly.min.js``, so
 the pages open offline), the executed notebooks as ``.ipynb`` and
-``build/demo/index.html`` linking every page with a one-line description,
-then prints a short summary and where the files are. A notebook that fails
-is still rendered (with its error) and the command exits with status 1 after
-the others ran.
+``build/demo/index.html`` linking every page with a one-line description
+(the notebooks, then the figure pages the library draws without a notebook:
+:data:`varbatch_kit.cli.demo_pages.FIGURE_PAGES`, e.g. a slime run's
+per-rollout-step figure), then prints a short summary and where the files
+are. A notebook that fails is still rendered (with its error) and the
+command exits with status 1 after the others ran.
 
 The summary is computed by the library, with the calls the notebooks make
 (nothing is read back from the notebooks' printouts): the policy comparison
@@ -37,6 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from varbatch_kit._extras import require
+from varbatch_kit.cli.demo_pages import write_figure_pages
 from varbatch_kit.resources import notebooks_dir
 
 # the notebooks draw with plotly and run in a kernel driven by nbclient/nbconvert
@@ -313,10 +316,15 @@ def main(argv: list[str] | None = None) -> int:
     for heading, text in sections:
         print(f"\n== {heading} ==")
         print(text)
+    pages = write_figure_pages(out_dir)  # figures drawn by the library, no notebook
+    for _, name, _, err in pages:
+        print(f"  {name:30s} figure page  {'ok' if not err else 'FAILED: ' + err}")
     index = write_index(
         out_dir / "index.html", "varbatch_kit demo: the notebooks",
         [(r.html.name, r.name, f"{r.title} ({'ran' if r.ok else 'FAILED'}, "
-          f"{r.seconds:.0f} s)") for r in runs],
+          f"{r.seconds:.0f} s)") for r in runs]
+        + [(href, name, what + (f" (FAILED: {err})" if err else ""))
+           for href, name, what, err in pages],
         preformatted="\n\n".join(f"== {h} ==\n{t}" for h, t in sections),
         footer="The executed notebooks are next to the pages (.ipynb); open them in Jupyter "
                "(make lab) for the interactive controls.")
@@ -329,7 +337,10 @@ def main(argv: list[str] | None = None) -> int:
     failed = [r for r in runs if not r.ok]
     for r in failed:
         print(f"FAILED {r.name}: {r.error}", file=sys.stderr)
-    return 1 if failed else 0
+    for _, name, _, err in pages:
+        if err:
+            print(f"FAILED {name}: {err}", file=sys.stderr)
+    return 1 if failed or any(err for *_, err in pages) else 0
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:

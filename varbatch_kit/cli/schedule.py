@@ -30,6 +30,7 @@ from varbatch_kit.compat.slime.flags import SLIME_FLAGS, schedule_config_from_sl
 from varbatch_kit.core.config import ScheduleConfig
 from varbatch_kit.core.flops import ModelShape, available_presets
 from varbatch_kit.core.rollouts import Rollouts
+from varbatch_kit.core.run_dumps import is_run_path
 from varbatch_kit.core.traces import bundled_traces, read_trace
 
 __all__ = ["COLUMN_LEGEND", "add_parser", "check_step", "format_legend", "format_table",
@@ -64,7 +65,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "schedule", help="schedule a rollout trace and print the quality of each policy",
         description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="TRACE is a .jsonl/.parquet/slime .pt file or a bundled trace name: "
-               + ", ".join(bundled_traces()))
+               + ", ".join(bundled_traces()) + "; or a run: a folder of slime dumps or slime's "
+               "--save-debug-rollout-data template (run/rollout_{rollout_id}.pt), one row per "
+               "rollout step for the layout's policy and balanced")
     p.add_argument("trace", metavar="TRACE", help="trace file or bundled trace name")
     p.add_argument("--dp", type=int, default=None, help="data-parallel size (default 16)")
     p.add_argument("--cp", type=int, default=None, help="context-parallel size (default 1)")
@@ -190,6 +193,8 @@ def run(args: argparse.Namespace) -> int:
     """Run the subcommand; ``ValueError`` for anything the user can fix."""
     from varbatch_kit.policies.registry import get_distribution
 
+    if is_run_path(args.trace):
+        return _run_of_dumps(args)
     name, rollouts = load_trace(args.trace)
     model = load_model(args.model)
     config = _config(args, rollouts)  # holds --packing (checked there)
@@ -225,6 +230,14 @@ def run(args: argparse.Namespace) -> int:
         print(f"{len(table) - len(ok)} policies cannot run this layout (see above)",
               file=sys.stderr)
     return 0
+
+
+def _run_of_dumps(args: argparse.Namespace) -> int:
+    """A folder of slime dumps or slime's template: a row per rollout step and policy
+    (:mod:`varbatch_kit.cli.schedule_run`, on the layout :func:`_config` gives)."""
+    from varbatch_kit.cli.schedule_run import run_schedule_run
+
+    return run_schedule_run(args, _config, load_model(args.model))
 
 
 def write_figures(out: Path, rollouts: Rollouts, config: ScheduleConfig, model: ModelShape,

@@ -33,6 +33,7 @@ __all__ = [
     "SlimeSampleError",
     "flatten_slime_samples",
     "read_slime_dump",
+    "read_slime_dump_with_id",
     "slime_train_data",
 ]
 
@@ -376,9 +377,12 @@ def _slime_extra(flat: list[dict], train: dict[str, list]):
         cols["metadata"] = _column(get("metadata"), "object")
     if any(s.get("tokens") is not None for s in flat):
         cols["tokens"] = _column([_token_list(s.get("tokens")) for s in flat], "object")
-    if any(s.get("rollout_log_probs") is not None for s in flat):
-        cols["rollout_log_probs"] = _column(
-            [_float_list(s.get("rollout_log_probs")) for s in flat], "object")
+    for key in ("rollout_log_probs", "teacher_log_probs"):  # per response token
+        if any(s.get(key) is not None for s in flat):
+            cols[key] = _column([_float_list(s.get(key)) for s in flat], "object")
+    if any(s.get("weight_versions") for s in flat):  # the policy versions that generated it
+        cols["weight_versions"] = _column(
+            [[str(v) for v in (s.get("weight_versions") or [])] for s in flat], "object")
     return pd.DataFrame(cols)
 
 
@@ -435,10 +439,22 @@ def read_slime_dump(path: str | Path) -> Rollouts:
     naming the file (and the sample) for anything slime's trainer or
     varbatch_kit cannot use.
     """
+    return read_slime_dump_with_id(path)[0]
+
+
+def read_slime_dump_with_id(path: str | Path) -> tuple[Rollouts, int | None]:
+    """:func:`read_slime_dump` and the ``rollout_id`` the dump saved (None without one).
+
+    slime saves ``{"rollout_id": k, "samples": [...]}``; a run's reader
+    (:func:`varbatch_kit.core.run_dumps.read_run`) checks ``k`` against the
+    file name.
+    """
     path = Path(path)
     if not path.is_file():
         raise TraceError(f"slime dump {str(path)!r} does not exist")
     obj = _load_pt(path)
+    saved = obj.get("rollout_id") if isinstance(obj, dict) else None
+    saved = _as_int(saved) if saved is not None else None
     samples = obj.get("samples") if isinstance(obj, dict) else obj
     if not isinstance(samples, list):
         raise TraceError(
@@ -476,6 +492,6 @@ def read_slime_dump(path: str | Path) -> Rollouts:
             rollout_id=np.asarray(train["rollout_ids"], dtype=np.int64),
             loss_masks=[np.asarray(m, dtype=np.int8) for m in train["loss_masks"]],
             extra=_slime_extra(flat, train),
-        )
+        ), saved
     except ValueError as e:
         raise TraceError(f"slime dump {str(path)!r}: {e}") from None

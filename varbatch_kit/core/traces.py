@@ -24,6 +24,7 @@ import numpy as np
 
 from varbatch_kit._extras import require
 from varbatch_kit.core.rollouts import Rollouts
+from varbatch_kit.core.run_dumps import RUN_TEMPLATE_FIELD, is_run_path
 from varbatch_kit.core.slime_dumps import read_slime_dump
 from varbatch_kit.core.trace_errors import TraceError
 from varbatch_kit.resources import data_dir
@@ -129,8 +130,17 @@ def read_trace(path: str | Path) -> Rollouts:
     NaN where absent) for every key of the dict rewards, ``raw_reward`` (only
     when a ``metadata["raw_reward"]`` replaces the reward, as slime does),
     ``label``, ``prompt``, ``response``, ``metadata`` (dict), ``tokens`` (list
-    of int) and ``rollout_log_probs`` (list of float per response token, None
-    for a sample without), each when the dump has it.
+    of int), ``rollout_log_probs`` and ``teacher_log_probs`` (list of float per
+    response token, None for a sample without) and ``weight_versions`` (list
+    of str: the policy versions that generated the sample; kept when a sample
+    has one), each when the dump has it.
+
+    A directory of dumps or slime's ``--save-debug-rollout-data`` template
+    (``run/rollout_{rollout_id}.pt``) is a whole run, several rollout
+    batches: read it with :func:`varbatch_kit.core.run_dumps.read_run`, which
+    returns a :class:`~varbatch_kit.core.run_dumps.RunDumps`; given one here,
+    ``read_trace`` raises a :class:`TraceError` saying so (one file is one
+    :class:`Rollouts`).
 
     JSONL and Parquet traces keep any column as it is: a ``reward`` column of
     JSON objects (dict rewards) and a ``rollout_log_probs`` column of lists
@@ -138,6 +148,11 @@ def read_trace(path: str | Path) -> Rollouts:
     numbers: write such rollouts as JSONL).
     """
     p = Path(path)
+    if is_run_path(p):
+        raise TraceError(
+            f"trace {str(p)!r} is a run (a folder or a {RUN_TEMPLATE_FIELD} template), not one "
+            "trace file: read its rollout steps with varbatch_kit.core.run_dumps.read_run, or "
+            "pass one dump of it")
     if not p.is_file():
         raise TraceError(f"trace file {str(p)!r} does not exist")
     suffix = p.suffix.lower()

@@ -43,11 +43,16 @@ Pictures
 - :func:`step_time_figure` and :func:`timeline_figure`: simulated step times
   of several schedules and one step's per-rank timeline (from
   :mod:`varbatch_kit.analysis.simulate`).
+- :func:`run_quality_figure` (data from
+  :func:`~varbatch_kit.analysis.run_quality.run_quality_table`): a whole run's
+  rollout steps, simulated time and FLOPs imbalance per step, one line per
+  policy.
 """
 
 from varbatch_kit.ui.figures.cp import cp_plan_figure, cp_plan_table
 from varbatch_kit.ui.figures.policies import policy_figure, sweep_heatmap
 from varbatch_kit.ui.figures.reports import report_figure, training_figure
+from varbatch_kit.ui.figures.run import run_quality_figure
 from varbatch_kit.ui.figures.schedule import (
     BALANCE_TRACE_NAMES,
     PACKING_TRACE_NAMES,
@@ -78,6 +83,7 @@ __all__ = [
     "packing_traces",
     "policy_figure",
     "report_figure",
+    "run_quality_figure",
     "step_sizes_figure",
     "step_time_figure",
     "sweep_heatmap",
