@@ -34,6 +34,7 @@ from varbatch_kit.core.rollouts import Rollouts
 from varbatch_kit.core.schedule import Schedule, ScheduleInvariantError
 from varbatch_kit.core.step import Step
 from varbatch_kit.core.trace_errors import TraceError
+from varbatch_kit.core.run_dumps import read_run
 from varbatch_kit.core.traces import bundled_traces, read_trace, write_trace
 
 __all__ = [
@@ -47,6 +48,7 @@ __all__ = [
     "ScheduleInvariantError",
     "build_schedule",
     "read_trace",
+    "read_run",
     "write_trace",
     "bundled_traces",
     "TraceError",
