@@ -17,6 +17,7 @@ from varbatch_kit.compat.slime.flags import (
     parse_slime_flags,
     schedule_config_from_slime_args,
 )
+from varbatch_kit.compat.slime.flag_search import Recommendation, recommend
 from varbatch_kit.compat.slime.loss import (
     loss_function,
     objective_options_from_args,
@@ -61,6 +62,7 @@ from varbatch_kit.compat.slime.train_flags import train_config_from_slime_args
 
 __all__ = [
     "GROUP_NORMALIZED_ESTIMATORS",
+    "Recommendation",
     "SLIME_FLAGS",
     "SlimeCompatError",
     "build_dp_schedule",
@@ -91,6 +93,7 @@ __all__ = [
     "parse_slime_flags",
     "policy_loss_function",
     "post_process_rewards",
+    "recommend",
     "reduce_train_step_metrics",
     "rollout_log_metric_contribution",
     "schedule_config_from_slime_args",
