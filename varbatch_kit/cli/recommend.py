@@ -77,8 +77,8 @@ def format_candidates(rec) -> str:
     out = df[_COLUMNS].copy()
     for c in ("time_s", "step_s"):
         out[c] = out[c].map(lambda v: f"{v:.3f}")
-    for c in ("above_bound", "mb_per_rank"):
-        out[c] = out[c].map(lambda v: f"{v:.3f}" if c == "above_bound" else f"{v:.1f}")
+    out["above_bound"] = out["above_bound"].map(lambda v: f"{v:.3f}")
+    out["mb_per_rank"] = out["mb_per_rank"].map(lambda v: f"{v:.1f}")
     for c in ("peak_mb_tokens", "oversize", "over_limit"):
         out[c] = out[c].map(lambda v: str(int(v)))
     hidden = len(rec.table) - len(df)

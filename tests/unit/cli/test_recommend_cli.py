@@ -1,4 +1,4 @@
-"""``varbatch-kit recommend``: the table, the explanation, the command line alone on the last line."""
+"""``varbatch-kit recommend``: the table, the explanation, the command line alone last."""
 
 import json
 import shlex

@@ -59,8 +59,10 @@ def wide_rec(wide):
 
 @pytest.mark.parametrize("case", ["bundled", "dump"])
 def test_the_recommended_flags_give_the_predicted_figures(case, bundled_rec, dump_rec):
-    rec, rollouts = ((bundled_rec, read_trace(bundled_traces()["long_context"])) if case == "bundled"
-                     else (dump_rec, read_trace(DUMP)))
+    if case == "bundled":
+        rec, rollouts = bundled_rec, read_trace(bundled_traces()["long_context"])
+    else:
+        rec, rollouts = dump_rec, read_trace(DUMP)
     if case == "bundled":  # a plain --global-batch-size line: slime's own mapping reads it
         config = _quiet(schedule_config_from_slime_args, rec.command)
     else:  # --num-steps-per-rollout: the batch size derived as slime derives it
@@ -85,22 +87,24 @@ def test_recommended_is_never_slower_and_keeps_the_world_size(bundled_rec, dump_
             assert not rec.table["changed"].str.contains(flag).any(), flag
 
 
+def _kept(tokens, changes):
+    """``tokens`` without the changed flags (and their values)."""
+    out, skip = [], False
+    for t in tokens:
+        name = t.split("=", 1)[0]
+        if skip:
+            skip = False
+        elif name in changes:
+            skip = "=" not in t and not isinstance(changes[name], bool)
+        else:
+            out.append(t)
+    return out
+
+
 def test_flags_that_shape_nothing_are_kept_verbatim_and_in_order(bundled_rec, dump_rec):
     for rec, args in ((bundled_rec, BUNDLED_ARGS), (dump_rec, DUMP_ARGS)):
-        changed = set(rec.changes)
-        def kept(tokens):
-            out, skip = [], False
-            for t in tokens:
-                name = t.split("=", 1)[0]
-                if skip:
-                    skip = False
-                    continue
-                if name in changed:
-                    skip = "=" not in t and not isinstance(rec.changes[name], bool)
-                    continue
-                out.append(t)
-            return out
-        assert kept(shlex.split(rec.command)) == kept(shlex.split(args))
+        assert _kept(shlex.split(rec.command), rec.changes) == _kept(shlex.split(args),
+                                                                     rec.changes)
     assert "--lr 1e-6" in bundled_rec.command and "--seed 7" in bundled_rec.command
     assert "'my mod.gen'" in dump_rec.command
 

@@ -12,12 +12,12 @@ against slime keeps working.
 """
 
 from varbatch_kit.compat.slime.errors import SlimeCompatError
+from varbatch_kit.compat.slime.flag_search import Recommendation, recommend
 from varbatch_kit.compat.slime.flags import (
     SLIME_FLAGS,
     parse_slime_flags,
     schedule_config_from_slime_args,
 )
-from varbatch_kit.compat.slime.flag_search import Recommendation, recommend
 from varbatch_kit.compat.slime.loss import (
     loss_function,
     objective_options_from_args,

@@ -37,8 +37,9 @@ user's batch size first; the three best settings then meet the other batch
 sizes, and the two best meet the group sizes. A candidate is **safe** when
 none of its micro-batches of two or more samples holds more tokens than the
 memory limit (a sample longer than the cap sits alone and is counted in
-``oversize``; the user's own run holds those too). The recommendation is the fastest safe candidate or
-the user's own settings, so it is never slower than the user's. Its command
+``oversize``; the user's own run holds those too). The recommendation is the
+fastest safe candidate or the user's own settings, so it is never slower than
+the user's. Its command
 line is the user's: changed flags replaced where they stand, new ones
 appended, every other flag kept verbatim and in order.
 
@@ -389,7 +390,6 @@ def recommend(rollouts: Rollouts, slime_args: str | Sequence[str], model: ModelS
 
     See the module docstring for the search space and the safety rule.
     """
-    from varbatch_kit.analysis.candidates import candidate_figures
     from varbatch_kit.core.build import build_schedule
 
     t0 = time.perf_counter()
@@ -408,14 +408,15 @@ def recommend(rollouts: Rollouts, slime_args: str | Sequence[str], model: ModelS
     user_cfg = schedule_config_from_slime_args(ns)
     user = _user_knobs(ns, user_cfg)
     tp = int(getattr(ns, "tensor_model_parallel_size", None) or 1)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        user_sched = build_schedule(rollouts, user_cfg, model)  # the user's layout must run
     if user.dynamic:
         base_limit = user.size
-    else:
-        base_limit = candidate_figures(user_sched, hardware=hardware, tp=tp,
-                                       **simulate_kwargs)["peak_mb_tokens"]
+    else:  # the largest micro-batch the user's static run holds
+        from varbatch_kit.analysis.quality import step_quality
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            user_sched = build_schedule(rollouts, user_cfg, model)
+        base_limit = int(step_quality(user_sched)["max_mb_tokens"].max())
     if max_tokens_limit is not None:
         limit = positive_int("max_tokens_limit", max_tokens_limit)
         if user.dynamic and limit < user.size:
@@ -434,7 +435,8 @@ def recommend(rollouts: Rollouts, slime_args: str | Sequence[str], model: ModelS
         return seen[k]
 
     same = {"gbs": user.gbs, "num_steps": user.num_steps, "mb_group": user.mb_group}
-    run(user)
+    if run(user)["error"]:  # the user's own layout cannot run: say why
+        raise ValueError(seen[user]["error"])
     caps = _caps(user.size if user.dynamic else None, limit)
     for cap in caps:  # stage 1: cap and policy, the user's batch size
         for dist in ("strided", "flops_kk"):
