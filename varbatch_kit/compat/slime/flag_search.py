@@ -294,7 +294,7 @@ class Recommendation:
                          f"{b['above_bound']:.3f}x the bound), peak micro-batch "
                          f"{b['peak_mb_tokens']} tokens (memory limit {self.memory_limit})")
         if b["oversize"]:
-            lines.append(f"warning: {b['oversize']} samples are longer than the cap; each "
+            lines.append(f"warning: {b['oversize']} sample(s) longer than the cap; each "
                          "trains alone in its micro-batch")
         if self.balanced is not None:
             bt = self.balanced["time_s"]
