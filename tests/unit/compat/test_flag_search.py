@@ -190,3 +190,17 @@ def test_bad_rollouts_or_model():
         recommend([1, 2], "--global-batch-size 8", MODEL)
     with pytest.raises(ValueError, match="model must be a ModelShape"):
         recommend(read_trace(DUMP), "--global-batch-size 8", None)
+
+
+def test_a_static_user_gets_the_limit_of_their_own_largest_micro_batch():
+    """Static batching has no cap: the memory limit is the largest micro-batch the user's run
+    holds; ``balanced`` (a token-cap packing) is not compared."""
+    dump = read_trace(DUMP)
+    rec = _quiet(recommend, dump, "--actor-num-gpus-per-node 1 --global-batch-size 8 "
+                 "--micro-batch-size 2", MODEL)
+    sched = _quiet(build_schedule, dump, rec.user_config, MODEL)
+    assert rec.memory_limit == candidate_figures(sched)["peak_mb_tokens"]
+    assert rec.user["over_limit"] == 0 and rec.balanced is None
+    assert "needs a token cap" in rec.explain()
+    assert rec.best["time_s"] <= rec.user["time_s"]
+    assert (rec.table["max_tokens_per_gpu"].dropna() <= rec.memory_limit).all()
