@@ -1,5 +1,6 @@
 """slime's scheduling, metric and RL-objective functions, with slime's signatures and results;
-slime's command line mapped onto a ScheduleConfig or a TrainConfig.
+slime's command line mapped onto a ScheduleConfig or a TrainConfig; :func:`recommend`: which
+slime scheduling flags to run on a trace (:mod:`.flag_search`).
 
 Thin adapters over varbatch_kit's core, :mod:`varbatch_kit.report` and
 :mod:`varbatch_kit.report.objective` (the behaviour is described in

@@ -349,9 +349,9 @@ def _evaluate(rollouts, model, ns, user, k, limit, hardware, tp, sim_kwargs):
                            int(getattr(ns, "pipeline_model_parallel_size", None) or 1),
                            "error": ""}
     try:
-        cfg = schedule_config_from_slime_args(_namespace(ns, k))
-        with warnings.catch_warnings():
+        with warnings.catch_warnings():  # the user's line was warned about once
             warnings.simplefilter("ignore")
+            cfg = schedule_config_from_slime_args(_namespace(ns, k))
             sched = build_schedule(rollouts, cfg, model)
         row.update(candidate_figures(sched, memory_limit=limit, hardware=hardware, tp=tp,
                                      **sim_kwargs))
