@@ -27,7 +27,7 @@ ALLOWED = {
     "ui": {"ui", "analysis", "core", "policies", "report", "resources"},
     # compat -> train: train_flags maps slime's command line onto TrainConfig (imported inside
     # the function, as varbatch_kit.train needs the [train] extra); train never imports compat
-    "compat": {"compat", "core", "policies", "report", "resources", "train"},
+    "compat": {"compat", "analysis", "core", "policies", "report", "resources", "train"},
     "train": {"train", "core", "policies", "report", "analysis", "resources"},
     "cli": {"cli", "ui", "train", "compat", "analysis", "core", "policies", "report", "resources"},
 }

@@ -24,6 +24,8 @@ from varbatch_kit._version import __version__
 SUBCOMMANDS = {
     "schedule": ("varbatch_kit.cli.schedule",
                  "schedule a rollout trace and print the quality of each policy"),
+    "recommend": ("varbatch_kit.cli.recommend",
+                  "search slime's scheduling flags on a trace, print the best command line"),
     "train": ("varbatch_kit.cli.train", "train a megatron-core GPT on rollouts [train]"),
     "compare": ("varbatch_kit.cli.train", "train several layouts/modes, compare reports [train]"),
     "demo": ("varbatch_kit.cli.demo",

@@ -1,5 +1,6 @@
 """slime's scheduling, metric and RL-objective functions, with slime's signatures and results;
-slime's command line mapped onto a ScheduleConfig or a TrainConfig.
+slime's command line mapped onto a ScheduleConfig or a TrainConfig; :func:`recommend`: which
+slime scheduling flags to run on a trace (:mod:`.flag_search`).
 
 Thin adapters over varbatch_kit's core, :mod:`varbatch_kit.report` and
 :mod:`varbatch_kit.report.objective` (the behaviour is described in
@@ -12,6 +13,7 @@ against slime keeps working.
 """
 
 from varbatch_kit.compat.slime.errors import SlimeCompatError
+from varbatch_kit.compat.slime.flag_search import Recommendation, recommend
 from varbatch_kit.compat.slime.flags import (
     SLIME_FLAGS,
     parse_slime_flags,
@@ -59,6 +61,7 @@ from varbatch_kit.compat.slime.train_data import convert_samples_to_train_data
 from varbatch_kit.compat.slime.train_flags import train_config_from_slime_args
 
 __all__ = [
+    "Recommendation",
     "SLIME_FLAGS",
     "SlimeCompatError",
     "build_dp_schedule",
@@ -89,6 +92,7 @@ __all__ = [
     "parse_slime_flags",
     "policy_loss_function",
     "post_process_rewards",
+    "recommend",
     "reduce_train_step_metrics",
     "rollout_log_metric_contribution",
     "schedule_config_from_slime_args",

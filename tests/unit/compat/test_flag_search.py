@@ -1,0 +1,206 @@
+"""``recommend``: slime's knobs searched on a trace; the flags it prints give what it predicts."""
+
+from __future__ import annotations
+
+import shlex
+import warnings
+from pathlib import Path
+
+import pytest
+
+from varbatch_kit import ModelShape, Rollouts, build_schedule, bundled_traces, read_trace
+from varbatch_kit.analysis.candidates import candidate_figures
+from varbatch_kit.analysis.simulate import simulate
+from varbatch_kit.compat.slime import recommend, schedule_config_from_slime_args
+from varbatch_kit.compat.slime.flag_search import _rewrite, recommended_config
+
+DUMP = Path(__file__).parents[2] / "golden" / "dumps" / "rollout_12.pt"
+MODEL = ModelShape.preset("qwen3-8b")
+
+#: a bundled trace, 16 GPUs, only --global-batch-size given (kept), a flag slime's schedule ignores
+BUNDLED_ARGS = ("--actor-num-nodes 2 --actor-num-gpus-per-node 8 --lr 1e-6 --global-batch-size 256 "
+             "--use-dynamic-batch-size --max-tokens-per-gpu=16384 --seed 7")
+#: a recorded slime dump (16 rollouts), the batch size derived from the rollout flags
+DUMP_ARGS = ("--actor-num-gpus-per-node 2 --rollout-batch-size 4 --n-samples-per-prompt 4 "
+             "--num-steps-per-rollout 2 --use-dynamic-batch-size --max-tokens-per-gpu 64 "
+             "--custom-generate-function-path 'my mod.gen' --balance-data")
+#: 64 prompts x 4 samples on 8 GPUs, 4 steps: about two micro-batches per rank, a poor balance
+WIDE_ARGS = ("--actor-num-gpus-per-node 8 --rollout-batch-size 64 --n-samples-per-prompt 4 "
+             "--num-steps-per-rollout 4 --use-dynamic-batch-size --max-tokens-per-gpu 16384 "
+             "--balance-data")
+
+
+def _quiet(fn, *args, **kwargs):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return fn(*args, **kwargs)
+
+
+@pytest.fixture(scope="module")
+def bundled_rec():
+    return _quiet(recommend, read_trace(bundled_traces()["long_context"]), BUNDLED_ARGS, MODEL,
+                  max_tokens_headroom=1.25)  # 7 caps: about 1.5 s
+
+
+@pytest.fixture(scope="module")
+def dump_rec():
+    return _quiet(recommend, read_trace(DUMP), DUMP_ARGS, MODEL, max_tokens_headroom=2.0)
+
+
+@pytest.fixture(scope="module")
+def wide():
+    return Rollouts.synthetic(256, response_len=1500, max_response_len=8192, seed=3)
+
+
+@pytest.fixture(scope="module")
+def wide_rec(wide):
+    return _quiet(recommend, wide, WIDE_ARGS, MODEL)
+
+
+@pytest.mark.parametrize("case", ["bundled", "dump"])
+def test_the_recommended_flags_give_the_predicted_figures(case, bundled_rec, dump_rec):
+    if case == "bundled":
+        rec, rollouts = bundled_rec, read_trace(bundled_traces()["long_context"])
+    else:
+        rec, rollouts = dump_rec, read_trace(DUMP)
+    if case == "bundled":  # a plain --global-batch-size line: slime's own mapping reads it
+        config = _quiet(schedule_config_from_slime_args, rec.command)
+    else:  # --num-steps-per-rollout: the batch size derived as slime derives it
+        config = recommended_config(rec.command)
+    assert config == rec.config
+    sched = _quiet(build_schedule, rollouts, config, MODEL)
+    fresh = candidate_figures(sched, memory_limit=rec.memory_limit)
+    assert fresh == {k: rec.best[k] for k in fresh}
+    assert simulate(sched).total_time_s == pytest.approx(rec.best["time_s"], rel=1e-12)
+    assert rec.table.loc[rec.table["best"], "time_s"].item() == rec.best["time_s"]
+    assert rec.table["best"].sum() == 1 and rec.table["user"].sum() == 1
+    assert list(rec.table["time_s"].dropna()) == sorted(rec.table["time_s"].dropna())
+
+
+def test_recommended_is_never_slower_and_keeps_the_world_size(bundled_rec, dump_rec, wide_rec):
+    for rec in (bundled_rec, dump_rec, wide_rec):
+        assert rec.best["time_s"] <= rec.user["time_s"]
+        assert rec.speedup >= 1.0
+        u, c = rec.user_config, rec.config
+        assert (c.dp, c.cp, c.pp, c.vpp) == (u.dp, u.cp, u.pp, u.vpp)
+        for flag in ("--actor-num", "--tensor-", "--pipeline-", "--context-", "--dp-size"):
+            assert not rec.table["changed"].str.contains(flag).any(), flag
+
+
+def _kept(tokens, changes):
+    """``tokens`` without the changed flags (and their values)."""
+    out, skip = [], False
+    for t in tokens:
+        name = t.split("=", 1)[0]
+        if skip:
+            skip = False
+        elif name in changes:
+            skip = "=" not in t and not isinstance(changes[name], bool)
+        else:
+            out.append(t)
+    return out
+
+
+def test_flags_that_shape_nothing_are_kept_verbatim_and_in_order(bundled_rec, dump_rec):
+    for rec, args in ((bundled_rec, BUNDLED_ARGS), (dump_rec, DUMP_ARGS)):
+        assert _kept(shlex.split(rec.command), rec.changes) == _kept(shlex.split(args),
+                                                                     rec.changes)
+    assert "--lr 1e-6" in bundled_rec.command and "--seed 7" in bundled_rec.command
+    assert "'my mod.gen'" in dump_rec.command
+
+
+def test_the_cap_stays_within_the_headroom(bundled_rec, dump_rec, wide_rec):
+    assert bundled_rec.memory_limit == int(16384 * 1.25)
+    assert dump_rec.memory_limit == 128
+    assert wide_rec.memory_limit == 16384  # default headroom 1.0: never raised
+    for rec in (bundled_rec, dump_rec, wide_rec):
+        caps = rec.table["max_tokens_per_gpu"].dropna()
+        assert (caps <= rec.memory_limit).all()
+        assert rec.best["over_limit"] == 0 or rec.changes == {}
+    absolute = _quiet(recommend, read_trace(DUMP), DUMP_ARGS, MODEL, max_tokens_limit=96)
+    assert absolute.memory_limit == 96
+    assert absolute.table["max_tokens_per_gpu"].dropna().max() == 96
+
+
+def test_the_global_batch_size_is_kept_unless_allowed(bundled_rec, dump_rec):
+    assert set(bundled_rec.table["global_batch_size"]) == {256}  # --global-batch-size only
+    assert len(set(dump_rec.table["global_batch_size"])) > 1  # --num-steps-per-rollout given
+    # every batch size tried trains the same 16 rollouts
+    assert all(16 % g == 0 for g in dump_rec.table["global_batch_size"])
+    varied = _quiet(recommend, read_trace(DUMP), DUMP_ARGS.replace(
+        "--rollout-batch-size 4 --n-samples-per-prompt 4 --num-steps-per-rollout 2",
+        "--global-batch-size 8"), MODEL, vary_global_batch_size=True)
+    assert set(varied.table["global_batch_size"]) > {8}
+
+
+def test_a_known_better_setting_is_found(wide_rec):
+    """Four steps of 64 rollouts on 8 ranks: about two micro-batches per rank, 13 % above the
+    bound; one step per rollout batch (or static batches of two) packs the ranks evenly."""
+    u, b = wide_rec.user, wide_rec.best
+    assert u["mb_per_rank"] == pytest.approx(2.0)
+    assert u["above_bound"] > 1.10
+    assert b["time_s"] < 0.9 * u["time_s"]
+    assert b["above_bound"] < 1.01
+    assert "--num-steps-per-rollout 1" in wide_rec.command
+    assert recommended_config(wide_rec.command).global_batch_size == 256
+    assert wide_rec.balanced is not None and wide_rec.balanced["time_s"] < u["time_s"]
+    assert "beyond slime" in wide_rec.explain()
+
+
+def test_vpp_searches_the_group_size(wide):
+    args = ("--actor-num-gpus-per-node 8 --pipeline-model-parallel-size 2 "
+            "--virtual-pipeline-model-parallel-size 2 --global-batch-size 64 "
+            "--use-dynamic-batch-size --max-tokens-per-gpu 16384")
+    rec = _quiet(recommend, wide, args, MODEL)
+    assert set(rec.table["mb_group"]) == {2, 3, 4}  # 2: unset, Megatron's default pp
+    assert rec.config.pp == 2 and rec.config.vpp == 2 and rec.config.dp == 4
+
+
+def test_rewrite_replaces_in_place_and_appends():
+    tokens = ["--a", "1", "--max-tokens-per-gpu=100", "--balance-data", "--b", "x y"]
+    out = _rewrite(tokens, {"--max-tokens-per-gpu": 200, "--balance-data": False,
+                            "--balance-by-flops": True})
+    assert out == ["--a", "1", "--max-tokens-per-gpu", "200", "--b", "x y",
+                   "--balance-by-flops"]
+
+
+@pytest.mark.parametrize("args, kwargs, match", [
+    ("--global-batch-size 8 --use-dynamic-batch-size --max-tokens-per-gpu ten", {},
+     "--max-tokens-per-gpu"),
+    ("--global-batch-size 8 --use-dynamic-batch-size --max-tokens 64", {}, "abbreviations"),
+    ("--num-steps-per-rollout 2 --use-dynamic-batch-size --max-tokens-per-gpu 64", {},
+     "--rollout-batch-size"),
+    ("--rollout-batch-size 4 --n-samples-per-prompt 4 --num-steps-per-rollout 2 "
+     "--global-batch-size 4 --use-dynamic-batch-size --max-tokens-per-gpu 64", {},
+     "--global-batch-size 4 is not"),
+    ("--global-batch-size 8 --use-dynamic-batch-size --max-tokens-per-gpu 64",
+     {"max_tokens_headroom": 0.5}, "max_tokens_headroom"),
+    ("--global-batch-size 8 --use-dynamic-batch-size --max-tokens-per-gpu 64",
+     {"max_tokens_limit": 32}, "max_tokens_limit=32"),
+    ("--global-batch-size 8 --use-dynamic-batch-size --max-tokens-per-gpu 64",
+     {"vary_global_batch_size": "yes"}, "vary_global_batch_size"),
+])
+def test_bad_input_is_a_value_error_naming_it(args, kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        _quiet(recommend, read_trace(DUMP), args, MODEL, **kwargs)
+
+
+def test_bad_rollouts_or_model():
+    with pytest.raises(ValueError, match="rollouts must be a Rollouts"):
+        recommend([1, 2], "--global-batch-size 8", MODEL)
+    with pytest.raises(ValueError, match="model must be a ModelShape"):
+        recommend(read_trace(DUMP), "--global-batch-size 8", None)
+
+
+def test_a_static_user_gets_the_limit_of_their_own_largest_micro_batch():
+    """Static batching has no cap: the memory limit is the largest micro-batch the user's run
+    holds; ``balanced`` (a token-cap packing) is not compared."""
+    dump = read_trace(DUMP)
+    rec = _quiet(recommend, dump, "--actor-num-gpus-per-node 1 --global-batch-size 8 "
+                 "--micro-batch-size 2", MODEL)
+    sched = _quiet(build_schedule, dump, rec.user_config, MODEL)
+    assert rec.memory_limit == candidate_figures(sched)["peak_mb_tokens"]
+    assert rec.user["over_limit"] == 0 and rec.balanced is None
+    assert "needs a token cap" in rec.explain()
+    assert rec.best["time_s"] <= rec.user["time_s"]
+    assert (rec.table["max_tokens_per_gpu"].dropna() <= rec.memory_limit).all()
