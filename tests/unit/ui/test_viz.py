@@ -399,3 +399,49 @@ def test_simulated_views_on_a_real_schedule():
     np.testing.assert_allclose(fig.data[0].y, sim.step_times["time_s"])
     fig = viz.timeline_figure(sim.timelines, 1)
     assert len(fig.data[0].x) == len(sim.timelines[sim.timelines.step == 1])
+
+
+def test_packing_figure_colours_samples_by_rollout_and_compact_siblings_stand_out():
+    """In the figure's JSON: one colour per rollout; compact rollouts in the palette's
+    colours (neighbours differ), single-sample rollouts grey; hover names rollout and sample."""
+    import json
+
+    from varbatch_kit.ui.figures.style import PALETTE, ROLLOUT_COLORSCALE, SINGLE_SAMPLE_COLOR
+
+    # rollouts 7 (3 samples), 8 (1), 9 (2), 10 (1); first fit spreads the siblings
+    r = rollouts([6, 5, 9, 4, 7, 3, 8], rollout_id=[7, 8, 7, 9, 10, 9, 7])
+    s = build_schedule(r, ScheduleConfig(dp=2, global_batch_size=4, max_tokens_per_gpu=12), TINY)
+    data = json.loads(viz.packing_figure(s).to_json())["data"][0]
+    color = np.asarray(plotly_array(data["marker"]["color"]))
+    custom = np.asarray(plotly_array(data["customdata"]))
+    sample, rid, n = custom[:, 0].astype(int), custom[:, 1].astype(int), custom[:, 6].astype(int)
+    assert sorted(sample) == list(range(7))
+    by_rollout = {int(i): set(color[rid == i].tolist()) for i in np.unique(rid)}
+    assert all(len(c) == 1 for c in by_rollout.values())  # one colour per rollout
+    assert by_rollout[7] == {0} and by_rollout[9] == {1}  # compact: palette, in order
+    assert by_rollout[8] == by_rollout[10] == {len(PALETTE)}  # single samples: grey
+    assert dict(zip(rid.tolist(), n.tolist())) == {7: 3, 8: 1, 9: 2, 10: 1}
+    scale = dict((round(v * (len(PALETTE) + 1)), c) for v, c in ROLLOUT_COLORSCALE[1::2])
+    assert scale[len(PALETTE) + 1] == SINGLE_SAMPLE_COLOR
+    assert "rollout %{customdata[1]:d}" in data["hovertemplate"]
+    assert "sample %{customdata[0]:d}" in data["hovertemplate"]
+    # one-sample rollouts only: every rollout cycles through the palette
+    s1 = build_schedule(rollouts([3, 4, 5, 6]), ScheduleConfig(dp=2, global_batch_size=4,
+                                                               max_tokens_per_gpu=12), TINY)
+    d1 = json.loads(viz.packing_figure(s1).to_json())["data"][0]
+    c1 = np.asarray(plotly_array(d1["marker"]["color"]))
+    ids = np.asarray(plotly_array(d1["customdata"]))[:, 1].astype(int)
+    assert dict(zip(ids.tolist(), c1.tolist())) == {0: 0, 1: 1, 2: 2, 3: 3}
+
+
+def plotly_array(value):
+    """A plotly JSON array: a list, or a typed binary buffer ``{"dtype", "bdata", "shape"}``."""
+    if isinstance(value, dict) and "bdata" in value:
+        import base64
+
+        arr = np.frombuffer(base64.b64decode(value["bdata"]), dtype=np.dtype(value["dtype"]))
+        shape = value.get("shape")
+        if shape:
+            arr = arr.reshape([int(x) for x in str(shape).split(",")])
+        return arr
+    return value
