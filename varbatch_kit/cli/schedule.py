@@ -317,8 +317,9 @@ def write_figures(out: Path, rollouts: Rollouts, config: ScheduleConfig, model: 
                         "length distribution: share of samples, tokens and FLOPs per length "
                         "bin, and forward FLOPs per token against length"),
             "policies": (viz.policy_figure(table),
-                         "every policy side by side: busiest rank and micro-batch count "
-                         "against their lower bounds, micro-batches over the cap")}
+                         "every policy side by side: busiest rank against the bound for any "
+                         "packing, micro-batch count against ceil(tokens / cap), micro-batches "
+                         "over the cap")}
     for _, row in table[table["error"] == ""].iterrows():
         cfg = config.with_(packing=row["packing"], distribution=row["distribution"])
         sched = build_schedule(rollouts, cfg, model)
@@ -329,7 +330,7 @@ def write_figures(out: Path, rollouts: Rollouts, config: ScheduleConfig, model: 
                                   "by DP rank, the token cap and over-cap micro-batches marked")
         figs[f"balance-{tag}"] = (viz.balance_figure(sched),
                                   f"{policy}: forward FLOPs and tokens per DP rank per step, "
-                                  "with the lower bound on the busiest rank")
+                                  "with the bound for this packing on the busiest rank")
     paths, entries = [], []
     for fname, (fig, what) in figs.items():
         path = out / f"{fname}.html"

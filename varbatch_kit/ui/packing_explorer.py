@@ -296,7 +296,7 @@ class PackingExplorer(Explorer):
             over,
             ("DP FLOPs imbalance "
              + span("vbk-imbalance", "n/a" if np.isnan(imb) else f"{imb:.4f}")),
-            ("busiest rank / bound "
+            ("busiest rank / bound for any packing "
              + span("vbk-makespan", "n/a" if np.isnan(imb) else f"{s['makespan_ratio']:.4f}")),
             (f"{s['samples']} samples · {s['steps']} steps, {s['total_micro_batches']} "
              "micro-batches in all"),

@@ -445,3 +445,72 @@ def plotly_array(value):
             arr = arr.reshape([int(x) for x in str(shape).split(",")])
         return arr
     return value
+
+
+def test_policy_figure_all_zero_over_cap_panel_says_so():
+    table = POLICY_TABLE.assign(cap_violations=[0, 0, 0, 0, np.nan],
+                                oversize_alone=[3, 3, 0, 0, np.nan])
+    fig = viz.policy_figure(table)
+    notes = [a.text for a in fig.layout.annotations if a.xref == "x3 domain"]
+    assert len(notes) == 1 and notes[0].startswith("no micro-batch of two or more")
+    assert "6 lone samples longer" in notes[0]
+    assert not any(a.xref == "x3 domain" for a in viz.policy_figure(POLICY_TABLE)
+                   .layout.annotations)  # 30 and 70 violations: bars, no note
+
+
+def test_the_two_bounds_have_one_name_each_in_figures_and_tables():
+    """'bound for this packing' (largest micro-batch) in the balance figure, 'bound for any
+    packing' (largest sample) in the policy figure and the CLI legend, as the table columns."""
+    from varbatch_kit.cli.schedule import COLUMN_LEGEND
+
+    r = rollouts([5, 3, 8, 2, 7, 1, 4, 6])
+    s = build_schedule(r, ScheduleConfig(dp=2, global_batch_size=8, max_tokens_per_gpu=10), TINY)
+    bal = viz.balance_figure(s)
+    assert "above the bound for this packing (worst step)" in bal.layout.title.text
+    assert bal.data[1].name.startswith("bound for this packing: max(step FLOPs / dp, largest "
+                                       "micro-batch")
+    pol = viz.policy_figure(POLICY_TABLE)
+    assert any("busiest rank / bound for any packing" in a.text for a in pol.layout.annotations)
+    assert "the bound for any packing, max(step FLOPs / dp, largest sample)" in \
+        COLUMN_LEGEND["mean_makespan_ratio"]
+    assert "the bound for this packing, max(step FLOPs / dp, largest micro-batch)" in \
+        COLUMN_LEGEND["mean_mb_makespan_ratio"]
+    texts = [bal.layout.title.text, *(t.name or "" for t in bal.data),
+             *(a.text for a in pol.layout.annotations)]
+    assert not any("lower bound" in t for t in texts)
+
+
+def test_measured_vs_predicted_figure_in_the_shared_style():
+    import json as _json
+
+    from varbatch_kit.analysis.cost_model import fit_with_holdout
+    from varbatch_kit.resources import data_dir
+    from varbatch_kit.ui.figures.style import LEGEND_BELOW, PALETTE, TEMPLATE
+
+    rows = _json.loads(data_dir("timing").joinpath("cpu_toy_calibration.json").read_text())[
+        "measurements"]
+    fit = fit_with_holdout([r["sum_len"] for r in rows], [r["sum_len_sq"] for r in rows],
+                           [r["time_s"] for r in rows], heldout_mask=[r["heldout"] for r in rows])
+    fig = viz.measured_vs_predicted_figure(fit, [str(i) for i in range(len(rows))])
+    assert fig.layout.template == go.Figure(layout={"template": TEMPLATE}).layout.template
+    assert fig.layout.legend.orientation == LEGEND_BELOW["orientation"]
+    assert fig.layout.legend.yref == "container"
+    assert [t.name for t in fig.data] == ["fitted (grid)", "held out (random)",
+                                          "measured = predicted"]
+    assert [t.marker.color for t in fig.data[:2]] == list(PALETTE[:2])
+    np.testing.assert_allclose(fig.data[1].x, fit.predicted_s[fit.heldout_index])
+    np.testing.assert_allclose(fig.data[1].y, fit.measured_s[fit.heldout_index])
+
+
+def test_notebook_02_names_the_two_bounds_and_uses_the_shared_figure():
+    import json as _json
+
+    from _paths import REPO
+
+    nb = _json.loads((REPO / "notebooks" / "02_dp_flops_balance.ipynb").read_text())
+    text = "\n".join("".join(c["source"]) for c in nb["cells"])
+    assert "bound for this packing = max(step FLOPs ∕ dp, largest micro-batch)" in text
+    assert "bound for any packing = max(step FLOPs ∕ dp, largest sample)" in text
+    assert "lower bound" not in text.replace("mb_lower_bound", "")
+    assert "viz.measured_vs_predicted_figure(" in text and "go.Figure()" not in text
+    assert all(not c.get("outputs") for c in nb["cells"] if c["cell_type"] == "code")

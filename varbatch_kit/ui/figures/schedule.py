@@ -27,9 +27,13 @@ from varbatch_kit.ui.figures.style import (
 
 # Trace order of the packing figure (fixed, so widgets can update in place).
 PACKING_TRACE_NAMES = ("samples", "micro-batches", "over cap", "token cap")
+#: The two bounds on the busiest rank, named the same way in the figures, the tables
+#: (``mean_mb_makespan_ratio`` / ``mean_makespan_ratio``) and notebook 02.
+BOUND_THIS_PACKING = "bound for this packing"  # max(step / dp, largest micro-batch)
+BOUND_ANY_PACKING = "bound for any packing"  # max(step / dp, largest sample)
 # Trace order of the balance figure.
-BALANCE_TRACE_NAMES = ("rank FLOPs", "lower bound max(total/dp, largest micro-batch)",
-                       "rank tokens", "tokens lower bound")
+BALANCE_TRACE_NAMES = ("rank FLOPs", f"{BOUND_THIS_PACKING}: max(step FLOPs / dp, largest "
+                       "micro-batch)", "rank tokens", f"tokens {BOUND_THIS_PACKING}")
 
 
 
@@ -293,7 +297,8 @@ def balance_traces(schedule: Schedule, steps: Sequence[int] | None = None) -> di
     """The data of :func:`balance_figure` as plain arrays (see :func:`packing_traces`).
 
     ``info`` holds per step ``flops_imbalance`` (max rank / mean rank),
-    ``makespan_ratio`` (max rank FLOPs / lower bound) and their worst values.
+    ``makespan_ratio`` (max rank FLOPs / the bound for this packing, ``max(step
+    FLOPs / dp, largest micro-batch)``) and their worst values.
     """
     cfg = schedule.config
     dp = cfg.dp
@@ -345,8 +350,8 @@ def balance_traces(schedule: Schedule, steps: Sequence[int] | None = None) -> di
     ticktext = [f"step {steps[i]}" for i in tick_idx]
     worst = float(np.nanmax(ratio)) if flops_all is not None else float("nan")
     title = (f"DP balance, dp {dp}, {cfg.packing} + {cfg.distribution}:<br>busiest rank "
-             f"{'n/a' if math.isnan(worst) else f'{100 * (worst - 1):.2f}%'} above the lower "
-             "bound (worst step)")
+             f"{'n/a' if math.isnan(worst) else f'{100 * (worst - 1):.2f}%'} above the "
+             f"{BOUND_THIS_PACKING} (worst step)")
 
     def zoom(values: np.ndarray, bounds: list) -> list[float] | None:
         """A y range around the bars' tops: the differences are a few percent."""
@@ -381,7 +386,7 @@ def empty_balance_figure() -> go.Figure:
         hovertemplate=("step %{customdata[0]:d}, rank %{customdata[1]:d}: %{y:.4s} FLOPs, "
                        "%{customdata[2]:.4f}× the bound<extra></extra>")), row=1, col=1)
     fig.add_trace(go.Scatter(
-        name="lower bound max(total/dp, largest micro-batch)", mode="lines",
+        name=BALANCE_TRACE_NAMES[1], mode="lines",
         line={"color": "#d62728", "width": 2}, hovertemplate="bound %{y:.4s}<extra></extra>"),
         row=1, col=1)
     fig.add_trace(go.Bar(
@@ -389,7 +394,7 @@ def empty_balance_figure() -> go.Figure:
         hovertemplate=("step %{customdata[0]:d}, rank %{customdata[1]:d}: %{y:d} tokens, "
                        "%{customdata[2]:.4f}× the bound<extra></extra>")), row=2, col=1)
     fig.add_trace(go.Scatter(
-        name="tokens lower bound", mode="lines", showlegend=False,
+        name=BALANCE_TRACE_NAMES[3], mode="lines", showlegend=False,
         line={"color": "#d62728", "width": 2}, hovertemplate="bound %{y:.0f}<extra></extra>"),
         row=2, col=1)
     fig.update_yaxes(title_text="FLOPs (axis zoomed)", exponentformat="SI", row=1, col=1)
@@ -402,12 +407,15 @@ def empty_balance_figure() -> go.Figure:
 
 
 def balance_figure(schedule: Schedule, steps: Sequence[int] | None = None) -> go.Figure:
-    """Per-step, per-rank forward FLOPs (top) and tokens (bottom) with their lower bound.
+    """Per-step, per-rank forward FLOPs (top) and tokens (bottom) with the bound for this packing.
 
     The y axes are zoomed on the bars' tops (the differences are a few
-    percent). The red segment over each step is the lower bound on the busiest rank,
-    ``max(step total / dp, largest micro-batch)``: no distribution of these
-    micro-batches does better. The gap between the tallest bar and the line
+    percent). The red segment over each step is the *bound for this packing*
+    on the busiest rank, ``max(step total / dp, largest micro-batch)``: no
+    distribution of these micro-batches does better (the *bound for any
+    packing*, ``max(step total / dp, largest sample)``, is the tables'
+    ``mean_makespan_ratio``; it is lower when a micro-batch holds more than
+    its largest sample). The gap between the tallest bar and the line
     is what a better distribution could still win (the title gives the worst
     step). FLOPs need a model shape on the schedule; without one the FLOPs
     panel is empty.
