@@ -54,8 +54,8 @@ from typing import Any
 from varbatch_kit.core.config import ScheduleConfig, batching_fields
 
 __all__ = ["ROLLOUT_SIZE_FLAG_TABLE", "SCHEDULE_DESTS", "SCHEDULE_FLAG_TABLE", "SLIME_FLAGS",
-           "SLIME_SCHEDULE_FLAGS", "derive_global_batch_size", "flag_dest", "parse_flag_table", "parse_slime_flags", "positive_int",
-           "schedule_config_from_slime_args"]
+           "SLIME_SCHEDULE_FLAGS", "derive_global_batch_size", "flag_dest", "parse_flag_table",
+           "parse_slime_flags", "positive_int", "schedule_config_from_slime_args"]
 
 #: slime's command-line flags for each (packing, distribution) pair it offers
 SLIME_FLAGS = {
@@ -176,8 +176,8 @@ def parse_slime_flags(argv: str | Sequence[str]) -> argparse.Namespace:
     flag (``--balance-dat``); warns once, listing them, about flags that do
     not affect the schedule.
     """
-    return parse_flag_table(argv, SCHEDULE_FLAG_TABLE + ROLLOUT_SIZE_FLAG_TABLE, ignored_because="do not affect the "
-                            "schedule", stacklevel=3)
+    return parse_flag_table(argv, SCHEDULE_FLAG_TABLE + ROLLOUT_SIZE_FLAG_TABLE,
+                            ignored_because="do not affect the schedule", stacklevel=3)
 
 
 def derive_global_batch_size(global_batch_size: int | None, *,
