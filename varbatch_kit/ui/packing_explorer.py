@@ -317,6 +317,15 @@ class PackingExplorer(Explorer):
             self.cp_figure.close()
         super().close()
 
+    def snapshot_figures(self) -> list:
+        """The packing figure and, with context parallelism (``cp > 1``: the packing
+        figure's title then may point to "the dynamic plan below"), the CP plan below it,
+        as in the widget; at ``cp == 1`` the plan is the packing itself and is left out."""
+        cp = getattr(self, "cp_figure", None)
+        sched = self.schedule
+        with_plan = cp is not None and len(cp.data) and sched is not None and sched.config.cp > 1
+        return [self.figure] + ([cp] if with_plan else [])
+
     def _render_cp_plan(self, schedule: Schedule, step: int) -> None:
         """Redraw :attr:`cp_figure` (its traces depend on the degrees present)."""
         new = viz.cp_plan_figure(schedule, step, max_ranks=64)
