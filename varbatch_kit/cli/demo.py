@@ -42,8 +42,8 @@ from varbatch_kit.resources import notebooks_dir
 # the notebooks draw with plotly and run in a kernel driven by nbclient/nbconvert
 require(__name__, "ui", ("plotly", "nbclient", "nbconvert", "nbformat"))
 
-__all__ = ["INDEX_CSS", "KERNEL_NOISE", "NOTEBOOKS_DIR", "SUMMARIES", "NotebookRun", "copy_kernel_stderr",
-           "export_html", "invariance_summary", "main", "notebook_title", "policy_summary",
+__all__ = ["INDEX_CSS", "KERNEL_NOISE", "NOTEBOOKS_DIR", "SUMMARIES", "NotebookRun",
+           "copy_kernel_stderr", "export_html", "invariance_summary", "main", "notebook_title", "policy_summary",
            "run_notebook", "write_index"]
 
 #: the tutorial notebooks shipped with the package
