@@ -43,8 +43,8 @@ from varbatch_kit.resources import notebooks_dir
 require(__name__, "ui", ("plotly", "nbclient", "nbconvert", "nbformat"))
 
 __all__ = ["INDEX_CSS", "KERNEL_NOISE", "NOTEBOOKS_DIR", "SUMMARIES", "NotebookRun",
-           "copy_kernel_stderr", "export_html", "invariance_summary", "main", "notebook_title", "policy_summary",
-           "run_notebook", "write_index"]
+           "copy_kernel_stderr", "export_html", "invariance_summary", "main", "notebook_title",
+           "policy_summary", "run_notebook", "write_index"]
 
 #: the tutorial notebooks shipped with the package
 NOTEBOOKS_DIR = Path(str(notebooks_dir()))
