@@ -514,3 +514,23 @@ def test_notebook_02_names_the_two_bounds_and_uses_the_shared_figure():
     assert "lower bound" not in text.replace("mb_lower_bound", "")
     assert "viz.measured_vs_predicted_figure(" in text and "go.Figure()" not in text
     assert all(not c.get("outputs") for c in nb["cells"] if c["cell_type"] == "code")
+
+
+def test_report_figure_keeps_equal_curves_visible():
+    """Notebook 04's dp 2 runs report equal values: 4 configurations, 4 distinguishable
+    curves (each its own dash and marker; later ones, on top, thinner and smaller)."""
+    same = pd.DataFrame({"step": [0, 1, 2], "loss": [2.0, 1.0, 0.5]})
+    reports = {f"dp2 layout {k}": same for k in range(4)}
+    fig = viz.report_figure(reports, "loss")
+    top = [t for t in fig.data if t.xaxis == "x"]
+    assert [t.name for t in top] == list(reports)
+    assert len({t.line.dash for t in top}) == 4
+    assert len({t.marker.symbol for t in top}) == 4
+    widths = [t.line.width for t in top]
+    sizes = [t.marker.size for t in top]
+    assert widths == sorted(widths, reverse=True) and len(set(widths)) == 4
+    assert sizes == sorted(sizes, reverse=True) and len(set(sizes)) == 4
+    assert all(t.marker.symbol.endswith("-open") for t in top[1:])  # the ones below show through
+    bottom = [t for t in fig.data if t.xaxis == "x2"]
+    assert [(t.line.dash, t.marker.symbol) for t in bottom] == [
+        (t.line.dash, t.marker.symbol) for t in top[1:]]  # same style in both panels
