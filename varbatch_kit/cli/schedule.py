@@ -322,7 +322,9 @@ def write_figures(out: Path, rollouts: Rollouts, config: ScheduleConfig, model: 
                          "over the cap")}
     for _, row in table[table["error"] == ""].iterrows():
         cfg = config.with_(packing=row["packing"], distribution=row["distribution"])
-        sched = build_schedule(rollouts, cfg, model)
+        with warnings.catch_warnings():  # the table's run has reported them once
+            warnings.simplefilter("ignore", OversizeSampleWarning)
+            sched = build_schedule(rollouts, cfg, model)
         policy = f"{row['packing']} + {row['distribution']}"
         tag = f"{row['packing']}-{row['distribution']}"
         figs[f"packing-{tag}"] = (viz.packing_figure(sched, check_step(step, sched.num_steps)),
