@@ -31,10 +31,10 @@ from varbatch_kit.core.build import build_schedule
 from varbatch_kit.core.config import ScheduleConfig
 from varbatch_kit.core.flops import ModelShape, available_presets
 from varbatch_kit.core.rollouts import Rollouts
+from varbatch_kit.core.run_dumps import read_run
 from varbatch_kit.core.schedule import Schedule, ScheduleInvariantError
 from varbatch_kit.core.step import Step
 from varbatch_kit.core.trace_errors import TraceError
-from varbatch_kit.core.run_dumps import read_run
 from varbatch_kit.core.traces import bundled_traces, read_trace, write_trace
 
 __all__ = [

@@ -23,6 +23,8 @@ EXPLORER = "widgets.packing_explorer(r, None, config=s.config)"
 # a printout that looks like notebook 04's verdict, in a cell tagged as the old demo expected:
 # the demo must not take its summary from it
 VERDICT = 'print("verdict: sound modes layout-invariant: True")'
+# a tqdm.auto bar, as notebooks 03/04 show while training: the page must show its final state
+PROGRESS = "from tqdm.auto import tqdm\nfor _ in tqdm(range(272), desc='training'): pass"
 
 
 def notebook(path, *sources, tags=None, title="A stand-in"):
@@ -41,7 +43,7 @@ def notebook(path, *sources, tags=None, title="A stand-in"):
 def test_demo_renders_figures_an_index_and_the_summary(tmp_path, capsys):
     nbdir, out = tmp_path / "nb", tmp_path / "out"
     nbdir.mkdir()
-    notebook(nbdir / "01_small.ipynb", FIGURE, EXPLORER, VERDICT, tags={2: "verdict"},
+    notebook(nbdir / "01_small.ipynb", FIGURE, EXPLORER, VERDICT, PROGRESS, tags={2: "verdict"},
              title="01 · A small figure")
     notebook(nbdir / "02_broken.ipynb", "1 / 0", "print('never')", title="02 · Broken")
     rc = demo.main(["--notebooks-dir", str(nbdir), "--out", str(out), "--no-progress"])
@@ -65,6 +67,8 @@ def test_demo_renders_figures_an_index_and_the_summary(tmp_path, capsys):
     assert 'class="vbk-static"' in page and "vbk-micro-batches" in page
     assert len(page) < 2_000_000  # no inlined copy of plotly.js
     assert "varbatch_kit_demo" not in page  # the injected setup cell is gone
+    assert "272/272" in page and "0/272" not in page  # the bar's final state, not its first
+    assert "without encryption" not in text.err  # the kernel's TCP warning is left out
 
     index = (out / "index.html").read_text()
     links = re.findall(r'<li><a href="([^"]+)">[^<]+</a>: ([^<]+)</li>', index)
@@ -79,7 +83,7 @@ def test_demo_renders_figures_an_index_and_the_summary(tmp_path, capsys):
 
     executed = nbformat.read(out / "01_small.ipynb", as_version=4)
     counts = [c.execution_count for c in executed.cells if c.cell_type == "code"]
-    assert counts == [1, 2, 3]
+    assert counts == [1, 2, 3, 4]
     assert "ZeroDivisionError" in (out / "02_broken.html").read_text()
 
 

@@ -125,8 +125,13 @@ def policy_table(rollouts: Rollouts, config: ScheduleConfig, model: ModelShape |
     e.g. :data:`varbatch_kit.compat.slime.SLIME_FLAGS`; ``""`` where it has
     none), ``steps, micro_batches,
     mb_lower_bound`` (sum over steps of ``ceil(tokens/cap)``),
-    ``cap_violations, max_flops_imbalance``, ``mean_makespan_ratio``
-    (busiest rank / its lower bound, mean over steps),
+    ``cap_violations`` (micro-batches of two or more samples over the cap: a
+    packing could have avoided them), ``oversize_alone`` (micro-batches of one
+    sample longer than the cap: no packing can), ``max_flops_imbalance``,
+    ``mean_mb_makespan_ratio`` (busiest rank / the *bound for this packing*,
+    ``max(step FLOPs / dp, largest micro-batch)``: how well the micro-batches
+    were dealt), ``mean_makespan_ratio`` (busiest rank / the *bound for any
+    packing*, ``max(step FLOPs / dp, largest sample)``; both means over steps),
     ``max_makespan_ratio``, ``schedule_s`` (wall time) and ``error`` (the
     scheduler's message for a policy that cannot run this layout; its numbers
     are NaN).
@@ -156,8 +161,9 @@ def policy_table(rollouts: Rollouts, config: ScheduleConfig, model: ModelShape |
                                                           distribution=distribution), model)
         except ValueError as e:
             row.update(steps=np.nan, micro_batches=np.nan, mb_lower_bound=np.nan,
-                       cap_violations=np.nan, max_flops_imbalance=np.nan,
-                       mean_makespan_ratio=np.nan, max_makespan_ratio=np.nan,
+                       cap_violations=np.nan, oversize_alone=np.nan, max_flops_imbalance=np.nan,
+                       mean_mb_makespan_ratio=np.nan, mean_makespan_ratio=np.nan,
+                       max_makespan_ratio=np.nan,
                        schedule_s=time.perf_counter() - t0, error=str(e))
             rows.append(row)
             continue
@@ -168,7 +174,9 @@ def policy_table(rollouts: Rollouts, config: ScheduleConfig, model: ModelShape |
             steps=len(q), micro_batches=int(q["micro_batches"].sum()),
             mb_lower_bound=float(bound.sum()) if bound.notna().all() else np.nan,
             cap_violations=int(q["cap_violations"].sum()),
+            oversize_alone=int(q["oversize_alone"].sum()),
             max_flops_imbalance=float(q["flops_imbalance"].max()),
+            mean_mb_makespan_ratio=float(q["mb_makespan_ratio"].mean()),
             mean_makespan_ratio=float(q["makespan_ratio"].mean()),
             max_makespan_ratio=float(q["makespan_ratio"].max()),
             schedule_s=dt, error="")

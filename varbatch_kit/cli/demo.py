@@ -45,8 +45,9 @@ from varbatch_kit.resources import notebooks_dir
 # the notebooks draw with plotly and run in a kernel driven by nbclient/nbconvert
 require(__name__, "ui", ("plotly", "nbclient", "nbconvert", "nbformat"))
 
-__all__ = ["NOTEBOOKS_DIR", "SUMMARIES", "NotebookRun", "export_html", "invariance_summary",
-           "main", "notebook_title", "policy_summary", "run_notebook", "write_index"]
+__all__ = ["INDEX_CSS", "KERNEL_NOISE", "NOTEBOOKS_DIR", "SUMMARIES", "NotebookRun",
+           "copy_kernel_stderr", "export_html", "invariance_summary", "main", "notebook_title",
+           "policy_summary", "run_notebook", "write_index"]
 
 #: the tutorial notebooks shipped with the package
 NOTEBOOKS_DIR = Path(str(notebooks_dir()))
@@ -55,16 +56,33 @@ DEFAULT_OUT = Path("build") / "demo"
 
 # Registers a renderer that writes figures as HTML without plotly.js (the page loads it once);
 # the JupyterLab mimetype stays first so the executed .ipynb still opens nicely in Lab.
+# Progress bars: a tqdm.auto bar in a kernel is a widget, and the HTML export has no widget
+# state, so it would show the bar as first drawn ("0%| 0/272"); the demo's kernel gets text
+# bars on stdout instead, whose final state the client keeps (coalesce_streams folds the
+# carriage returns), so a page shows "100%| 272/272".
 _SETUP = """\
 import copy as _copy
+import sys as _sys
 import plotly.io as _pio
+import tqdm.auto as _tqdm_auto
+import tqdm.std as _tqdm_std
 _r = _copy.copy(_pio.renderers["notebook"])
 _r.global_init = False
 _r.include_plotlyjs = False
 _pio.renderers["varbatch_kit_demo"] = _r
 _pio.renderers.default = "plotly_mimetype+varbatch_kit_demo"
-del _copy, _pio, _r
+class _TextBar(_tqdm_std.tqdm):
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("file", _sys.stdout)
+        super().__init__(*args, **kwargs)
+_tqdm_auto.tqdm = _TextBar
+_tqdm_auto.trange = lambda *args, **kwargs: _TextBar(range(*args), **kwargs)
+del _copy, _pio, _r, _tqdm_auto, _tqdm_std
 """
+#: lines the demo's kernels print on stderr that say nothing to a demo user: ipykernel warns
+#: on every start that the local kernel's TCP sockets are not encrypted (they listen on
+#: 127.0.0.1 for this process only); every other kernel line is passed on
+KERNEL_NOISE = ("Kernel is running over TCP without encryption",)
 _SETUP_TAG = "varbatch-kit-demo-setup"
 # text/html first: widgets have no saved state in the export, their static snapshot is shown
 _PRIORITY = ["text/html", "application/vnd.jupyter.widget-view+json", "application/javascript",
@@ -156,12 +174,21 @@ def _summary(runs: Sequence[NotebookRun], progress: bool) -> list[tuple[str, str
 
 
 # -------------------------------------------------------------------- index
+#: the index pages' style: the printed tables (a policy table is ~190 characters wide) get a
+#: smaller monospace font and scroll sideways inside the page instead of being cut off
+INDEX_CSS = ("body{font-family:sans-serif;max-width:90em;margin:2em auto;padding:0 1em}"
+             "li{margin:.4em 0}"
+             "pre{background:#f6f6f6;padding:1em;font-size:12px;line-height:1.35;"
+             "overflow-x:auto;max-width:100%;box-sizing:border-box;white-space:pre}")
+
+
 def write_index(path: Path, title: str, entries: Sequence[tuple[str, str, str]], *,
                 preformatted: str = "", footer: str = "") -> Path:
     """Write a plain HTML page linking ``entries`` (``(href, name, one-line description)``).
 
     ``preformatted`` (e.g. a printed table) is shown under the list as
-    ``<pre>``; everything is escaped, the page loads nothing.
+    ``<pre>`` (:data:`INDEX_CSS`: small font, scrolls sideways when wider than
+    the page); everything is escaped, the page loads nothing.
     """
     e = html.escape
     items = "\n".join(f'  <li><a href="{e(href, quote=True)}">{e(name)}</a>: {e(what)}</li>'
@@ -169,12 +196,22 @@ def write_index(path: Path, title: str, entries: Sequence[tuple[str, str, str]],
     pre = f"<pre>{e(preformatted)}</pre>\n" if preformatted else ""
     foot = f"<p>{e(footer)}</p>\n" if footer else ""
     page = (f"<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
-            f"<title>{e(title)}</title>\n<style>body{{font-family:sans-serif;max-width:72em;"
-            f"margin:2em auto;padding:0 1em}}li{{margin:.4em 0}}pre{{background:#f6f6f6;"
-            f"padding:1em;overflow-x:auto}}</style>\n</head>\n<body>\n<h1>{e(title)}</h1>\n"
+            f"<title>{e(title)}</title>\n<style>{INDEX_CSS}</style>\n</head>\n<body>\n"
+            f"<h1>{e(title)}</h1>\n"
             f"<ul>\n{items}\n</ul>\n{pre}{foot}</body>\n</html>\n")
     path.write_text(page, encoding="utf-8")
     return path
+
+
+def copy_kernel_stderr(pipe, out=None) -> None:
+    """Copy a kernel's stderr (a binary pipe) to ``out`` (``sys.stderr``) line by line,
+    leaving out the lines of :data:`KERNEL_NOISE`; returns at the end of the pipe."""
+    for raw in iter(pipe.readline, b""):
+        line = raw.decode("utf-8", errors="replace")
+        if not any(noise in line for noise in KERNEL_NOISE):
+            target = sys.stderr if out is None else out
+            target.write(line)
+            target.flush()
 
 
 def run_notebook(path: Path, *, timeout: int = 900, progress: bool = True,
@@ -184,6 +221,9 @@ def run_notebook(path: Path, *, timeout: int = 900, progress: bool = True,
     Cells run one by one so a progress bar can follow them; the first failing
     cell stops the run (its error stays in the notebook's outputs).
     """
+    import subprocess
+    import threading
+
     import nbformat
     from nbclient import NotebookClient
     from nbclient.exceptions import CellExecutionError
@@ -192,7 +232,7 @@ def run_notebook(path: Path, *, timeout: int = 900, progress: bool = True,
     setup = nbformat.v4.new_code_cell(_SETUP)
     setup.metadata["tags"] = [_SETUP_TAG]
     nb.cells.insert(0, setup)
-    client = NotebookClient(nb, timeout=timeout, kernel_name=kernel_name,
+    client = NotebookClient(nb, timeout=timeout, kernel_name=kernel_name, coalesce_streams=True,
                             resources={"metadata": {"path": str(path.parent)}})
     code_cells = [i for i, c in enumerate(nb.cells) if c.cell_type == "code"]
     error = ""
@@ -205,7 +245,11 @@ def run_notebook(path: Path, *, timeout: int = 900, progress: bool = True,
     elif progress:
         print(f"  running {path.stem} ({len(code_cells) - 1} code cells) ...", flush=True)
     try:
-        with client.setup_kernel():
+        with client.setup_kernel(stderr=subprocess.PIPE):
+            process = getattr(getattr(client.km, "provisioner", None), "process", None)
+            if process is not None and process.stderr is not None:
+                threading.Thread(target=copy_kernel_stderr, args=(process.stderr,),
+                                 daemon=True).start()
             for i in code_cells:
                 try:
                     client.execute_cell(nb.cells[i], i)

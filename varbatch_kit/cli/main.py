@@ -1,6 +1,7 @@
-"""``varbatch-kit`` command line: ``schedule``, ``train``, ``compare``, ``demo``, ``notebooks``.
+"""``varbatch-kit`` command line: one subcommand per entry of :data:`SUBCOMMANDS`.
 
-(and ``calibrate``: the micro-batch cost model of this device, :mod:`varbatch_kit.cli.calibrate`.)
+The summary ``varbatch-kit --help`` prints is generated from :data:`SUBCOMMANDS`
+(:func:`summary`), so a subcommand registered there is always listed.
 
 Each subcommand lives with the code it drives; this module only dispatches.
 Only the module of the subcommand being run is imported, so ``varbatch-kit
@@ -46,12 +47,17 @@ def _command(argv: list[str]) -> str | None:
     return next((a for a in argv if not a.startswith("-")), None)
 
 
+def summary() -> str:
+    """The one-line description of ``varbatch-kit --help``: every registered subcommand."""
+    return "varbatch-kit command line: " + ", ".join(SUBCOMMANDS)
+
+
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """The parser; only ``command``'s module is imported (the others are listed by name).
 
     Raises :class:`ImportError` when that module needs an extra that is not installed.
     """
-    parser = argparse.ArgumentParser(prog="varbatch-kit", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="varbatch-kit", description=summary())
     parser.add_argument("--version", action="version", version=f"varbatch-kit {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     if command in SUBCOMMANDS:

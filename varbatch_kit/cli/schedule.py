@@ -8,6 +8,15 @@ Examples::
     varbatch-kit schedule run.jsonl --dp 8 --slime-args="--global-batch-size 256 \\
         --use-dynamic-batch-size --max-tokens-per-gpu 16384 --balance-data"
 
+With ``--slime-args`` the flags set the layout and the table still compares
+every policy of their batching path; the ``marked`` column shows the row of
+the flags' own policy (``slime``) and, with ``--packing`` / ``--distribution``,
+the rows those name (``packing``), so ``--slime-args=... --packing balanced``
+compares slime's choice with ``balanced`` on slime's layout. Without
+``--slime-args``, ``--packing`` / ``--distribution`` pick the one row shown.
+Samples longer than the token cap are counted (``oversize_alone``) and warned
+about once on stderr.
+
 The table is computed by :mod:`varbatch_kit.analysis.sweeps` and printed with a
 legend of its columns; plotly is imported only with ``--html``, which writes
 one page per figure and an ``index.html`` linking them.
@@ -21,12 +30,14 @@ from __future__ import annotations
 
 import argparse
 import sys
+import warnings
 from pathlib import Path
 from typing import Any
 
 from varbatch_kit.analysis import sweeps
 from varbatch_kit.checks import int_in_range
 from varbatch_kit.compat.slime.flags import SLIME_FLAGS, schedule_config_from_slime_args
+from varbatch_kit.core.build import OversizeSampleWarning
 from varbatch_kit.core.config import ScheduleConfig
 from varbatch_kit.core.flops import ModelShape, available_presets
 from varbatch_kit.core.rollouts import Rollouts
@@ -34,11 +45,11 @@ from varbatch_kit.core.run_dumps import is_run_path
 from varbatch_kit.core.traces import bundled_traces, read_trace
 
 __all__ = ["COLUMN_LEGEND", "add_parser", "check_step", "format_legend", "format_table",
-           "load_model", "load_trace", "run", "write_figures"]
+           "load_model", "load_trace", "policy_rows", "run", "write_figures"]
 
 TABLE_COLUMNS = ["packing", "distribution", "steps", "micro_batches", "mb_lower_bound",
-                 "cap_violations", "max_flops_imbalance", "mean_makespan_ratio", "schedule_s",
-                 "slime"]
+                 "cap_violations", "oversize_alone", "max_flops_imbalance",
+                 "mean_mb_makespan_ratio", "mean_makespan_ratio", "schedule_s", "slime", "marked"]
 
 #: what each column of the table means, and its unit (printed under the table)
 COLUMN_LEGEND = {
@@ -48,14 +59,22 @@ COLUMN_LEGEND = {
     "micro_batches": "micro-batches over all steps and ranks (count)",
     "mb_lower_bound": "fewest micro-batches the cap allows: sum over steps of "
                       "ceil(step tokens / cap) (count; blank without a cap)",
-    "cap_violations": "micro-batches of two or more samples over the token cap (count; a "
-                      "lone sample longer than the cap is not counted)",
+    "cap_violations": "micro-batches of two or more samples over the token cap, which a "
+                      "packing could avoid (count; a lone sample longer than the cap is "
+                      "oversize_alone, not this)",
+    "oversize_alone": "micro-batches of one sample longer than the token cap, which no "
+                      "packing can avoid (count; raise the cap to fit them)",
     "max_flops_imbalance": "busiest rank's forward FLOPs / the mean rank's, worst step "
                            "(ratio; 1 = even)",
-    "mean_makespan_ratio": "busiest rank's FLOPs / max(step FLOPs / dp, largest sample), mean "
-                           "over steps (ratio; 1 = optimal)",
+    "mean_mb_makespan_ratio": "busiest rank's FLOPs / the bound for this packing, max(step "
+                              "FLOPs / dp, largest micro-batch), mean over steps (ratio; 1 = "
+                              "the best distribution of these micro-batches)",
+    "mean_makespan_ratio": "busiest rank's FLOPs / the bound for any packing, max(step FLOPs / "
+                           "dp, largest sample), mean over steps (ratio; 1 = optimal)",
     "schedule_s": "CPU time to build the schedule (seconds)",
     "slime": "slime's flags for this policy (blank: slime has no such option)",
+    "marked": "rows the options name: slime = the policy of --slime-args, packing = the "
+              "--packing/--distribution ones (text; blank: neither)",
 }
 
 
@@ -84,13 +103,14 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--packing", default=None,
                    help="one packing (default: compare every registered one); it picks the "
                         "batching path: 'static' uses --micro-batch-size, the others the token "
-                        "cap")
+                        "cap. With --slime-args every policy is still compared and this one "
+                        "is marked")
     p.add_argument("--distribution", default=None,
                    help="one distribution (default: compare every registered one)")
     p.add_argument("--slime-args", default=None, metavar="FLAGS",
-                   help="take the layout and policy from a slime command line, written "
+                   help="take the layout from a slime command line, written "
                         "--slime-args='--global-batch-size 64 ...' (flags given here override "
-                        "it)")
+                        "it); every policy is compared, the flags' own marked 'slime'")
     p.add_argument("--model", default="qwen3-8b",
                    help=f"model shape preset ({', '.join(available_presets())}) or a Hugging "
                         "Face config.json path (default qwen3-8b)")
@@ -133,19 +153,66 @@ def _config(args: argparse.Namespace, rollouts: Rollouts) -> ScheduleConfig:
     ``--micro-batch-size`` -> static, ``--max-tokens-per-gpu`` -> dynamic, a
     ``--packing`` its own path (with the base's size when no size flag is
     given); none of them keeps the base's path (dynamic, cap 16384, without
-    ``--slime-args``). Every field no flag names is the base's.
+    ``--slime-args``). Every field no flag names is the base's. With
+    ``--slime-args`` the flags' own policy stays in the config: a
+    ``--packing`` there only picks the rows to mark (:func:`policy_rows`).
     """
     if args.slime_args is not None:
         base = schedule_config_from_slime_args(args.slime_args, dp=args.dp or None)
+        packing = None
     else:
         base = ScheduleConfig(dp=DEFAULT_DP, global_batch_size=max(1, rollouts.num_rollouts // 4),
                               max_tokens_per_gpu=DEFAULT_MAX_TOKENS_PER_GPU)
+        packing = args.packing
     layout = {name: getattr(args, name)
               for name in ("dp", "cp", "vpp", "mb_group", "global_batch_size")
               if getattr(args, name) is not None}
     return base.with_batching(micro_batch_size=args.micro_batch_size,
-                              max_tokens_per_gpu=args.max_tokens_per_gpu, packing=args.packing,
+                              max_tokens_per_gpu=args.max_tokens_per_gpu, packing=packing,
                               **layout)
+
+
+def policy_rows(args: argparse.Namespace, config: ScheduleConfig, model: ModelShape
+                ) -> tuple[list[tuple[str, str]], dict[tuple[str, str], str]]:
+    """The ``(packing, distribution)`` rows of the table and the ``marked`` text of some.
+
+    Without ``--slime-args``: ``--packing`` / ``--distribution`` name one row
+    (their config's), else every registered pair of the config's path. With
+    ``--slime-args``: every pair of the path the flags set, the flags' own
+    policy marked ``slime``; ``--packing`` / ``--distribution`` mark the pairs
+    they name ``packing`` (a packing of the other batching path is a
+    ``ValueError`` saying which flag sets the path).
+    """
+    from varbatch_kit.policies.registry import get_distribution, get_packer
+
+    if args.distribution is not None:
+        get_distribution(args.distribution)
+    if args.slime_args is None:
+        if args.packing is not None or args.distribution is not None:
+            return [(config.packing, args.distribution or config.distribution)], {}
+        return sweeps.policy_pairs(model, dynamic=config.dynamic), {}
+    pairs = sweeps.policy_pairs(model, dynamic=config.dynamic)
+    own = (config.packing, config.distribution)
+    if own not in pairs:
+        pairs.insert(0, own)
+    marks = {own: "slime"}
+    if args.packing is not None or args.distribution is not None:
+        if args.packing is not None and get_packer(args.packing).dynamic != config.dynamic:
+            path = "dynamic" if config.dynamic else "static"
+            raise ValueError(
+                f"--packing {args.packing!r} is not a {path}-batching packing, and --slime-args "
+                f"{'with' if config.dynamic else 'without'} --use-dynamic-batch-size set the "
+                f"{path} path: pick one of "
+                f"{', '.join(sorted({p for p, _ in pairs}))} (or give --micro-batch-size / "
+                "--max-tokens-per-gpu to switch the path)")
+        named = [pq for pq in pairs if (args.packing in (None, pq[0]))
+                 and (args.distribution in (None, pq[1]))]
+        if not named:  # a pair the registry does not list together: compare it as asked
+            named = [(args.packing or config.packing, args.distribution or config.distribution)]
+            pairs += named
+        for pq in named:
+            marks[pq] = "slime,packing" if pq == own else "packing"
+    return pairs, marks
 
 
 def format_table(table) -> str:
@@ -155,12 +222,12 @@ def format_table(table) -> str:
     df = table.copy()
     cols = [c for c in TABLE_COLUMNS if c in df.columns]
     out = df[cols].copy()
-    for c in ("max_flops_imbalance", "mean_makespan_ratio"):
+    for c in ("max_flops_imbalance", "mean_mb_makespan_ratio", "mean_makespan_ratio"):
         if c in out:
             out[c] = out[c].map(lambda v: "" if pd.isna(v) else f"{v:.4f}")
     if "schedule_s" in out:
         out["schedule_s"] = out["schedule_s"].map(lambda v: f"{v:.3f}")
-    for c in ("steps", "micro_batches", "mb_lower_bound", "cap_violations"):
+    for c in ("steps", "micro_batches", "mb_lower_bound", "cap_violations", "oversize_alone"):
         if c in out:
             out[c] = out[c].map(lambda v: "" if pd.isna(v) else str(int(v)))
     text = out.to_string(index=False)
@@ -191,20 +258,23 @@ def check_step(step: int, num_steps: int) -> int:
 
 def run(args: argparse.Namespace) -> int:
     """Run the subcommand; ``ValueError`` for anything the user can fix."""
-    from varbatch_kit.policies.registry import get_distribution
-
     if is_run_path(args.trace):
         return _run_of_dumps(args)
     name, rollouts = load_trace(args.trace)
     model = load_model(args.model)
     config = _config(args, rollouts)  # holds --packing (checked there)
-    if args.distribution is not None:
-        get_distribution(args.distribution)
-    if args.packing is not None or args.distribution is not None or args.slime_args:
-        pairs = [(config.packing, args.distribution or config.distribution)]
-    else:
-        pairs = sweeps.policy_pairs(model, dynamic=config.batching == "dynamic")
-    table = sweeps.policy_table(rollouts, config, model, pairs, flag_names=SLIME_FLAGS)
+    pairs, marks = policy_rows(args, config, model)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", OversizeSampleWarning)
+        table = sweeps.policy_table(rollouts, config, model, pairs, flag_names=SLIME_FLAGS)
+    for message in dict.fromkeys(str(w.message) for w in caught
+                                 if issubclass(w.category, OversizeSampleWarning)):
+        print(f"varbatch-kit schedule: warning: {message}", file=sys.stderr)
+    for w in caught:  # any other warning as Python would show it
+        if not issubclass(w.category, OversizeSampleWarning):
+            warnings.showwarning(w.message, w.category, w.filename, w.lineno)
+    table["marked"] = [marks.get((p, d), "") for p, d in zip(table["packing"],
+                                                             table["distribution"])]
     ok = table[table["error"] == ""]
     if ok.empty:
         # every policy failed: the layout itself is impossible; say why once
@@ -260,11 +330,14 @@ def write_figures(out: Path, rollouts: Rollouts, config: ScheduleConfig, model: 
                         "length distribution: share of samples, tokens and FLOPs per length "
                         "bin, and forward FLOPs per token against length"),
             "policies": (viz.policy_figure(table),
-                         "every policy side by side: busiest rank and micro-batch count "
-                         "against their lower bounds, micro-batches over the cap")}
+                         "every policy side by side: busiest rank against the bound for any "
+                         "packing, micro-batch count against ceil(tokens / cap), micro-batches "
+                         "over the cap")}
     for _, row in table[table["error"] == ""].iterrows():
         cfg = config.with_(packing=row["packing"], distribution=row["distribution"])
-        sched = build_schedule(rollouts, cfg, model)
+        with warnings.catch_warnings():  # the table's run has reported them once
+            warnings.simplefilter("ignore", OversizeSampleWarning)
+            sched = build_schedule(rollouts, cfg, model)
         policy = f"{row['packing']} + {row['distribution']}"
         tag = f"{row['packing']}-{row['distribution']}"
         figs[f"packing-{tag}"] = (viz.packing_figure(sched, check_step(step, sched.num_steps)),
@@ -272,7 +345,7 @@ def write_figures(out: Path, rollouts: Rollouts, config: ScheduleConfig, model: 
                                   "by DP rank, the token cap and over-cap micro-batches marked")
         figs[f"balance-{tag}"] = (viz.balance_figure(sched),
                                   f"{policy}: forward FLOPs and tokens per DP rank per step, "
-                                  "with the lower bound on the busiest rank")
+                                  "with the bound for this packing on the busiest rank")
     paths, entries = [], []
     for fname, (fig, what) in figs.items():
         path = out / f"{fname}.html"

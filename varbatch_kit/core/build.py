@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import math
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -36,9 +37,13 @@ from varbatch_kit.policies.order import apply_order
 from varbatch_kit.policies.packers import AlignmentError, PackInput, split_to_target
 from varbatch_kit.policies.registry import get_distribution, get_packer
 
-__all__ = ["build_schedule", "order_rank_bins"]
+__all__ = ["OversizeSampleWarning", "build_schedule", "order_rank_bins", "oversize_samples"]
 
 log = logging.getLogger("varbatch_kit")
+
+class OversizeSampleWarning(UserWarning):
+    """Samples of the schedule are longer than the token cap (each trains alone, over it)."""
+
 
 #: ``planner(index, rollout_ids, samples, step_lengths, bins, dp_rank_bins) -> Step``:
 #: the placements of one step's micro-batches (``bins``: step-local positions)
@@ -215,7 +220,7 @@ def build_schedule(
     flops = model.forward_flops(lengths) if model is not None else None
     builder = _StepBuilder(config, lengths, flops, _planner(config, model, cp_cost))
     if config.alignment_fallback == "drop_rollouts":
-        return _build_deferring(rollouts, builder, model, progress=progress)
+        return _warn_oversize(_build_deferring(rollouts, builder, model, progress=progress))
     groups, dropped_ids, dropped = step_rollout_groups(rollouts, config.global_batch_size)
     _warn_dropped(dropped_ids, dropped, config.global_batch_size)
     iterator = groups
@@ -224,7 +229,41 @@ def build_schedule(
 
         iterator = tqdm(groups, desc="scheduling steps", unit="step")
     steps = [builder(s, ids, samples) for s, (ids, samples) in enumerate(iterator)]
-    return Schedule(config, rollouts, steps, dropped_ids, dropped, model, flops)
+    return _warn_oversize(Schedule(config, rollouts, steps, dropped_ids, dropped, model, flops))
+
+
+def oversize_samples(schedule: Schedule) -> np.ndarray:
+    """The scheduled samples longer than the largest cap a micro-batch can get, ascending.
+
+    That cap is ``max_tokens_per_gpu * c`` for the largest CP degree ``c`` the
+    config allows (``max_tokens_per_gpu * cp`` under fixed CP); such a sample
+    trains alone in a micro-batch over it (``oversize_alone`` in
+    :meth:`Schedule.stats` and :func:`varbatch_kit.analysis.quality.step_quality`),
+    an out-of-memory risk no packing can avoid. Empty on the static path (no cap).
+    """
+    cfg = schedule.config
+    if cfg.max_tokens_per_gpu is None or not schedule.steps:
+        return np.zeros(0, dtype=np.int64)
+    cap = cfg.max_tokens_per_gpu * max(cfg.cp_degrees)
+    kept = np.sort(np.concatenate([st.sample_indices for st in schedule.steps]))
+    return kept[schedule.rollouts.total_len[kept] > cap]
+
+
+def _warn_oversize(schedule: Schedule) -> Schedule:
+    """Warn (:class:`OversizeSampleWarning`) with the count and share of over-cap samples."""
+    over = oversize_samples(schedule)
+    if over.size:
+        cfg = schedule.config
+        cap = cfg.max_tokens_per_gpu * max(cfg.cp_degrees)
+        n = sum(st.num_samples for st in schedule.steps)
+        longest = int(schedule.rollouts.total_len[over].max())
+        warnings.warn(
+            f"{over.size} of {n} samples ({100 * over.size / n:.1f} %) are longer than the "
+            f"token cap {cap} (max_tokens_per_gpu={cfg.max_tokens_per_gpu} x cp); each trains "
+            f"alone in a micro-batch over the cap (oversize_alone), the longest {longest} "
+            f"tokens: raise max_tokens_per_gpu to {math.ceil(longest / max(cfg.cp_degrees))} "
+            "to fit them", OversizeSampleWarning, stacklevel=3)
+    return schedule
 
 
 def _warn_dropped(dropped_ids: np.ndarray, dropped: np.ndarray, gbs: int) -> None:

@@ -26,7 +26,7 @@ from varbatch_kit._extras import require
 from varbatch_kit.core.rollouts import Rollouts
 from varbatch_kit.core.run_dumps import RUN_TEMPLATE_FIELD, is_run_path
 from varbatch_kit.core.slime_dumps import read_slime_dump
-from varbatch_kit.core.trace_errors import TraceError
+from varbatch_kit.core.trace_errors import TraceError, at_file_rows, missing_trace
 from varbatch_kit.resources import data_dir
 
 __all__ = [
@@ -47,7 +47,8 @@ def bundled_traces() -> dict[str, Path]:
     return {p.name.split(".")[0]: p for p in sorted(TRACES_DIR.glob("*.jsonl"))}
 
 
-def _from_columns(cols: dict[str, Any], path: Path) -> Rollouts:
+def _from_columns(cols: dict[str, Any], path: Path, rows: list[int] | None = None,
+                  unit: str = "row") -> Rollouts:
     missing = [c for c in REQUIRED if c not in cols]
     if missing:
         raise TraceError(
@@ -67,18 +68,20 @@ def _from_columns(cols: dict[str, Any], path: Path) -> Rollouts:
 
         extra = pd.DataFrame(others)
     try:
-        return Rollouts(
-            prompt_len=np.asarray(cols["prompt_len"]),
-            response_len=np.asarray(cols["response_len"]),
-            rollout_id=None if cols.get("rollout_id") is None else np.asarray(cols["rollout_id"]),
+        return Rollouts(  # lists, not arrays: a bad value is found at its own index
+            prompt_len=list(cols["prompt_len"]),
+            response_len=list(cols["response_len"]),
+            rollout_id=None if cols.get("rollout_id") is None else list(cols["rollout_id"]),
             loss_masks=None if masks is None else [np.asarray(m) for m in masks],
             extra=extra,
         )
-    except ValueError as e:
-        raise TraceError(f"trace {str(path)!r}: {e}") from None
+    except ValueError as e:  # sample i -> the file's line (JSONL) or row (Parquet)
+        rows = rows if rows is not None else list(range(1, len(cols["response_len"]) + 1))
+        raise TraceError(f"trace {str(path)!r} {at_file_rows(str(e), rows, unit)}") from None
 
 
-def _read_jsonl(path: Path) -> dict[str, list]:
+def _read_jsonl(path: Path, lines: list[int] | None = None) -> dict[str, list]:
+    """The columns of a JSONL trace; ``lines`` (if given) gets each row's line number."""
     cols: dict[str, list] = {}
     with path.open() as f:
         for lineno, line in enumerate(f, 1):
@@ -92,6 +95,8 @@ def _read_jsonl(path: Path) -> dict[str, list]:
                 raise TraceError(f"trace {str(path)!r} line {lineno} is not a JSON object")
             for k, v in row.items():
                 cols.setdefault(k, []).append(v)
+            if lines is not None:
+                lines.append(lineno)
     lengths = {len(v) for v in cols.values()}
     if len(lengths) > 1:
         raise TraceError(f"trace {str(path)!r}: some rows lack some columns")
@@ -154,12 +159,13 @@ def read_trace(path: str | Path) -> Rollouts:
             "trace file: read its rollout steps with varbatch_kit.core.run_dumps.read_run, or "
             "pass one dump of it")
     if not p.is_file():
-        raise TraceError(f"trace file {str(p)!r} does not exist")
+        raise TraceError(missing_trace(str(path), bundled_traces()))
     suffix = p.suffix.lower()
     if suffix in (".pt", ".pth"):
         return read_slime_dump(p)
+    lines: list[int] = []
     if suffix in (".jsonl", ".json"):
-        cols = _read_jsonl(p)
+        cols = _read_jsonl(p, lines)
     elif suffix in (".parquet", ".pq"):
         cols = _read_parquet(p)
     else:
@@ -168,6 +174,8 @@ def read_trace(path: str | Path) -> Rollouts:
         )
     if not cols or not any(len(v) for v in cols.values()):
         raise TraceError(f"trace {str(p)!r} holds no samples")
+    if suffix in (".jsonl", ".json"):
+        return _from_columns(cols, p, lines, "line")
     return _from_columns(cols, p)
 
 

@@ -89,6 +89,9 @@ KL_LOSS_TYPES = ("k1", "k2", "k3", "low_var_kl")
 TIS_FUNCTIONS = ("vanilla", "icepop")
 #: how rewards form normalisation groups (see :class:`LossConfig`)
 ADVANTAGE_GROUPINGS = ("slime", "prompt")
+#: ``DataConfig.token_id_map``: how token ids are mapped into the model's vocabulary
+#: (None: not at all, an id outside it is an error; "modulo": ``id % vocab_size``)
+TOKEN_ID_MAPS = (None, "modulo")
 
 
 @dataclass(frozen=True)
@@ -221,9 +224,16 @@ class DataConfig:
                                                  "pass and the advantages cover that many "
                                                  "consecutive steps (default: the whole run is "
                                                  "one rollout batch)")
+    token_id_map: str | None = _f(None, "map real token ids into a small model's vocabulary: "
+                                        "None = off (an id >= model.vocab_size is an error), "
+                                        "'modulo' = id modulo vocab_size (a slime dump's ids "
+                                        "of a 151936-token vocabulary on the toy GPT's 64); "
+                                        "for trying the engine on real dumps, not for real "
+                                        "training (it merges tokens)", choices=TOKEN_ID_MAPS)
 
     def __post_init__(self) -> None:
         need_int("data", "seed", self.seed, 0)
+        need_choice("data", "token_id_map", self.token_id_map, TOKEN_ID_MAPS)
         need_int("data", "n_samples_per_prompt", self.n_samples_per_prompt, 1)
         need_int("data", "rollout_batch_size", self.rollout_batch_size, 1, optional=True)
         need_int("data", "num_steps_per_rollout", self.num_steps_per_rollout, 1, optional=True)

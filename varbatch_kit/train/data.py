@@ -10,7 +10,9 @@ When the rollouts carry per-sample ``tokens`` (a column of
 ``Rollouts.extra``: a JSONL / Parquet column of that name, or a slime dump's
 ``tokens``), the engine trains on them: ``tokens[i]`` holds the prompt and
 the response token ids, ``prompt_len[i] + response_len[i]`` of them, each in
-``[0, vocab_size)``. Per sample, from ``Rollouts.extra``:
+``[0, vocab_size)`` (``data.token_id_map="modulo"`` maps larger ids into
+it, ``id % vocab_size``: real dumps on a toy model; off by default). Per
+sample, from ``Rollouts.extra``:
 
 - ``reward``: a number, or a dict of numbers (``{"acc": 1.0, "fmt": 0.5}``,
   as slime dumps and JSONL traces give them), of which ``loss.reward_key``
@@ -418,13 +420,16 @@ def rollout_training_data(rollouts: Rollouts, *, vocab_size: int, data, loss) ->
                 f"tokens of sample {i} has {arr.size} ids but prompt_len + response_len = "
                 f"{int(rollouts.prompt_len[i])} + {int(rollouts.response_len[i])} = {want}; "
                 "the lengths and the token sequence must agree")
+        if data.token_id_map == "modulo" and (arr >= 0).all():  # a negative id stays an error
+            arr = arr % vocab_size
         bad = (arr < 0) | (arr >= vocab_size)
         if bad.any():
             j = int(np.flatnonzero(bad)[0])
             raise ValueError(
                 f"tokens of sample {i}: id {int(arr[j])} at position {j} is outside the model's "
                 f"vocabulary [0, {vocab_size}); tokenise with the model's tokenizer (or raise "
-                "vocab_size for the toy model)")
+                "vocab_size for the toy model, or map the ids into it with "
+                "DataConfig(token_id_map='modulo'))")
         arr.setflags(write=False)
         tokens.append(arr)
 

@@ -1,4 +1,4 @@
-"""The balance explorer: per-rank FLOPs and tokens of every step against their lower bound.
+"""The balance explorer: per-rank FLOPs and tokens of every step against the bound for this packing.
 
 Built on :class:`~varbatch_kit.ui.explorer_engine.Explorer`; the figures come
 from :mod:`varbatch_kit.ui.viz`. Made by
@@ -50,7 +50,7 @@ BALANCE_CONTROLS = {  # plus "hardware" when varbatch_kit.analysis.simulate is i
 
 
 class BalanceExplorer(Explorer):
-    """Per-rank FLOPs and tokens of every step against the lower bound.
+    """Per-rank FLOPs and tokens of every step against the bound for this packing.
 
     Controls: ``model`` (Dropdown of :func:`available_presets`),
     ``max_tokens_per_gpu`` (IntSlider), ``packing``, ``distribution``,
@@ -199,7 +199,7 @@ class BalanceExplorer(Explorer):
             f'{span("vbk-over-cap", s["cap_violations"])} over the cap',
             "worst DP FLOPs imbalance " + span("vbk-imbalance",
                                                 f"{s['worst_flops_imbalance']:.4f}"),
-            "busiest rank / bound: worst " + span("vbk-makespan",
+            "busiest rank / bound for any packing: worst " + span("vbk-makespan",
                                                    f"{s['worst_makespan_ratio']:.4f}")
             + f", mean {s['mean_makespan_ratio']:.4f}",
             *parts,

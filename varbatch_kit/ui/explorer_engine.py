@@ -356,13 +356,20 @@ class Explorer:
         bundle.setdefault("text/plain", repr(self))
         return bundle
 
-    def static_html(self) -> str:
-        """The summary, error and current figure as self-contained HTML (no controls).
+    def snapshot_figures(self) -> list:
+        """The figures :meth:`static_html` draws, top to bottom (the explorer's main one;
+        an explorer with more figures below it lists them too)."""
+        return [self.figure]
 
-        Expects plotly.js to be loaded by the page (``window.Plotly``).
+    def static_html(self) -> str:
+        """The summary, error and current figures as self-contained HTML (no controls).
+
+        Every figure of :meth:`snapshot_figures` is drawn, so a title that points
+        to a figure below it ("dynamic plan below") finds it there. Expects
+        plotly.js to be loaded by the page (``window.Plotly``).
         """
-        fig = go.Figure(self.figure)
-        div = fig.to_html(full_html=False, include_plotlyjs=False)
+        div = "".join(go.Figure(f).to_html(full_html=False, include_plotlyjs=False)
+                      for f in self.snapshot_figures())
         note = ('<p style="color:#888;font-size:12px">Static snapshot of the explorer; run the '
                 "notebook in Jupyter for the controls.</p>")
         err = self.error.value if self.last_error else ""

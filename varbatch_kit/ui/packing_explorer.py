@@ -296,7 +296,7 @@ class PackingExplorer(Explorer):
             over,
             ("DP FLOPs imbalance "
              + span("vbk-imbalance", "n/a" if np.isnan(imb) else f"{imb:.4f}")),
-            ("busiest rank / bound "
+            ("busiest rank / bound for any packing "
              + span("vbk-makespan", "n/a" if np.isnan(imb) else f"{s['makespan_ratio']:.4f}")),
             (f"{s['samples']} samples · {s['steps']} steps, {s['total_micro_batches']} "
              "micro-batches in all"),
@@ -316,6 +316,15 @@ class PackingExplorer(Explorer):
         if isinstance(getattr(self, "cp_figure", None), go.FigureWidget):
             self.cp_figure.close()
         super().close()
+
+    def snapshot_figures(self) -> list:
+        """The packing figure and, with context parallelism (``cp > 1``: the packing
+        figure's title then may point to "the dynamic plan below"), the CP plan below it,
+        as in the widget; at ``cp == 1`` the plan is the packing itself and is left out."""
+        cp = getattr(self, "cp_figure", None)
+        sched = self.schedule
+        with_plan = cp is not None and len(cp.data) and sched is not None and sched.config.cp > 1
+        return [self.figure] + ([cp] if with_plan else [])
 
     def _render_cp_plan(self, schedule: Schedule, step: int) -> None:
         """Redraw :attr:`cp_figure` (its traces depend on the degrees present)."""

@@ -66,7 +66,11 @@ from varbatch_kit.ui.figures.schedule import (
     packing_traces,
     step_sizes_figure,
 )
-from varbatch_kit.ui.figures.timing import step_time_figure, timeline_figure
+from varbatch_kit.ui.figures.timing import (
+    measured_vs_predicted_figure,
+    step_time_figure,
+    timeline_figure,
+)
 
 __all__ = [
     "BALANCE_TRACE_NAMES",
@@ -79,6 +83,7 @@ __all__ = [
     "empty_balance_figure",
     "empty_packing_figure",
     "length_figure",
+    "measured_vs_predicted_figure",
     "packing_figure",
     "packing_traces",
     "policy_figure",

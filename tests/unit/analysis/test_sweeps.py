@@ -88,6 +88,7 @@ def test_policy_table_rows_equal_the_core_for_every_policy():
         assert row.micro_batches == q["micro_batches"].sum()
         assert row.mb_lower_bound == q["mb_lower_bound"].sum()
         assert row.cap_violations == q["cap_violations"].sum()
+        assert row.oversize_alone == q["oversize_alone"].sum()
         assert row.max_flops_imbalance == pytest.approx(q["flops_imbalance"].max(), rel=1e-12)
         assert row.mean_makespan_ratio == pytest.approx(q["makespan_ratio"].mean(), rel=1e-12)
         assert row.max_makespan_ratio == pytest.approx(q["makespan_ratio"].max(), rel=1e-12)
@@ -200,3 +201,13 @@ def test_the_invariance_names_live_in_invariance_alone():
 
     for name in invariance.__all__:
         assert not hasattr(sweeps, name), f"{name} has a second import path in sweeps"
+
+
+def test_policy_table_counts_samples_longer_than_the_cap():
+    """Two samples of 12 and 11 tokens under a cap of 10: 2 lone over-cap micro-batches."""
+    r = rollouts([5, 12, 8, 2, 11, 1, 4, 6])
+    cfg = ScheduleConfig(dp=2, global_batch_size=4, max_tokens_per_gpu=10)
+    with pytest.warns(UserWarning, match="2 of 8 samples"):
+        table = sweeps.policy_table(r, cfg, TINY, [("first_fit", "strided"), ("ffd", "strided")])
+    assert table.oversize_alone.tolist() == [2, 2]
+    assert table.cap_violations.tolist() == [0, 0]

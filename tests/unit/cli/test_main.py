@@ -45,3 +45,15 @@ def test_python_m_cli_demo_runs_the_demo(tmp_path):
                           "--out", str(tmp_path / "out")], capture_output=True, text=True,
                          timeout=240, cwd=tmp_path)
     assert res.returncode == 2 and "no notebooks to run" in res.stderr, res.stderr
+
+
+def test_help_summary_names_every_registered_subcommand(capsys):
+    """The description line is generated from SUBCOMMANDS (it once omitted ``calibrate``)."""
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    out = capsys.readouterr().out
+    para = next(p for p in out.split("\n\n") if p.startswith("varbatch-kit command line:"))
+    line = " ".join(para.split())  # argparse wraps the description
+    named = [w.strip() for w in line.split(":", 1)[1].split(",")]
+    assert named == list(SUBCOMMANDS)
+    assert "calibrate" in named

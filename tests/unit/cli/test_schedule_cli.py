@@ -48,8 +48,15 @@ def test_table_for_one_policy_matches_the_core(trace_file, capsys):
     assert int(cells[2]) == s.num_steps == 4
     assert int(cells[3]) == q["micro_batches"].sum()
     assert int(cells[4]) == q["mb_lower_bound"].sum()
-    assert int(cells[5]) == q["cap_violations"].sum()
-    assert float(cells[6]) == pytest.approx(q["flops_imbalance"].max(), abs=1e-4)
+    col = TABLE_COLUMNS.index
+    assert int(cells[col("cap_violations")]) == q["cap_violations"].sum()
+    assert int(cells[col("oversize_alone")]) == q["oversize_alone"].sum()
+    assert float(cells[col("max_flops_imbalance")]) == pytest.approx(q["flops_imbalance"].max(),
+                                                                     abs=1e-4)
+    assert float(cells[col("mean_mb_makespan_ratio")]) == pytest.approx(
+        q["mb_makespan_ratio"].mean(), abs=1e-4)
+    assert float(cells[col("mean_makespan_ratio")]) == pytest.approx(
+        q["makespan_ratio"].mean(), abs=1e-4)
     assert "--use-dynamic-batch-size --balance-data" in out
     assert "layout: dp=4 cp=1" in out and "model qwen2.5-0.5b" in out
 
@@ -102,6 +109,75 @@ def test_slime_args_and_static_path(capsys):
     cells = row_of(out, "static", "flops_kk")
     assert int(cells[2]) == 4 and int(cells[3]) == 4 * 512
     assert "--balance-data" in out
+
+
+SLIME_DYNAMIC = ("--slime-args=--global-batch-size 16 --use-dynamic-batch-size "
+                 "--max-tokens-per-gpu 2048 --balance-data")
+
+
+def marked_rows(out: str) -> dict[tuple[str, str], str]:
+    """(packing, distribution) -> the text of the marked column, for the rows that have one."""
+    rows = {}
+    for line in out.splitlines():
+        cells = line.split()
+        if cells and cells[-1] in ("slime", "packing", "slime,packing"):
+            rows[tuple(cells[:2])] = cells[-1]
+    return rows
+
+
+def test_slime_args_set_the_layout_and_every_policy_is_compared(trace_file, capsys):
+    path, _ = trace_file
+    assert main(["schedule", str(path), "--dp", "2", SLIME_DYNAMIC]) == 0
+    out = capsys.readouterr().out
+    for packing, distribution in sweeps.policy_pairs(ModelShape.preset("qwen3-8b")):
+        row_of(out, packing, distribution)
+    assert marked_rows(out) == {("first_fit", "flops_kk"): "slime"}
+    assert "global_batch_size=16 max_tokens_per_gpu=2048 (cap 2048)" in out
+
+
+def test_slime_args_with_packing_balanced_marks_both(trace_file, capsys):
+    path, _ = trace_file
+    assert main(["schedule", str(path), "--dp", "2", SLIME_DYNAMIC, "--packing", "balanced"]) == 0
+    out = capsys.readouterr().out
+    assert marked_rows(out) == {("first_fit", "flops_kk"): "slime",
+                                ("balanced", "balanced"): "packing"}
+    assert main(["schedule", str(path), "--dp", "2", SLIME_DYNAMIC, "--distribution",
+                 "flops_kk", "--packing", "first_fit"]) == 0
+    assert marked_rows(capsys.readouterr().out) == {("first_fit", "flops_kk"): "slime,packing"}
+
+
+def test_slime_args_with_a_packing_of_the_other_path_says_which_flag(trace_file, capsys):
+    path, _ = trace_file
+    assert main(["schedule", str(path), "--dp", "2", SLIME_DYNAMIC, "--packing", "static"]) == 2
+    err = capsys.readouterr().err
+    assert "--packing 'static' is not a dynamic-batching packing" in err
+    assert "--use-dynamic-batch-size" in err
+
+
+def test_samples_over_the_cap_are_counted_and_warned_once(capsys):
+    r = Rollouts(prompt_len=[0] * 8, response_len=[5, 3000, 8, 2, 2500, 1, 4, 6])
+    from varbatch_kit.cli.main import build_parser
+    from varbatch_kit.cli.schedule import run
+
+    args = build_parser("schedule").parse_args(["schedule", "x", "--dp", "2",
+                                                "--global-batch-size", "4",
+                                                "--max-tokens-per-gpu", "2048"])
+    import varbatch_kit.cli.schedule as mod
+
+    orig = mod.load_trace
+    mod.load_trace = lambda spec: ("x", r)
+    try:
+        assert run(args) == 0
+    finally:
+        mod.load_trace = orig
+    captured = capsys.readouterr()
+    warned = [ln for ln in captured.err.splitlines() if "warning:" in ln]
+    assert len(warned) == 1  # once, not once per policy
+    assert "2 of 8 samples (25.0 %) are longer than the token cap 2048" in warned[0]
+    for packing, distribution in sweeps.policy_pairs(ModelShape.preset("qwen3-8b")):
+        cells = row_of(captured.out, packing, distribution)
+        assert int(cells[TABLE_COLUMNS.index("oversize_alone")]) == 2
+        assert int(cells[TABLE_COLUMNS.index("cap_violations")]) == 0
 
 
 def test_html_figures(trace_file, tmp_path, capsys):
@@ -210,9 +286,14 @@ def test_console_script_end_to_end(trace_file):
     assert [int(c) for c in cells[2:6]] == [s.num_steps, q["micro_batches"].sum(),
                                             q["mb_lower_bound"].sum(),
                                             q["cap_violations"].sum()]
-    assert float(cells[6]) == pytest.approx(q["flops_imbalance"].max(), abs=1e-4)
-    assert float(cells[7]) == pytest.approx(q["makespan_ratio"].mean(), abs=1e-4)
-    assert cells[9:] == ["--use-dynamic-batch-size"]
+    col = TABLE_COLUMNS.index
+    assert int(cells[col("oversize_alone")]) == q["oversize_alone"].sum()
+    assert float(cells[col("max_flops_imbalance")]) == pytest.approx(q["flops_imbalance"].max(),
+                                                                     abs=1e-4)
+    assert float(cells[col("mean_makespan_ratio")]) == pytest.approx(q["makespan_ratio"].mean(),
+                                                                     abs=1e-4)
+    assert float(cells[col("schedule_s")]) >= 0
+    assert cells[col("slime"):] == ["--use-dynamic-batch-size"]  # the marked cell blank
     assert lines[4] == "" and lines[5] == "columns:"
     assert len(lines) == 6 + len(TABLE_COLUMNS)
     bad = subprocess.run([*cmd, "schedule", str(path) + ".nope"], capture_output=True,

@@ -69,9 +69,9 @@ def test_abbreviations_are_refused():
 
 
 def test_ignored_flags_are_listed_in_one_warning():
-    with pytest.warns(UserWarning, match="ignored: --lr, --rollout-batch-size") as rec:
+    with pytest.warns(UserWarning, match="ignored: --lr, --frobnicate$") as rec:
         c = schedule_config_from_slime_args(
-            "--global-batch-size 4 --lr 1e-6 --rollout-batch-size 8 --balance-data")
+            "--global-batch-size 4 --lr 1e-6 --frobnicate 8 --balance-data")
     assert len(rec) == 1
     assert c.distribution == "flops_kk"
 
@@ -85,3 +85,33 @@ def test_list_argv_reads_every_flag():
 def test_not_a_command_line():
     with pytest.raises(ValueError, match="command-line string, a list of strings"):
         schedule_config_from_slime_args([1, 2])
+
+
+# slime (utils/arguments.py): global_batch_size = rollout_batch_size * n_samples_per_prompt
+# // num_steps_per_rollout; the product is the rollouts one rollout step generates
+@pytest.mark.parametrize("cmd,gbs", [
+    ("--rollout-batch-size 32 --n-samples-per-prompt 8 --num-steps-per-rollout 4", 64),
+    ("--rollout-batch-size 64 --n-samples-per-prompt 4 --num-steps-per-rollout 1", 256),
+    ("--rollout-batch-size 10 --n-samples-per-prompt 3 --num-steps-per-rollout 4", 7),  # floor
+    ("--rollout-batch-size 16 --num-steps-per-rollout 2", 8),  # n_samples_per_prompt: 1
+    ("--rollout-batch-size 32 --n-samples-per-prompt 8 --num-steps-per-rollout 4 "
+     "--global-batch-size 64", 64),  # given and equal
+    ("--global-batch-size 12 --rollout-batch-size 32 --n-samples-per-prompt 8", 12),
+])
+def test_global_batch_size_derived_as_slime_does(cmd, gbs):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the rollout flags are read, not "ignored"
+        c = schedule_config_from_slime_args(cmd + " --actor-num-gpus-per-node 4")
+    assert c.global_batch_size == gbs
+
+
+@pytest.mark.parametrize("cmd,match", [
+    ("--num-steps-per-rollout 2", "needs --rollout-batch-size"),
+    ("--rollout-batch-size 32 --n-samples-per-prompt 8 --num-steps-per-rollout 4 "
+     "--global-batch-size 32", "--global-batch-size 32 is not .* = 64"),
+    ("--rollout-batch-size 1 --num-steps-per-rollout 2", "= 0: a step needs at least one"),
+    ("--rollout-batch-size 8 --n-samples-per-prompt 4", "lack --global-batch-size"),
+])
+def test_global_batch_size_derivation_errors(cmd, match):
+    with pytest.raises(ValueError, match=match):
+        schedule_config_from_slime_args(cmd)

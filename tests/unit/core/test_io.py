@@ -89,7 +89,7 @@ def test_bundled_traces_match_their_recorded_generator():
 
 @pytest.mark.parametrize("content,match", [
     ('{"prompt_len": 1}\n', r"lacks column\(s\) \['response_len'\]"),
-    ('{"prompt_len": 1, "response_len": 0}\n', r"response_len\[0\] = 0 is not positive"),
+    ('{"prompt_len": 1, "response_len": 0}\n', r"line 1: response_len = 0 is not positive"),
     ("not json\n", "line 1 is not JSON"),
     ("", "holds no samples"),
     ('[1, 2]\n', "line 1 is not a JSON object"),
@@ -100,6 +100,43 @@ def test_malformed_jsonl(tmp_path, content, match):
     with pytest.raises(TraceError, match=match) as e:
         read_trace(p)
     assert "bad.jsonl" in str(e.value)
+
+
+def test_bad_value_names_the_file_line(tmp_path):
+    """A str length on line 4 (after a blank line) is reported at line 5, its file line."""
+    rows = ['{"prompt_len": 3, "response_len": 5}'] * 3 + [""] + [
+        '{"prompt_len": 3, "response_len": "20"}', '{"prompt_len": 3, "response_len": 7}']
+    p = tmp_path / "bad.jsonl"
+    p.write_text("\n".join(rows) + "\n")
+    with pytest.raises(TraceError, match=r"line 5: response_len = '20' is a str") as e:
+        read_trace(p)
+    assert "[" not in str(e.value).split("line 5")[1]  # no sample index left
+    p.write_text("\n".join(rows[:3] + ['{"prompt_len": 3, "response_len": "20"}']) + "\n")
+    with pytest.raises(TraceError, match=r"line 4: response_len = '20'"):
+        read_trace(p)
+
+
+def test_bad_value_names_the_parquet_row(tmp_path):
+    pytest.importorskip("pyarrow")
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    p = tmp_path / "bad.parquet"
+    pq.write_table(pa.table({"prompt_len": [3, 3, -1], "response_len": [5, 5, 5]}), p)
+    with pytest.raises(TraceError, match=r"row 3: prompt_len = -1 is negative"):
+        read_trace(p)
+
+
+def test_typo_in_a_bundled_name_lists_the_names():
+    from varbatch_kit.core.traces import bundled_traces
+
+    names = sorted(bundled_traces())
+    assert "agentic" in names
+    with pytest.raises(TraceError) as e:
+        read_trace("agentc")
+    msg = str(e.value)
+    assert "did you mean 'agentic'" in msg
+    assert f"bundled traces: {', '.join(names)}" in msg
 
 
 def test_missing_and_unknown(tmp_path):

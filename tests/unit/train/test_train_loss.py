@@ -176,3 +176,26 @@ def test_without_tokens_the_toy_task_trains():
     assert isinstance(d, RolloutData) and d.source == "rollouts"
     with pytest.raises(ValueError, match="no token sequences"):
         rollout_training_data(r, vocab_size=16, data=DATA, loss=LOSS)
+
+
+def test_token_id_map_modulo_folds_a_dumps_real_ids_into_a_small_vocabulary():
+    """A slime dump's real ids (< 32000) on vocab 64: refused by default, id % 64 with
+    DataConfig(token_id_map='modulo')."""
+    from _paths import REPO
+
+    from varbatch_kit import read_trace
+
+    r = read_trace(REPO / "tests" / "golden" / "dumps" / "rollout_1.pt")
+    real = [np.asarray(t) for t in r.extra["tokens"]]
+    assert max(int(t.max()) for t in real) >= 64  # real ids, beyond the toy vocabulary
+    assert DataConfig().token_id_map is None  # off by default
+    with pytest.raises(ValueError, match=r"outside the model's vocabulary \[0, 64\).*"
+                                         r"token_id_map='modulo'"):
+        rollout_training_data(r, vocab_size=64, data=DataConfig(), loss=LOSS)
+    d = rollout_training_data(r, vocab_size=64, data=DataConfig(token_id_map="modulo"),
+                              loss=LOSS)
+    assert len(d.tokens) == len(real)
+    for got, ids in zip(d.tokens, real):
+        assert got.tolist() == (ids % 64).tolist()
+    with pytest.raises(ValueError, match=r"data.token_id_map='hash': choose one of"):
+        DataConfig(token_id_map="hash")

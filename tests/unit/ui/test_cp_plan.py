@@ -168,3 +168,26 @@ def test_a_group_of_non_adjacent_ranks_gets_one_outline_per_run():
     groups = next(t for t in fig.data if t.name == "CP groups")
     assert len(groups.x) == 6 * 3  # ranks 0 and 3 (two runs) + rank 1
     assert list(fig.data[-1].text) == ["200", "100"]  # one label per micro-batch
+
+
+def test_static_snapshot_draws_the_dynamic_plan_its_title_points_to():
+    """The HTML snapshot (the demo's page of notebook 05) holds the CP plan figure below the
+    packing figure whose title says "(dynamic plan below)"."""
+    from varbatch_kit.ui import widgets
+
+    lengths = [6000, 300, 200, 250, 100, 350, 150, 220] * 2
+    r = Rollouts(prompt_len=np.full(len(lengths), 10), response_len=np.asarray(lengths))
+    ex = widgets.packing_explorer(r, TINY, config=ScheduleConfig(
+        dp=2, cp=2, global_batch_size=8, max_tokens_per_gpu=4096, packing="first_fit",
+        cp_mode="dynamic"))
+    try:
+        assert ex.last_error is None, ex.last_error
+        page = ex.static_html()
+        assert "(dynamic plan below)" in page
+        assert page.count("Plotly.newPlot") == 2
+        below = page.index("(dynamic plan below)")
+        cp_title = ex.cp_figure.layout.title.text.split("<")[0][:30]
+        assert cp_title and page.find(cp_title, below) > below  # the CP plan comes after
+        assert ex.snapshot_figures() == [ex.figure, ex.cp_figure]
+    finally:
+        ex.close()

@@ -399,3 +399,138 @@ def test_simulated_views_on_a_real_schedule():
     np.testing.assert_allclose(fig.data[0].y, sim.step_times["time_s"])
     fig = viz.timeline_figure(sim.timelines, 1)
     assert len(fig.data[0].x) == len(sim.timelines[sim.timelines.step == 1])
+
+
+def test_packing_figure_colours_samples_by_rollout_and_compact_siblings_stand_out():
+    """In the figure's JSON: one colour per rollout; compact rollouts in the palette's
+    colours (neighbours differ), single-sample rollouts grey; hover names rollout and sample."""
+    import json
+
+    from varbatch_kit.ui.figures.style import PALETTE, ROLLOUT_COLORSCALE, SINGLE_SAMPLE_COLOR
+
+    # rollouts 7 (3 samples), 8 (1), 9 (2), 10 (1); first fit spreads the siblings
+    r = rollouts([6, 5, 9, 4, 7, 3, 8], rollout_id=[7, 8, 7, 9, 10, 9, 7])
+    s = build_schedule(r, ScheduleConfig(dp=2, global_batch_size=4, max_tokens_per_gpu=12), TINY)
+    data = json.loads(viz.packing_figure(s).to_json())["data"][0]
+    color = np.asarray(plotly_array(data["marker"]["color"]))
+    custom = np.asarray(plotly_array(data["customdata"]))
+    sample, rid, n = custom[:, 0].astype(int), custom[:, 1].astype(int), custom[:, 6].astype(int)
+    assert sorted(sample) == list(range(7))
+    by_rollout = {int(i): set(color[rid == i].tolist()) for i in np.unique(rid)}
+    assert all(len(c) == 1 for c in by_rollout.values())  # one colour per rollout
+    assert by_rollout[7] == {0} and by_rollout[9] == {1}  # compact: palette, in order
+    assert by_rollout[8] == by_rollout[10] == {len(PALETTE)}  # single samples: grey
+    assert dict(zip(rid.tolist(), n.tolist())) == {7: 3, 8: 1, 9: 2, 10: 1}
+    scale = dict((round(v * (len(PALETTE) + 1)), c) for v, c in ROLLOUT_COLORSCALE[1::2])
+    assert scale[len(PALETTE) + 1] == SINGLE_SAMPLE_COLOR
+    assert "rollout %{customdata[1]:d}" in data["hovertemplate"]
+    assert "sample %{customdata[0]:d}" in data["hovertemplate"]
+    # one-sample rollouts only: every rollout cycles through the palette
+    s1 = build_schedule(rollouts([3, 4, 5, 6]), ScheduleConfig(dp=2, global_batch_size=4,
+                                                               max_tokens_per_gpu=12), TINY)
+    d1 = json.loads(viz.packing_figure(s1).to_json())["data"][0]
+    c1 = np.asarray(plotly_array(d1["marker"]["color"]))
+    ids = np.asarray(plotly_array(d1["customdata"]))[:, 1].astype(int)
+    assert dict(zip(ids.tolist(), c1.tolist())) == {0: 0, 1: 1, 2: 2, 3: 3}
+
+
+def plotly_array(value):
+    """A plotly JSON array: a list, or a typed binary buffer ``{"dtype", "bdata", "shape"}``."""
+    if isinstance(value, dict) and "bdata" in value:
+        import base64
+
+        arr = np.frombuffer(base64.b64decode(value["bdata"]), dtype=np.dtype(value["dtype"]))
+        shape = value.get("shape")
+        if shape:
+            arr = arr.reshape([int(x) for x in str(shape).split(",")])
+        return arr
+    return value
+
+
+def test_policy_figure_all_zero_over_cap_panel_says_so():
+    table = POLICY_TABLE.assign(cap_violations=[0, 0, 0, 0, np.nan],
+                                oversize_alone=[3, 3, 0, 0, np.nan])
+    fig = viz.policy_figure(table)
+    notes = [a.text for a in fig.layout.annotations if a.xref == "x3 domain"]
+    assert len(notes) == 1 and notes[0].startswith("no micro-batch of two or more")
+    assert "6 lone samples longer" in notes[0]
+    assert not any(a.xref == "x3 domain" for a in viz.policy_figure(POLICY_TABLE)
+                   .layout.annotations)  # 30 and 70 violations: bars, no note
+
+
+def test_the_two_bounds_have_one_name_each_in_figures_and_tables():
+    """'bound for this packing' (largest micro-batch) in the balance figure, 'bound for any
+    packing' (largest sample) in the policy figure and the CLI legend, as the table columns."""
+    from varbatch_kit.cli.schedule import COLUMN_LEGEND
+
+    r = rollouts([5, 3, 8, 2, 7, 1, 4, 6])
+    s = build_schedule(r, ScheduleConfig(dp=2, global_batch_size=8, max_tokens_per_gpu=10), TINY)
+    bal = viz.balance_figure(s)
+    assert "above the bound for this packing (worst step)" in bal.layout.title.text
+    assert bal.data[1].name.startswith("bound for this packing: max(step FLOPs / dp, largest "
+                                       "micro-batch")
+    pol = viz.policy_figure(POLICY_TABLE)
+    assert any("busiest rank / bound for any packing" in a.text for a in pol.layout.annotations)
+    assert "the bound for any packing, max(step FLOPs / dp, largest sample)" in \
+        COLUMN_LEGEND["mean_makespan_ratio"]
+    assert "the bound for this packing, max(step FLOPs / dp, largest micro-batch)" in \
+        COLUMN_LEGEND["mean_mb_makespan_ratio"]
+    texts = [bal.layout.title.text, *(t.name or "" for t in bal.data),
+             *(a.text for a in pol.layout.annotations)]
+    assert not any("lower bound" in t for t in texts)
+
+
+def test_measured_vs_predicted_figure_in_the_shared_style():
+    import json as _json
+
+    from varbatch_kit.analysis.cost_model import fit_with_holdout
+    from varbatch_kit.resources import data_dir
+    from varbatch_kit.ui.figures.style import LEGEND_BELOW, PALETTE, TEMPLATE
+
+    rows = _json.loads(data_dir("timing").joinpath("cpu_toy_calibration.json").read_text())[
+        "measurements"]
+    fit = fit_with_holdout([r["sum_len"] for r in rows], [r["sum_len_sq"] for r in rows],
+                           [r["time_s"] for r in rows], heldout_mask=[r["heldout"] for r in rows])
+    fig = viz.measured_vs_predicted_figure(fit, [str(i) for i in range(len(rows))])
+    assert fig.layout.template == go.Figure(layout={"template": TEMPLATE}).layout.template
+    assert fig.layout.legend.orientation == LEGEND_BELOW["orientation"]
+    assert fig.layout.legend.yref == "container"
+    assert [t.name for t in fig.data] == ["fitted (grid)", "held out (random)",
+                                          "measured = predicted"]
+    assert [t.marker.color for t in fig.data[:2]] == list(PALETTE[:2])
+    np.testing.assert_allclose(fig.data[1].x, fit.predicted_s[fit.heldout_index])
+    np.testing.assert_allclose(fig.data[1].y, fit.measured_s[fit.heldout_index])
+
+
+def test_notebook_02_names_the_two_bounds_and_uses_the_shared_figure():
+    import json as _json
+
+    from _paths import REPO
+
+    nb = _json.loads((REPO / "notebooks" / "02_dp_flops_balance.ipynb").read_text())
+    text = "\n".join("".join(c["source"]) for c in nb["cells"])
+    assert "bound for this packing = max(step FLOPs ∕ dp, largest micro-batch)" in text
+    assert "bound for any packing = max(step FLOPs ∕ dp, largest sample)" in text
+    assert "lower bound" not in text.replace("mb_lower_bound", "")
+    assert "viz.measured_vs_predicted_figure(" in text and "go.Figure()" not in text
+    assert all(not c.get("outputs") for c in nb["cells"] if c["cell_type"] == "code")
+
+
+def test_report_figure_keeps_equal_curves_visible():
+    """Notebook 04's dp 2 runs report equal values: 4 configurations, 4 distinguishable
+    curves (each its own dash and marker; later ones, on top, thinner and smaller)."""
+    same = pd.DataFrame({"step": [0, 1, 2], "loss": [2.0, 1.0, 0.5]})
+    reports = {f"dp2 layout {k}": same for k in range(4)}
+    fig = viz.report_figure(reports, "loss")
+    top = [t for t in fig.data if t.xaxis == "x"]
+    assert [t.name for t in top] == list(reports)
+    assert len({t.line.dash for t in top}) == 4
+    assert len({t.marker.symbol for t in top}) == 4
+    widths = [t.line.width for t in top]
+    sizes = [t.marker.size for t in top]
+    assert widths == sorted(widths, reverse=True) and len(set(widths)) == 4
+    assert sizes == sorted(sizes, reverse=True) and len(set(sizes)) == 4
+    assert all(t.marker.symbol.endswith("-open") for t in top[1:])  # the ones below show through
+    bottom = [t for t in fig.data if t.xaxis == "x2"]
+    assert [(t.line.dash, t.marker.symbol) for t in bottom] == [
+        (t.line.dash, t.marker.symbol) for t in top[1:]]  # same style in both panels

@@ -24,6 +24,18 @@ schedule are ignored with one warning listing them. The parser is
 :mod:`.train_flags` parses its own flags and these in the same single pass, so
 a training command line is warned about once.
 
+**The global batch size from the rollout settings.** slime derives
+``--global-batch-size`` when ``--num-steps-per-rollout`` is given:
+``rollout_batch_size * n_samples_per_prompt // num_steps_per_rollout`` (a
+given ``--global-batch-size`` must equal it; ``--n-samples-per-prompt``
+defaults to 1, ``--rollout-batch-size`` is required). The product is the
+number of rollouts one rollout step generates (prompts times responses per
+prompt), so the derived value counts rollouts per training step, which is
+what this toolkit's ``global_batch_size`` counts (a compact rollout of several
+samples is one of them; ``docs/reference_semantics.md`` section 1).
+:func:`derive_global_batch_size` does this; without
+``--num-steps-per-rollout`` the two rollout flags do not affect the schedule.
+
 Also mapped: ``--pipeline-model-parallel-size`` → ``pp`` (what
 ``microbatch_order`` optimises for and the simulator's default) and, with
 ``--use-dynamic-batch-size``, ``--log-probs-max-tokens-per-gpu`` →
@@ -41,9 +53,9 @@ from typing import Any
 
 from varbatch_kit.core.config import ScheduleConfig, batching_fields
 
-__all__ = ["SCHEDULE_DESTS", "SCHEDULE_FLAG_TABLE", "SLIME_FLAGS", "SLIME_SCHEDULE_FLAGS",
-           "flag_dest", "parse_flag_table", "parse_slime_flags", "positive_int",
-           "schedule_config_from_slime_args"]
+__all__ = ["ROLLOUT_SIZE_FLAG_TABLE", "SCHEDULE_DESTS", "SCHEDULE_FLAG_TABLE", "SLIME_FLAGS",
+           "SLIME_SCHEDULE_FLAGS", "derive_global_batch_size", "flag_dest", "parse_flag_table",
+           "parse_slime_flags", "positive_int", "schedule_config_from_slime_args"]
 
 #: slime's command-line flags for each (packing, distribution) pair it offers
 SLIME_FLAGS = {
@@ -99,6 +111,13 @@ def flag_dest(flag: str, kwargs: dict[str, Any]) -> str:
     """The attribute a table row sets (argparse's ``dest``: ``--eps-clip`` -> ``eps_clip``)."""
     return kwargs.get("dest", flag.lstrip("-").replace("-", "_"))
 
+
+#: the rollout settings slime derives ``--global-batch-size`` from (with
+#: ``--num-steps-per-rollout``); kept apart from :data:`SCHEDULE_FLAG_TABLE` because the
+#: training flags (:mod:`.train_flags`) map the same three onto ``DataConfig`` in one table
+ROLLOUT_SIZE_FLAG_TABLE: tuple[tuple[str, dict[str, Any]], ...] = tuple(
+    (flag, {"type": positive_int})
+    for flag in ("--rollout-batch-size", "--n-samples-per-prompt", "--num-steps-per-rollout"))
 
 #: the namespace attributes the schedule reads
 SCHEDULE_DESTS: tuple[str, ...] = tuple(flag_dest(f, kw) for f, kw in SCHEDULE_FLAG_TABLE)
@@ -157,8 +176,40 @@ def parse_slime_flags(argv: str | Sequence[str]) -> argparse.Namespace:
     flag (``--balance-dat``); warns once, listing them, about flags that do
     not affect the schedule.
     """
-    return parse_flag_table(argv, SCHEDULE_FLAG_TABLE, ignored_because="do not affect the "
-                            "schedule", stacklevel=3)
+    return parse_flag_table(argv, SCHEDULE_FLAG_TABLE + ROLLOUT_SIZE_FLAG_TABLE,
+                            ignored_because="do not affect the schedule", stacklevel=3)
+
+
+def derive_global_batch_size(global_batch_size: int | None, *,
+                             rollout_batch_size: int | None = None,
+                             n_samples_per_prompt: int | None = None,
+                             num_steps_per_rollout: int | None = None) -> int | None:
+    """The global batch size slime trains with, in rollouts per step.
+
+    With ``num_steps_per_rollout``: ``rollout_batch_size * n_samples_per_prompt
+    // num_steps_per_rollout`` (``n_samples_per_prompt`` None is slime's default
+    1), which a given ``global_batch_size`` must equal, as slime asserts.
+    Without it: ``global_batch_size`` as given (None when not given). A missing
+    ``--rollout-batch-size``, a mismatch or a derived size of 0 is a
+    ``ValueError`` naming the flags.
+    """
+    if num_steps_per_rollout is None:
+        return global_batch_size
+    if rollout_batch_size is None:
+        raise ValueError("--num-steps-per-rollout needs --rollout-batch-size (prompts per "
+                         "rollout step): slime derives the global batch size as "
+                         "rollout_batch_size * n_samples_per_prompt // num_steps_per_rollout")
+    n = 1 if n_samples_per_prompt is None else int(n_samples_per_prompt)
+    derived = int(rollout_batch_size) * n // int(num_steps_per_rollout)
+    formula = (f"--rollout-batch-size {rollout_batch_size} * --n-samples-per-prompt {n} "
+               f"// --num-steps-per-rollout {num_steps_per_rollout}")
+    if derived < 1:
+        raise ValueError(f"{formula} = {derived}: a step needs at least one rollout; give fewer "
+                         "steps per rollout")
+    if global_batch_size is not None and int(global_batch_size) != derived:
+        raise ValueError(f"--global-batch-size {global_batch_size} is not {formula} = {derived} "
+                         "(slime refuses this too): drop one of them")
+    return derived
 
 
 def schedule_config_from_slime_args(args: Any, *, dp: int | None = None) -> ScheduleConfig:
@@ -169,6 +220,9 @@ def schedule_config_from_slime_args(args: Any, *, dp: int | None = None) -> Sche
     arguments, or an ``argparse.Namespace`` (any object with slime's attribute
     names). ``dp`` defaults to ``--dp-size`` or to ``actor_num_nodes *
     actor_num_gpus_per_node / (tensor * pipeline * context parallel size)``.
+    ``--global-batch-size`` may be left to ``--num-steps-per-rollout`` with
+    ``--rollout-batch-size`` (and ``--n-samples-per-prompt``), as slime
+    derives it (:func:`derive_global_batch_size`).
     """
     if isinstance(args, (str, list, tuple)):
         args = parse_slime_flags(args)
@@ -177,9 +231,13 @@ def schedule_config_from_slime_args(args: Any, *, dp: int | None = None) -> Sche
         v = getattr(args, name, default)
         return default if v is None else v
 
-    gbs = get("global_batch_size")
+    gbs = derive_global_batch_size(get("global_batch_size"),
+                                   rollout_batch_size=get("rollout_batch_size"),
+                                   n_samples_per_prompt=get("n_samples_per_prompt"),
+                                   num_steps_per_rollout=get("num_steps_per_rollout"))
     if gbs is None:
-        raise ValueError("slime args lack --global-batch-size (rollouts per step)")
+        raise ValueError("slime args lack --global-batch-size (rollouts per step), or "
+                         "--num-steps-per-rollout with --rollout-batch-size to derive it")
     cp = int(get("context_parallel_size", 1))
     if dp is None:
         if get("dp_size") is not None:

@@ -18,7 +18,7 @@ from varbatch_kit.ui.figures.style import (
 
 SWEEP_METRICS = {
     "flops_imbalance": "DP FLOPs imbalance (max rank / mean, worst step)",
-    "makespan_ratio": "busiest rank / lower bound (worst step)",
+    "makespan_ratio": "busiest rank / bound for any packing (worst step)",
     "micro_batches": "micro-batches (all steps)",
     "mb_ratio": "micro-batches / ceil(tokens / cap)",
     "cap_violations": "micro-batches over the cap",
@@ -84,7 +84,7 @@ def policy_figure(table, *, title: str | None = None) -> go.Figure:
     label = df["packing"] + " + " + df["distribution"]
     groups = list(dict.fromkeys(df["trace"])) if "trace" in df.columns else [None]
     fig = make_subplots(rows=1, cols=3, horizontal_spacing=0.09, subplot_titles=(
-        "busiest rank / its lower bound − 1<br>(mean over steps)",
+        "busiest rank / bound for any packing − 1<br>(mean over steps)",
         "micro-batches / ceil(tokens / cap) − 1<br>(all steps)",
         "micro-batches over the cap<br>(two or more samples)"))
     panels: list[list[Any]] = [[], [], []]
@@ -104,6 +104,15 @@ def policy_figure(table, *, title: str | None = None) -> go.Figure:
                           row=1, col=j + 1)
     for j, ytitle in enumerate(("% above the bound", "% above the bound", "micro-batches")):
         fig.update_yaxes(title_text=ytitle, range=headroom(*panels[j]), row=1, col=j + 1)
+    over = pd.concat(panels[2]) if panels[2] else pd.Series(dtype=float)
+    if not (over.fillna(0) > 0).any():  # an all-zero panel would draw as an empty plot
+        alone = int(df["oversize_alone"].fillna(0).sum()) if "oversize_alone" in df else 0
+        note = "no micro-batch of two or more<br>samples over the cap"
+        if alone:
+            note += f"<br>({alone} lone samples longer<br>than the cap: oversize_alone)"
+        fig.add_annotation(text=note, xref="x3 domain", yref="y3 domain", x=0.5, y=0.5,
+                           showarrow=False, font={"size": 13})
+        fig.update_yaxes(range=[0, 1], showticklabels=False, row=1, col=3)
     fig.update_xaxes(tickangle=-45)
     fig.update_annotations(font_size=13)  # the subplot titles
     fig.update_layout(template=TEMPLATE, barmode="group", height=520,

@@ -44,13 +44,37 @@ def _long_reports(reports, metric: str):
     return out
 
 
+#: per configuration (in order): a line dash and a marker symbol, so equal curves stay apart
+REPORT_DASHES = ("solid", "dash", "dot", "dashdot", "longdash", "longdashdot")
+REPORT_SYMBOLS = ("circle", "square", "diamond", "x", "triangle-up", "cross", "star",
+                  "triangle-down")
+
+
+def report_style(i: int) -> tuple[dict, dict]:
+    """The ``line`` and ``marker`` of the ``i``-th configuration of :func:`report_figure`.
+
+    Sound reductions give equal values under every layout, so the curves lie
+    on each other: each configuration gets its own dash and marker symbol,
+    and later ones (drawn on top) a thinner line and a smaller, open marker,
+    so the ones under them still show around them.
+    """
+    color = qualitative.D3[i % len(qualitative.D3)]
+    line = {"color": color, "dash": REPORT_DASHES[i % len(REPORT_DASHES)],
+            "width": max(1.0, 3.5 - 0.75 * i)}
+    marker = {"symbol": REPORT_SYMBOLS[i % len(REPORT_SYMBOLS)] + ("-open" if i else ""),
+              "size": max(5, 13 - 2 * i), "color": color, "line": {"width": 1.5}}
+    return line, marker
+
+
 def report_figure(reports, metric: str = "loss", reference: str | None = None, *,
                   title: str | None = None) -> go.Figure:
     """Reported metric per step for several configurations, and the relative difference.
 
     Top: the metric each configuration reported per step. Bottom: ``(value -
     reference) / |reference|`` per step; sound reductions sit on the zero
-    line (up to float rounding), layout-dependent ones drift.
+    line (up to float rounding), layout-dependent ones drift. Each
+    configuration has its own dash, marker and width (:func:`report_style`),
+    so curves that coincide are all visible.
 
     Parameters
     ----------
@@ -77,11 +101,9 @@ def report_figure(reports, metric: str = "loss", reference: str | None = None, *
                         subplot_titles=(f"reported {metric}", f"relative difference to {ref}"))
     for i, name in enumerate(names):
         s = long[long["config"] == name].set_index("step")["value"]
-        color = qualitative.D3[i % len(qualitative.D3)]
-        dash = "solid" if name == ref else ("dash" if i % 2 else "dot")
+        line, marker = report_style(i)
         fig.add_trace(go.Scatter(x=s.index, y=s.to_numpy(), name=name, mode="lines+markers",
-                                 legendgroup=name, line={"color": color, "dash": dash},
-                                 marker={"size": 5}), row=1, col=1)
+                                 legendgroup=name, line=line, marker=marker), row=1, col=1)
         if name == ref:
             continue
         common = s.index.intersection(ref_s.index)
@@ -90,7 +112,7 @@ def report_figure(reports, metric: str = "loss", reference: str | None = None, *
             rel = (s.loc[common].to_numpy() - r) / np.abs(r)
         fig.add_trace(go.Scatter(x=common, y=rel, name=name, mode="lines+markers",
                                  legendgroup=name, showlegend=False,
-                                 line={"color": color, "dash": dash}, marker={"size": 5},
+                                 line=line, marker=marker,
                                  hovertemplate="step %{x}: %{y:.3e}<extra>" + name +
                                  "</extra>"), row=2, col=1)
     fig.update_xaxes(title_text="training step", row=2, col=1)

@@ -27,9 +27,13 @@ from varbatch_kit.ui.figures.style import (
 
 # Trace order of the packing figure (fixed, so widgets can update in place).
 PACKING_TRACE_NAMES = ("samples", "micro-batches", "over cap", "token cap")
+#: The two bounds on the busiest rank, named the same way in the figures, the tables
+#: (``mean_mb_makespan_ratio`` / ``mean_makespan_ratio``) and notebook 02.
+BOUND_THIS_PACKING = "bound for this packing"  # max(step / dp, largest micro-batch)
+BOUND_ANY_PACKING = "bound for any packing"  # max(step / dp, largest sample)
 # Trace order of the balance figure.
-BALANCE_TRACE_NAMES = ("rank FLOPs", "lower bound max(total/dp, largest micro-batch)",
-                       "rank tokens", "tokens lower bound")
+BALANCE_TRACE_NAMES = ("rank FLOPs", f"{BOUND_THIS_PACKING}: max(step FLOPs / dp, largest "
+                       "micro-batch)", "rank tokens", f"tokens {BOUND_THIS_PACKING}")
 
 
 
@@ -113,6 +117,32 @@ def length_figure(rollouts: Rollouts, model: ModelShape | None = None, *, bins: 
     return fig
 
 
+def rollout_colors(step_rollout_ids: np.ndarray, sample_rollout_ids: np.ndarray
+                   ) -> tuple[np.ndarray, np.ndarray]:
+    """Per sample: its colour index in :data:`ROLLOUT_COLORSCALE` and its rollout's size.
+
+    Every sample of a rollout gets the same colour. When the step has
+    rollouts of several samples (compact / sub-agent flows), those get the
+    palette's colours, cycling in the step's rollout order (neighbours differ),
+    and single-sample rollouts the grey ``len(PALETTE)``, so the siblings of
+    one rollout stand out wherever the packing put them; otherwise every
+    rollout cycles through the palette. The second array is the number of
+    samples of each sample's rollout in the step (what the hover shows).
+    """
+    step_ids = np.asarray(step_rollout_ids)
+    rid = np.asarray(sample_rollout_ids)
+    sorter = np.argsort(step_ids, kind="stable")
+    pos = sorter[np.searchsorted(step_ids, rid, sorter=sorter)]  # rollout's place in the step
+    sizes = np.bincount(pos, minlength=step_ids.size)
+    multi = sizes > 1
+    if multi.any():
+        rank = np.cumsum(multi) - 1  # place among the multi-sample rollouts
+        per_rollout = np.where(multi, rank % len(PALETTE), len(PALETTE))
+    else:
+        per_rollout = np.arange(step_ids.size) % len(PALETTE)
+    return per_rollout[pos].astype(np.int64), sizes[pos].astype(np.int64)
+
+
 def packing_traces(schedule: Schedule, step: int = 0) -> dict[str, Any]:
     """The data of :func:`packing_figure` as plain arrays (what a widget applies in place).
 
@@ -144,12 +174,11 @@ def packing_traces(schedule: Schedule, step: int = 0) -> dict[str, Any]:
     flops = (schedule.sample_flops[members] if schedule.sample_flops is not None
              else np.full(members.size, np.nan))
     rid = schedule.rollouts.rollout_id[members]
-    # colour by the rollout's position inside the step, so neighbouring rollouts differ
-    sorter = np.argsort(st.rollout_ids, kind="stable")
-    color = sorter[np.searchsorted(st.rollout_ids, rid, sorter=sorter)] % len(PALETTE)
-    # hover columns: sample, rollout id, FLOPs, rank, micro-batch, micro-batch tokens
+    color, siblings = rollout_colors(st.rollout_ids, rid)
+    # hover columns: sample, rollout id, FLOPs, rank, micro-batch, micro-batch tokens,
+    # samples of the rollout in this step
     custom = np.column_stack([members, rid, flops, rank_of_mb[mb_of], pos_in_rank[mb_of],
-                              mb_tokens[mb_of]]).astype(np.float64)
+                              mb_tokens[mb_of], siblings]).astype(np.float64)
 
     cap = cfg.cap
     over = (mb_tokens > cap) if cap is not None else np.zeros(k, dtype=bool)
@@ -199,8 +228,9 @@ def empty_packing_figure() -> go.Figure:
     fig = go.Figure()
     fig.add_trace(go.Bar(
         name="samples", marker={"colorscale": ROLLOUT_COLORSCALE, "cmin": -0.5,
-                                    "cmax": len(PALETTE) - 0.5, "line": {"width": 0}},
-        hovertemplate=("sample %{customdata[0]:d} (rollout %{customdata[1]:d})<br>"
+                                    "cmax": len(PALETTE) + 0.5, "line": {"width": 0}},
+        hovertemplate=("sample %{customdata[0]:d}, rollout %{customdata[1]:d} "
+                       "(%{customdata[6]:d} sample(s) in this step)<br>"
                        "tokens %{y:d}, FLOPs %{customdata[2]:.3s}<br>"
                        "rank %{customdata[3]:d}, micro-batch %{customdata[4]:d} "
                        "(%{customdata[5]:d} tokens)<extra></extra>"),
@@ -244,8 +274,10 @@ def packing_figure(schedule: Schedule, step: int = 0) -> go.Figure:
 
     Micro-batches are grouped by the DP rank that trains them (``r0``, ``r1``,
     ... on the x axis, in training order); each bar stacks its samples,
-    coloured by rollout (samples of one rollout share a colour). Hovering a
-    segment shows the sample, its rollout id, tokens and FLOPs. The dashed
+    coloured by rollout (:func:`rollout_colors`: samples of one rollout share a
+    colour; with compact rollouts in the step, single-sample rollouts are grey
+    so the siblings stand out). Hovering a segment shows the sample index, its
+    rollout id and the rollout's sample count, tokens and FLOPs. The dashed
     line is the token cap ``max_tokens_per_gpu * cp``; a micro-batch over it
     gets a red outline and a ▼ marker (trace ``"over cap"``): red when it
     holds two or more samples (a cap violation), orange when it is a single
@@ -265,7 +297,8 @@ def balance_traces(schedule: Schedule, steps: Sequence[int] | None = None) -> di
     """The data of :func:`balance_figure` as plain arrays (see :func:`packing_traces`).
 
     ``info`` holds per step ``flops_imbalance`` (max rank / mean rank),
-    ``makespan_ratio`` (max rank FLOPs / lower bound) and their worst values.
+    ``makespan_ratio`` (max rank FLOPs / the bound for this packing, ``max(step
+    FLOPs / dp, largest micro-batch)``) and their worst values.
     """
     cfg = schedule.config
     dp = cfg.dp
@@ -317,8 +350,8 @@ def balance_traces(schedule: Schedule, steps: Sequence[int] | None = None) -> di
     ticktext = [f"step {steps[i]}" for i in tick_idx]
     worst = float(np.nanmax(ratio)) if flops_all is not None else float("nan")
     title = (f"DP balance, dp {dp}, {cfg.packing} + {cfg.distribution}:<br>busiest rank "
-             f"{'n/a' if math.isnan(worst) else f'{100 * (worst - 1):.2f}%'} above the lower "
-             "bound (worst step)")
+             f"{'n/a' if math.isnan(worst) else f'{100 * (worst - 1):.2f}%'} above the "
+             f"{BOUND_THIS_PACKING} (worst step)")
 
     def zoom(values: np.ndarray, bounds: list) -> list[float] | None:
         """A y range around the bars' tops: the differences are a few percent."""
@@ -353,7 +386,7 @@ def empty_balance_figure() -> go.Figure:
         hovertemplate=("step %{customdata[0]:d}, rank %{customdata[1]:d}: %{y:.4s} FLOPs, "
                        "%{customdata[2]:.4f}× the bound<extra></extra>")), row=1, col=1)
     fig.add_trace(go.Scatter(
-        name="lower bound max(total/dp, largest micro-batch)", mode="lines",
+        name=BALANCE_TRACE_NAMES[1], mode="lines",
         line={"color": "#d62728", "width": 2}, hovertemplate="bound %{y:.4s}<extra></extra>"),
         row=1, col=1)
     fig.add_trace(go.Bar(
@@ -361,7 +394,7 @@ def empty_balance_figure() -> go.Figure:
         hovertemplate=("step %{customdata[0]:d}, rank %{customdata[1]:d}: %{y:d} tokens, "
                        "%{customdata[2]:.4f}× the bound<extra></extra>")), row=2, col=1)
     fig.add_trace(go.Scatter(
-        name="tokens lower bound", mode="lines", showlegend=False,
+        name=BALANCE_TRACE_NAMES[3], mode="lines", showlegend=False,
         line={"color": "#d62728", "width": 2}, hovertemplate="bound %{y:.0f}<extra></extra>"),
         row=2, col=1)
     fig.update_yaxes(title_text="FLOPs (axis zoomed)", exponentformat="SI", row=1, col=1)
@@ -374,12 +407,15 @@ def empty_balance_figure() -> go.Figure:
 
 
 def balance_figure(schedule: Schedule, steps: Sequence[int] | None = None) -> go.Figure:
-    """Per-step, per-rank forward FLOPs (top) and tokens (bottom) with their lower bound.
+    """Per-step, per-rank forward FLOPs (top) and tokens (bottom) with the bound for this packing.
 
     The y axes are zoomed on the bars' tops (the differences are a few
-    percent). The red segment over each step is the lower bound on the busiest rank,
-    ``max(step total / dp, largest micro-batch)``: no distribution of these
-    micro-batches does better. The gap between the tallest bar and the line
+    percent). The red segment over each step is the *bound for this packing*
+    on the busiest rank, ``max(step total / dp, largest micro-batch)``: no
+    distribution of these micro-batches does better (the *bound for any
+    packing*, ``max(step total / dp, largest sample)``, is the tables'
+    ``mean_makespan_ratio``; it is lower when a micro-batch holds more than
+    its largest sample). The gap between the tallest bar and the line
     is what a better distribution could still win (the title gives the worst
     step). FLOPs need a model shape on the schedule; without one the FLOPs
     panel is empty.

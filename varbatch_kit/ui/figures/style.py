@@ -25,7 +25,12 @@ def discrete_colorscale(colors: Sequence[str]) -> list[list[Any]]:
     return scale
 
 
-ROLLOUT_COLORSCALE = discrete_colorscale(PALETTE)
+#: the colour of a single-sample rollout in a step that also has multi-sample (compact)
+#: rollouts, so the compact siblings, in the palette's colours, stand out
+SINGLE_SAMPLE_COLOR = "#d0d0d0"
+#: the packing figure's sample colours: ``PALETTE[i]`` for ``i < len(PALETTE)``, then
+#: :data:`SINGLE_SAMPLE_COLOR` at ``len(PALETTE)``
+ROLLOUT_COLORSCALE = discrete_colorscale([*PALETTE, SINGLE_SAMPLE_COLOR])
 
 
 #: Legend placement of every figure: a horizontal row at the bottom of the figure, in a

@@ -1,5 +1,5 @@
-"""Figures of simulated step times: per policy (absolute or relative to the bound) and a
-rank timeline of one step."""
+"""Figures of simulated step times: per policy (absolute or relative to the bound), a
+rank timeline of one step, and a cost model's measured against predicted micro-batch times."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from plotly.colors import qualitative
 
 from varbatch_kit.ui.figures.style import (
     LEGEND_BELOW,
+    PALETTE,
     TEMPLATE,
     headroom,
 )
@@ -149,4 +150,37 @@ def timeline_figure(timelines, step: int = 0, *, title: str | None = None) -> go
                       yaxis={"title": {"text": "DP rank"}, "autorange": "reversed",
                                  "type": "category"},
                       legend=LEGEND_BELOW)
+    return fig
+
+
+def measured_vs_predicted_figure(fit: Any, labels: Any = None, *,
+                                 title: str = "micro-batch time: measured vs predicted"
+                                 ) -> go.Figure:
+    """A fitted cost model's micro-batch times: measured (y) against predicted (x).
+
+    ``fit``: what :func:`varbatch_kit.analysis.cost_model.fit_with_holdout`
+    returns (``predicted_s``, ``measured_s``, ``fit_index``, ``heldout_index``);
+    ``labels``: one hover text per micro-batch (optional). The fitted points and
+    the held-out ones are two marker series; the dotted diagonal is
+    ``measured = predicted``. Drawn in the shared style (template, palette,
+    legend row below the plot) like every other figure.
+    """
+    predicted = np.asarray(fit.predicted_s, dtype=np.float64)
+    measured = np.asarray(fit.measured_s, dtype=np.float64)
+    fig = go.Figure()
+    for j, (name, idx) in enumerate((("fitted (grid)", fit.fit_index),
+                                     ("held out (random)", fit.heldout_index))):
+        idx = np.asarray(idx, dtype=np.int64)
+        fig.add_scatter(x=predicted[idx], y=measured[idx], mode="markers", name=name,
+                        marker={"color": PALETTE[j], "size": 7},
+                        text=None if labels is None else [labels[i] for i in idx],
+                        hovertemplate=("predicted %{x:.4f} s, measured %{y:.4f} s"
+                                       + ("<br>%{text}" if labels is not None else "")
+                                       + "<extra>" + name + "</extra>"))
+    top = float(max(predicted.max(), measured.max())) * 1.05 if predicted.size else 1.0
+    fig.add_scatter(x=[0, top], y=[0, top], mode="lines", name="measured = predicted",
+                    line={"dash": "dot", "color": "grey"}, hoverinfo="skip")
+    fig.update_layout(template=TEMPLATE, title=title, height=420, legend=LEGEND_BELOW,
+                      xaxis={"title": {"text": "predicted (s)"}, "range": [0, top]},
+                      yaxis={"title": {"text": "measured (s)"}, "range": [0, top]})
     return fig
