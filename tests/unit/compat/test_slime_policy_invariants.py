@@ -143,7 +143,18 @@ def test_slime_checker_record():
     for r in got.values():
         assert r["checked"] >= 200 and r["passed"] == r["checked"] and r["failed"] == 0
         assert r["cap_checked"] == PACKERS[r["packing"]].respects_cap
+        assert r["checked"] + r["refused"] == r["cases"]
+        if r["equals_slime"] is not None:  # slime's own five: its build_dp_schedule's output
+            assert r["equals_slime"] == r["checked"]
+    assert {k for k, r in got.items() if r["equals_slime"] is not None} == {
+        ("static", "strided"), ("static", "flops_kk"), ("first_fit", "strided"),
+        ("first_fit", "flops_kk"), ("flops_kk", "flops_kk")}
     assert sum(r["checked"] for r in got.values()) >= 3000
     # the real slime.ray.rollout, patched by install(): its schedule is varbatch_kit's
-    assert rec["install_check"]["patched_equals_compat"] is True
-    assert rec["install_check"]["restored_equals_slime"] is True
+    check = rec["install_check"]
+    assert (check["module"], check["attribute"]) == ("slime.ray.rollout", "build_dp_schedule")
+    assert check["flag"].startswith("--custom-rollout-log-function-path ")
+    assert check["installed_before"] is None
+    assert check["installed_after_first_rollout"] == ["balanced", None]
+    assert check["patched_equals_compat"] is True and check["patched_differs_from_slime"] is True
+    assert check["restored_equals_slime"] is True
