@@ -140,8 +140,23 @@ def test_hook_module_installs_on_import(rollout_module, monkeypatch):
     monkeypatch.delitem(sys.modules, "varbatch_kit.compat.slime.slime_hook", raising=False)
     module_path, _, attr = "varbatch_kit.compat.slime.slime_hook.log_rollout_data".rpartition(".")
     hook = getattr(importlib.import_module(module_path), attr)  # slime's load_function
-    assert compat.installed_policy() == ("bfd", None)
+    assert compat.installed_policy() == ("bfd", None)  # on import, slime.ray.rollout loaded
     assert hook(0, ARGS, [], None, 1.0) is False  # slime's own logging still runs
+    assert compat.installed_policy() == ("bfd", None)
     sys.modules[module_path].uninstall()
     assert rollout_module.build_dp_schedule is slimes_own
+    hook(1, ARGS, [], None, 1.0)  # uninstalled: the hook does not install again
+    assert rollout_module.build_dp_schedule is slimes_own
     monkeypatch.delitem(sys.modules, module_path)
+
+
+def test_hook_module_imported_without_slime_does_nothing(monkeypatch):
+    monkeypatch.delitem(sys.modules, "slime.ray.rollout", raising=False)
+    monkeypatch.delitem(sys.modules, "varbatch_kit.compat.slime.slime_hook", raising=False)
+    monkeypatch.setenv("VARBATCH_KIT_PACKING", "slime")
+    hook_mod = importlib.import_module("varbatch_kit.compat.slime.slime_hook")
+    assert hook_mod._policy_from_env() == (None, None)  # "slime": slime's own schedule
+    monkeypatch.setitem(sys.modules, "slime", None)
+    with pytest.raises(SlimeNotImportableError):  # called outside slime: the clear error
+        hook_mod.log_rollout_data(0, ARGS, [], None, 1.0)
+    monkeypatch.delitem(sys.modules, "varbatch_kit.compat.slime.slime_hook")
