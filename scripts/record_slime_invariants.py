@@ -86,7 +86,8 @@ def random_case(rng: random.Random, static: bool) -> dict:
         sizes = [1] * (gbs * rng.randint(1, 3) + rng.randint(0, gbs - 1))
     else:
         gbs = rng.randint(align, align + 4)
-        sizes = [rng.choice([1, 1, 2, 3]) for _ in range(gbs * rng.randint(1, 3) + rng.randint(0, 3))]
+        n_roll = gbs * rng.randint(1, 3) + rng.randint(0, 3)
+        sizes = [rng.choice([1, 1, 2, 3]) for _ in range(n_roll)]
     rids = [r for r, k in enumerate(sizes) for _ in range(k)]
     if rng.random() < 0.5:
         rng.shuffle(rids)

@@ -59,7 +59,8 @@ class SlimeNotImportableError(ImportError):
 
 
 class _WithPolicy:
-    """slime's args with ``varbatch_packing`` / ``varbatch_distribution`` set; the rest read through."""
+    """slime's args with ``varbatch_packing`` / ``varbatch_distribution`` set; the rest read
+    through (slime's namespace itself is not modified)."""
 
     def __init__(self, args: Any, packing: str | None, distribution: str | None):
         self._args = args
