@@ -1,9 +1,9 @@
 """Run slime's own schedule-invariant checker on every registered policy's outputs.
 
     PYTHONPATH=$PWD python scripts/record_slime_invariants.py --slime /path/to/slime \\
-        --out tests/golden
+        --out tests/golden/invariants
 
-Two checks, recorded in ``tests/golden/slime_invariants.json`` (read by
+Two checks, recorded in ``tests/golden/invariants/slime_invariants.json`` (read by
 ``tests/unit/compat/test_slime_policy_invariants.py``):
 
 1. **slime's checker.** ``assert_invariants`` of slime's ``tests/test_dp_schedule.py``

@@ -8,7 +8,8 @@ path** ``slime.ray.rollout``: like slime's, it binds ``build_dp_schedule`` by
 ``split_train_data_by_dp`` calls the name through the module's globals, as
 ``RolloutManager._split_train_data_by_dp`` does. The real module, imported from slime's
 checkout with ray/sglang/wandb stubbed, is patched the same way by
-``scripts/record_slime_invariants.py`` (its result: ``tests/golden/slime_invariants.json``,
+``scripts/record_slime_invariants.py`` (its result:
+``tests/golden/invariants/slime_invariants.json``,
 checked in ``test_slime_policy_invariants.py``).
 """
 

@@ -134,7 +134,7 @@ def test_policy_list_covers_the_registry():
 
 def test_slime_checker_record():
     """slime's own ``assert_invariants`` passed on every registered policy's outputs."""
-    rec = json.loads((GOLDEN / "slime_invariants.json").read_text())
+    rec = json.loads((GOLDEN / "invariants" / "slime_invariants.json").read_text())
     assert rec["slime_commit"] == "624b824a898ab0ec1fcb4d373004c7f3852bf515"
     assert rec["checker"] == "tests/test_dp_schedule.py::assert_invariants"
     assert rec["generator"] == "scripts/record_slime_invariants.py"
