@@ -16,7 +16,9 @@ does nothing until :func:`log_rollout_data` is called.
 The policy is read from the environment of that process: ``VARBATCH_KIT_PACKING``
 (default ``balanced``; ``slime`` = slime's own schedule through varbatch_kit) and
 ``VARBATCH_KIT_DISTRIBUTION`` (default: the one the packing requires, else slime's
-flags). A user who already has a rollout-log function calls ``install()`` at the top of
+flags). Ray actors get their environment from the job, not from the driver's shell: put
+them in the ``env_vars`` of ``ray job submit --runtime-env-json`` (as slime's scripts
+pass ``PYTHONPATH``). A user who already has a rollout-log function calls ``install()`` at the top of
 that function's module instead.
 """
 
