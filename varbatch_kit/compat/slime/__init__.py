@@ -6,7 +6,9 @@ Thin adapters over varbatch_kit's core, :mod:`varbatch_kit.report` and
 :mod:`varbatch_kit.report.objective` (the behaviour is described in
 ``docs/reference_semantics.md``); slime's ``policy_loss_function`` and
 ``loss_function`` sit on the engine's per-token objective. Checked against vectors recorded from
-slime's own code (``tests/golden/``, ``tests/golden/objective/``). Every error
+slime's own code (``tests/golden/``, ``tests/golden/objective/``).
+``build_dp_schedule`` also runs varbatch_kit's policies (``args.varbatch_packing``), and
+:func:`install` puts them into a slime run (:mod:`.patch`). Every error
 a caller can cause is a :class:`SlimeCompatError`, which is both a
 ``ValueError`` and an ``AssertionError`` (slime asserts), so code written
 against slime keeps working.
@@ -48,22 +50,27 @@ from varbatch_kit.compat.slime.objective import (
     post_process_rewards,
     vanilla_tis_function,
 )
+from varbatch_kit.compat.slime.patch import SlimeNotImportableError, install, installed_policy
 from varbatch_kit.compat.slime.schedule import (
+    POLICY_ATTRS,
     build_dp_schedule,
     calculate_fwd_flops,
     expand_bins_by_splitting,
     first_fit_pack,
     get_seqlen_balanced_partitions,
     karmarkar_karp,
+    policy_from_args,
     to_slime,
 )
 from varbatch_kit.compat.slime.train_data import convert_samples_to_train_data
 from varbatch_kit.compat.slime.train_flags import train_config_from_slime_args
 
 __all__ = [
+    "POLICY_ATTRS",
     "Recommendation",
     "SLIME_FLAGS",
     "SlimeCompatError",
+    "SlimeNotImportableError",
     "build_dp_schedule",
     "calculate_fwd_flops",
     "chunked_discounted_returns",
@@ -86,10 +93,13 @@ __all__ = [
     "get_seqlen_balanced_partitions",
     "get_sum_of_sample_mean",
     "icepop_function",
+    "install",
+    "installed_policy",
     "karmarkar_karp",
     "loss_function",
     "objective_options_from_args",
     "parse_slime_flags",
+    "policy_from_args",
     "policy_loss_function",
     "post_process_rewards",
     "recommend",

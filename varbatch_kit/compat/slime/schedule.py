@@ -5,6 +5,13 @@ and ``dp_schedule`` modules (``docs/reference_semantics.md``, sections 2-4),
 checked against vectors recorded from slime's code. Where slime asserts, these
 raise :class:`~varbatch_kit.compat.slime.errors.SlimeCompatError` with slime's
 wording first.
+
+:func:`build_dp_schedule` also runs the project's policies: set
+``args.varbatch_packing`` (a registered packing, e.g. ``"balanced"``) and/or
+``args.varbatch_distribution`` (a registered distribution) on slime's args
+namespace (:data:`POLICY_ATTRS`). Absent or ``None`` (the default) is slime's
+own schedule, unchanged. :func:`varbatch_kit.compat.slime.install` puts this
+function into a slime run.
 """
 
 from __future__ import annotations
@@ -24,9 +31,12 @@ from varbatch_kit.core.schedule import Schedule
 from varbatch_kit.policies.packers import PackInput, first_fit, split_to_target
 from varbatch_kit.policies.partition import karmarkar_karp as _kk
 from varbatch_kit.policies.partition import karmarkar_karp_reference as _kk_reference
+from varbatch_kit.policies.registry import DISTRIBUTIONS, PACKERS, get_distribution, get_packer
 
 __all__ = [
+    "POLICY_ATTRS",
     "build_dp_schedule",
+    "policy_from_args",
     "to_slime",
     "calculate_fwd_flops",
     "expand_bins_by_splitting",
@@ -140,14 +150,53 @@ def _shape_from_args(args: Any) -> ModelShape:
     return ModelShape.from_args(args)
 
 
-def _config_from(args: Any, tpc: Mapping[str, int], global_batch_size: int) -> ScheduleConfig:
-    def need(key: str) -> int:
-        if key not in tpc:
-            raise SlimeCompatError(
-                f"train_parallel_config lacks {key!r}; it needs dp_size, cp_size, vpp_size and "
-                "microbatch_group_size_per_vp_stage")
-        return int(tpc[key])
+#: the attributes of slime's args namespace that pick a varbatch_kit policy (None: slime's own)
+POLICY_ATTRS = ("varbatch_packing", "varbatch_distribution")
 
+
+def _check_policy_name(attr: str, name: Any, table: Mapping[str, Any], kind: str) -> None:
+    if not isinstance(name, str) or name not in table:
+        raise SlimeCompatError(
+            f"args.{attr}={name!r} is not a registered {kind}; choose one of {sorted(table)} "
+            f"(or leave {attr} unset / None for slime's own schedule)")
+
+
+def policy_from_args(args: Any) -> tuple[str | None, str | None]:
+    """``(args.varbatch_packing, args.varbatch_distribution)``, each checked; None when unset.
+
+    A name that is not registered (:data:`~varbatch_kit.policies.registry.PACKERS`,
+    :data:`~varbatch_kit.policies.registry.DISTRIBUTIONS`) is a
+    :class:`SlimeCompatError` listing the registered names.
+    """
+    packing = getattr(args, "varbatch_packing", None)
+    distribution = getattr(args, "varbatch_distribution", None)
+    if packing is not None:
+        _check_policy_name("varbatch_packing", packing, PACKERS, "packing")
+    if distribution is not None:
+        _check_policy_name("varbatch_distribution", distribution, DISTRIBUTIONS, "distribution")
+    return packing, distribution
+
+
+def _need_tpc(tpc: Mapping[str, int], key: str) -> int:
+    if key not in tpc:
+        raise SlimeCompatError(
+            f"train_parallel_config lacks {key!r}; it needs dp_size, cp_size, vpp_size and "
+            "microbatch_group_size_per_vp_stage")
+    return int(tpc[key])
+
+
+def _layout(tpc: Mapping[str, int], global_batch_size: int) -> dict[str, int]:
+    return dict(dp=_need_tpc(tpc, "dp_size"), cp=_need_tpc(tpc, "cp_size"),
+                vpp=_need_tpc(tpc, "vpp_size"),
+                mb_group=_need_tpc(tpc, "microbatch_group_size_per_vp_stage"),
+                global_batch_size=global_batch_size)
+
+
+def _config_from(args: Any, tpc: Mapping[str, int], global_batch_size: int) -> ScheduleConfig:
+    packing, distribution = policy_from_args(args)
+    if packing is not None or distribution is not None:
+        return _policy_config(args, tpc, global_batch_size, packing, distribution)
+    layout = _layout(tpc, global_batch_size)
     dynamic = bool(getattr(args, "use_dynamic_batch_size", False))
     by_flops = bool(getattr(args, "balance_by_flops", False))
     if by_flops and not dynamic:
@@ -168,15 +217,53 @@ def _config_from(args: Any, tpc: Mapping[str, int], global_batch_size: int) -> S
         sizes = dict(micro_batch_size=int(mbs))
     balance = bool(getattr(args, "balance_data", False)) or by_flops
     return ScheduleConfig(
-        dp=need("dp_size"),
-        cp=need("cp_size"),
-        vpp=need("vpp_size"),
-        mb_group=need("microbatch_group_size_per_vp_stage"),
-        global_batch_size=global_batch_size,
+        **layout,
         packing="flops_kk" if by_flops else ("first_fit" if dynamic else "static"),
         distribution="flops_kk" if balance else "strided",
         **sizes,
     )
+
+
+def _policy_config(args: Any, tpc: Mapping[str, int], global_batch_size: int,
+                   packing: str | None, distribution: str | None) -> ScheduleConfig:
+    """The config of a varbatch_kit policy; what is not named comes from slime's flags.
+
+    No ``varbatch_packing``: slime's packing (``flops_kk`` with
+    ``balance_by_flops``, ``first_fit`` with ``use_dynamic_batch_size``, else
+    ``static``). No ``varbatch_distribution``: the one the packing requires
+    (``balanced`` for ``balanced``), else slime's (``flops_kk`` with
+    ``balance_data`` or ``balance_by_flops``, else ``strided``). The packing
+    reads the size of its own path: ``max_tokens_per_gpu`` for a dynamic
+    packing, ``micro_batch_size`` for ``static``.
+    """
+    layout = _layout(tpc, global_batch_size)
+    dynamic = bool(getattr(args, "use_dynamic_batch_size", False))
+    by_flops = bool(getattr(args, "balance_by_flops", False))
+    if packing is None:
+        packing = "flops_kk" if (by_flops and dynamic) else ("first_fit" if dynamic else "static")
+    spec = get_packer(packing)
+    if distribution is None:
+        balance = bool(getattr(args, "balance_data", False)) or by_flops
+        distribution = spec.requires_distribution or ("flops_kk" if balance else "strided")
+    mbs, mtpg = getattr(args, "micro_batch_size", None), getattr(args, "max_tokens_per_gpu", None)
+    if spec.dynamic:
+        if mtpg is None:
+            raise SlimeCompatError(
+                f"max_tokens_per_gpu is None: varbatch_packing={packing!r} packs under the "
+                "token cap; set --max-tokens-per-gpu (with --use-dynamic-batch-size)")
+        sizes = dict(max_tokens_per_gpu=int(mtpg))
+    else:
+        if mbs is None:
+            raise SlimeCompatError(
+                f"micro_batch_size is None: varbatch_packing={packing!r} cuts fixed-size "
+                "micro-batches; set --micro-batch-size")
+        sizes = dict(micro_batch_size=int(mbs))
+    return ScheduleConfig(**layout, packing=packing, distribution=distribution, **sizes)
+
+
+def _needs_model(config: ScheduleConfig) -> bool:
+    return (get_packer(config.packing).needs_flops
+            or get_distribution(config.distribution).needs_flops)
 
 
 def _precheck(rollout_indices: Sequence[int], global_batch_size: int) -> None:
@@ -207,6 +294,10 @@ def build_dp_schedule(
     ``partitions[r]`` lists rank r's global sample indices, micro-batch
     after micro-batch, over all steps; ``micro_batch_indices[r]`` gives each
     micro-batch's positions inside ``partitions[r]``.
+
+    ``args.varbatch_packing`` / ``args.varbatch_distribution`` (:data:`POLICY_ATTRS`),
+    when set, name a registered varbatch_kit policy (:func:`policy_from_args`); unset, the
+    schedule is slime's own.
     """
     config = _config_from(args, train_parallel_config, global_batch_size)
     lengths = np.asarray(total_lengths)
@@ -227,7 +318,7 @@ def build_dp_schedule(
         response_len=lengths,
         rollout_id=np.asarray(rollout_indices),
     )
-    model = _shape_from_args(args) if config.distribution == "flops_kk" else None
+    model = _shape_from_args(args) if _needs_model(config) else None
     return to_slime(build_schedule(rollouts, config, model))
 
 
