@@ -18,8 +18,8 @@ The policy is read from the environment of that process: ``VARBATCH_KIT_PACKING`
 ``VARBATCH_KIT_DISTRIBUTION`` (default: the one the packing requires, else slime's
 flags). Ray actors get their environment from the job, not from the driver's shell: put
 them in the ``env_vars`` of ``ray job submit --runtime-env-json`` (as slime's scripts
-pass ``PYTHONPATH``). A user who already has a rollout-log function calls ``install()`` at the top of
-that function's module instead.
+pass ``PYTHONPATH``). A user who already has a rollout-log function calls ``install()`` at
+the top of that function's module instead.
 """
 
 from __future__ import annotations
