@@ -24,7 +24,9 @@ ALLOWED = {
     "core": {"core", "policies", "resources"},
     "report": {"report"},
     "analysis": {"analysis", "core", "policies", "report", "resources"},
-    "ui": {"ui", "analysis", "core", "policies", "report", "resources"},
+    # ui -> compat: the recommend explorer runs compat.slime.recommend on slime's flags (inside
+    # its methods); compat never imports ui
+    "ui": {"ui", "compat", "analysis", "core", "policies", "report", "resources"},
     # compat -> train: train_flags maps slime's command line onto TrainConfig (imported inside
     # the function, as varbatch_kit.train needs the [train] extra); train never imports compat
     "compat": {"compat", "analysis", "core", "policies", "report", "resources", "train"},

@@ -68,8 +68,9 @@ from varbatch_kit.core.flops import ModelShape
 from varbatch_kit.core.rollouts import Rollouts
 from varbatch_kit.ui import balance_explorer as _balance
 from varbatch_kit.ui import packing_explorer as _packing
+from varbatch_kit.ui import recommend_explorer as _recommend
 
-__all__ = ["balance_explorer", "packing_explorer"]
+__all__ = ["balance_explorer", "packing_explorer", "recommend_explorer"]
 
 
 def packing_explorer(rollouts: Rollouts, model: ModelShape | None = None, **kwargs: Any
@@ -114,3 +115,23 @@ def balance_explorer(rollouts: Rollouts, model: str = "qwen3-8b", **kwargs: Any
         16384, four steps, ``flops_kk`` distribution).
     """
     return _balance.BalanceExplorer(rollouts, model, **kwargs)
+
+
+def recommend_explorer(rollouts: Rollouts, slime_args: str, model: str = "qwen3-8b",
+                       **kwargs: Any) -> _recommend.RecommendExplorer:
+    """Which slime flags to run: :func:`varbatch_kit.compat.slime.recommend` as you edit them.
+
+    Returns a :class:`~varbatch_kit.ui.recommend_explorer.RecommendExplorer`.
+
+    Parameters
+    ----------
+    rollouts:
+        One rollout batch (a trace or a slime dump).
+    slime_args:
+        Your slime command line (one string).
+    model:
+        Model preset name (see :func:`varbatch_kit.core.flops.available_presets`).
+    max_tokens_headroom, vary_global_batch_size:
+        As for :func:`~varbatch_kit.compat.slime.recommend` (initial control values).
+    """
+    return _recommend.RecommendExplorer(rollouts, slime_args, model, **kwargs)

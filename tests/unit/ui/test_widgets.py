@@ -213,12 +213,18 @@ def test_measure_latency_table(explorer):
 
 def test_each_explorer_name_has_one_import_path():
     """widgets makes the explorers; the classes, control tables and engine live in their modules."""
-    from varbatch_kit.ui import balance_explorer, explorer_engine, packing_explorer
+    from varbatch_kit.ui import (
+        balance_explorer,
+        explorer_engine,
+        packing_explorer,
+        recommend_explorer,
+    )
 
-    assert widgets.__all__ == ["balance_explorer", "packing_explorer"]
-    for name in ("PackingExplorer", "BalanceExplorer", "PACKING_CONTROLS", "BALANCE_CONTROLS",
-                 "Explorer", "measure_latency"):
+    assert widgets.__all__ == ["balance_explorer", "packing_explorer", "recommend_explorer"]
+    for name in ("PackingExplorer", "BalanceExplorer", "RecommendExplorer", "PACKING_CONTROLS",
+                 "BALANCE_CONTROLS", "RECOMMEND_COLUMNS", "Explorer", "measure_latency"):
         assert not hasattr(widgets, name), name
+    assert recommend_explorer.__all__ == ["RECOMMEND_COLUMNS", "RecommendExplorer"]
     assert packing_explorer.__all__ == ["PACKING_CONTROLS", "PackingExplorer"]
     assert balance_explorer.__all__ == ["BALANCE_CONTROLS", "BalanceExplorer"]
     assert "measure_latency" in explorer_engine.__all__
