@@ -35,17 +35,18 @@ demo: $(STAMP)
 # (mostly a download) while the unit tier runs, and is done before the integration tier, whose
 # collection decides whether the browser tests can run. The wheel test (mostly pip installing
 # into two fresh virtual environments: disk and network, little CPU) runs beside the unit tier
-# too; its output follows the unit tier's. The integration tier runs in two pytest-xdist workers
-# (much of it waits on subprocesses, servers and a browser, or runs one process): tests that
-# share an expensive fixture run in one worker (xdist_group marks: the SmolLM2 matrix, the
-# JupyterLab server). Every tier always runs; the target fails when any does, and prints how
-# long it all took.
+# too; its output follows the unit tier's. Both tiers run in two pytest-xdist workers: the
+# unit tier is pure CPU; much of the integration tier waits on subprocesses, servers and a
+# browser, or runs one process. Tests that share an expensive fixture run in one worker
+# (xdist_group marks): the SmolLM2 matrix (started first: the longest chain) and the
+# JupyterLab server (last). Every tier always runs; the target fails when any does, and prints
+# how long it all took.
 WHEEL_TEST := tests/integration/test_wheel.py
 test: $(STAMP)
 	@start=$$(date +%s); mkdir -p build; \
 	sh scripts/ensure_chromium.sh & chromium=$$!; \
 	$(PY) -m pytest -q -p no:cacheprovider $(WHEEL_TEST) > build/test-wheel.log 2>&1 & wheel=$$!; \
-	$(PY) -m pytest -q tests/unit; unit=$$?; \
+	$(PY) -m pytest -q -n 2 tests/unit; unit=$$?; \
 	wait $$chromium; wait $$wheel; wheel=$$?; \
 	echo "== the wheel test, run beside the unit tier ($(WHEEL_TEST)):"; cat build/test-wheel.log; \
 	$(PY) -m pytest -q -n 2 --dist loadgroup tests/integration --ignore=$(WHEEL_TEST); \

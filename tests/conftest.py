@@ -13,13 +13,24 @@ settings.register_profile(
 settings.load_profile("ci" if os.environ.get("CI") else "dev")
 
 
+#: the longest chain of the integration tier (notebook 04 trains the SmolLM2 matrix that
+#: test_train_real.py reads back): started first, so that under pytest-xdist it is not the tail
+FIRST_GROUP = "smollm2_matrix"
+
+
+def _xdist_group(item) -> str | None:
+    mark = item.get_closest_marker("xdist_group")
+    return None if mark is None else (mark.args[0] if mark.args else mark.kwargs.get("name"))
+
+
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(config, items):
-    """Run the browser tests last.
+    """Run the longest chain first and the browser tests last (stable: the rest keep their order).
 
-    Their session-wide Playwright (sync API) keeps an asyncio loop running in
-    the main thread until the session ends; code that checks for a running
-    loop (the explorers' debouncing) must not see it in the other tests.
+    The browser tests' session-wide Playwright (sync API) keeps an asyncio loop
+    running in the main thread until the session ends; code that checks for a
+    running loop (the explorers' debouncing) must not see it in the other tests.
     """
     browser_dir = Path(__file__).parent / "integration" / "browser"
-    items.sort(key=lambda item: browser_dir in Path(str(item.fspath)).parents)
+    items.sort(key=lambda item: (browser_dir in Path(str(item.fspath)).parents,
+                                 _xdist_group(item) != FIRST_GROUP))
