@@ -34,3 +34,20 @@ def pytest_collection_modifyitems(config, items):
     browser_dir = Path(__file__).parent / "integration" / "browser"
     items.sort(key=lambda item: (browser_dir in Path(str(item.fspath)).parents,
                                  _xdist_group(item) != FIRST_GROUP))
+    if getattr(config.option, "loadgroup", False):  # a pytest-xdist worker, --dist loadgroup
+        _group_node_ids(items)
+
+
+def _group_node_ids(items) -> None:
+    """Give each ``xdist_group`` test the ``@group`` node-id suffix ``--dist loadgroup`` schedules
+    by. pytest-xdist 3.8 sets it on ``item._nodeid``, which pytest 9 no longer reads (a node's
+    id is ``item._id``), so without this every group is split across the workers (measured:
+    notebook 04 and the matrix test it feeds ran side by side, one waiting on the other's lock).
+    """
+    from _pytest.nodeid import coerce_node_id
+
+    for item in items:
+        group = _xdist_group(item)
+        nodeid = item.nodeid
+        if group and nodeid.rfind("@") <= nodeid.rfind("]"):
+            item._id = coerce_node_id(f"{nodeid}@{group}")
