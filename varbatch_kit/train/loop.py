@@ -234,6 +234,10 @@ def train(cfg: TrainConfig, model_spec, steps: list, log_prob_steps: list, rollo
                 save(cfg, out_dir, counters, gpt, optimizer, scheduler, fingerprint,
                      hook=partial(_at_point, at, number))
                 at("after_ckpt", number)
+        if cfg.checkpoint.save_every and number % cfg.checkpoint.save_every == 0:
+            # no rank starts the next step before rank 0's checkpoint is complete: a rank that
+            # fails early in the next step must not cut the checkpoint short (whatever the load)
+            dist.barrier()
     dist.barrier()
     if rank == 0:
         (out_dir / "done").write_text("ok\n")
