@@ -29,6 +29,7 @@ from varbatch_kit.ui import viz
 from varbatch_kit.ui.explorer_controls import (
     DP_CHOICES,
     _cap_range,
+    _check_batch_and_preset,
     _follow_required_distribution,
     _hardware_profiles,
     _packing_is_dynamic,
@@ -68,12 +69,7 @@ class BalanceExplorer(Explorer):
     def __init__(self, rollouts: Rollouts, model: str = "qwen3-8b", *,
                  config: ScheduleConfig | None = None, debounce_s: float = 0.05,
                  background: bool = True) -> None:
-        if not isinstance(rollouts, Rollouts):
-            raise ValueError(  # noqa: TRY004 - the project reports user errors as ValueError
-                f"rollouts must be a Rollouts, got {type(rollouts).__name__}")
-        presets = available_presets()
-        if model not in presets:
-            raise ValueError(f"model={model!r} is not a preset; choose one of {presets}")
+        _check_batch_and_preset(rollouts, model)
         self.rollouts = rollouts
         self._models: dict[str, ModelShape] = {}
         self._initial_model = model

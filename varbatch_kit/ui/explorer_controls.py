@@ -1,9 +1,10 @@
-"""What the two explorers' controls share: the choice lists and the control helpers.
+"""What the explorers' controls share: the choice lists and the control helpers.
 
 The option lists of the ``dp``, ``cp``, ``vpp``, ``mb_group`` and
 ``hardware`` dropdowns, the token-cap slider's range, whether a packing runs
 on the dynamic (token-capped) path, and the rule that a packing which works
-with one distribution only selects it. Used by
+with one distribution only selects it, and the check of the batch and the model preset
+an explorer is made with. Used by
 :class:`~varbatch_kit.ui.packing_explorer.PackingExplorer` and
 :class:`~varbatch_kit.ui.balance_explorer.BalanceExplorer`.
 """
@@ -13,6 +14,7 @@ from __future__ import annotations
 import math
 
 from varbatch_kit.core.config import packing_batching
+from varbatch_kit.core.flops import available_presets
 from varbatch_kit.core.hardware import HARDWARE
 from varbatch_kit.core.rollouts import Rollouts
 from varbatch_kit.policies.registry import PACKERS
@@ -24,6 +26,16 @@ DP_CHOICES = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192]
 CP_CHOICES = [1, 2, 4, 8]
 VPP_CHOICES = [1, 2, 4]
 MB_GROUP_CHOICES = [1, 2, 4, 8]
+
+
+def _check_batch_and_preset(rollouts, model: str) -> None:
+    """ValueError unless ``rollouts`` is a :class:`Rollouts` and ``model`` a preset name."""
+    if not isinstance(rollouts, Rollouts):
+        raise ValueError(  # noqa: TRY004 - the project reports user errors as ValueError
+            f"rollouts must be a Rollouts, got {type(rollouts).__name__}")
+    presets = available_presets()
+    if model not in presets:
+        raise ValueError(f"model={model!r} is not a preset; choose one of {presets}")
 
 
 def _hardware_profiles() -> list[str]:

@@ -29,7 +29,7 @@ import plotly.graph_objects as go
 from varbatch_kit.core.config import ScheduleConfig
 from varbatch_kit.core.flops import ModelShape, available_presets
 from varbatch_kit.core.rollouts import Rollouts
-from varbatch_kit.ui.explorer_controls import _hardware_profiles
+from varbatch_kit.ui.explorer_controls import _check_batch_and_preset, _hardware_profiles
 from varbatch_kit.ui.explorer_engine import ComputeKey, Explorer, span
 
 __all__ = ["RECOMMEND_COLUMNS", "RecommendExplorer"]
@@ -57,12 +57,7 @@ class RecommendExplorer(Explorer):
     def __init__(self, rollouts: Rollouts, slime_args: str, model: str = "qwen3-8b", *,
                  max_tokens_headroom: float = 1.0, vary_global_batch_size: bool | None = None,
                  debounce_s: float = 0.3, background: bool = True) -> None:
-        if not isinstance(rollouts, Rollouts):
-            raise ValueError(  # noqa: TRY004 - the project reports user errors as ValueError
-                f"rollouts must be a Rollouts, got {type(rollouts).__name__}")
-        presets = available_presets()
-        if model not in presets:
-            raise ValueError(f"model={model!r} is not a preset; choose one of {presets}")
+        _check_batch_and_preset(rollouts, model)
         if not isinstance(slime_args, str) or not slime_args.strip():
             raise ValueError("slime_args must be your slime command line as one string, e.g. "
                              "'--actor-num-gpus-per-node 8 --global-batch-size 64 "
