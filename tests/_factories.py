@@ -15,6 +15,10 @@ from varbatch_kit.core.rollouts import Rollouts
 TINY = ModelShape(num_layers=2, hidden_size=16, num_attention_heads=2, num_query_groups=2,
                   vocab_size=32, ffn_hidden_size=64, kv_channels=8)
 
+#: TINY as slime's model arguments (compat.slime's ``args`` namespace fields)
+SLIME_MODEL_ARGS = dict(num_layers=2, hidden_size=16, num_attention_heads=2, num_query_groups=2,
+                        kv_channels=8, ffn_hidden_size=64, vocab_size=32, num_experts=None)
+
 #: the toy GPT of the training runs (``TrainConfig`` model fields)
 TINY_GPT = {"num_layers": 2, "hidden_size": 32, "num_attention_heads": 2, "vocab_size": 64}
 

@@ -3,6 +3,7 @@
 from types import SimpleNamespace
 
 import pytest
+from _factories import SLIME_MODEL_ARGS as MODEL_ARGS
 
 from varbatch_kit import ModelShape
 from varbatch_kit.compat.slime import (
@@ -14,9 +15,6 @@ from varbatch_kit.compat.slime import (
     get_seqlen_balanced_partitions,
     karmarkar_karp,
 )
-
-MODEL_ARGS = dict(num_layers=2, hidden_size=16, num_attention_heads=2, num_query_groups=2,
-                  kv_channels=8, ffn_hidden_size=64, vocab_size=32, num_experts=None)
 
 
 def test_first_fit_pack_arrival_order():

@@ -19,13 +19,12 @@ import types
 from types import SimpleNamespace
 
 import pytest
+from _factories import SLIME_MODEL_ARGS as MODEL_ARGS
 
 from varbatch_kit.compat import slime as compat
 from varbatch_kit.compat.slime import SlimeCompatError, SlimeNotImportableError
 from varbatch_kit.compat.slime.patch import CALL_SITE
 
-MODEL_ARGS = dict(num_layers=2, hidden_size=16, num_attention_heads=2, num_query_groups=2,
-                  kv_channels=8, ffn_hidden_size=64, vocab_size=32, num_experts=None)
 ARGS = SimpleNamespace(use_dynamic_batch_size=True, max_tokens_per_gpu=100, micro_batch_size=1,
                        balance_data=False, balance_by_flops=False, global_batch_size=6,
                        **MODEL_ARGS)

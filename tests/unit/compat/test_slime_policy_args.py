@@ -9,6 +9,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
+from _factories import SLIME_MODEL_ARGS as MODEL_ARGS
 
 from varbatch_kit import ModelShape
 from varbatch_kit.compat.slime import (
@@ -23,8 +24,6 @@ from varbatch_kit.core.config import ScheduleConfig
 from varbatch_kit.core.rollouts import Rollouts
 from varbatch_kit.policies.registry import PACKERS
 
-MODEL_ARGS = dict(num_layers=2, hidden_size=16, num_attention_heads=2, num_query_groups=2,
-                  kv_channels=8, ffn_hidden_size=64, vocab_size=32, num_experts=None)
 TPC1 = dict(dp_size=1, cp_size=1, vpp_size=1, microbatch_group_size_per_vp_stage=1)
 
 

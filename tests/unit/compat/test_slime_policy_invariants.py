@@ -25,15 +25,13 @@ import warnings
 from types import SimpleNamespace
 
 import pytest
+from _factories import SLIME_MODEL_ARGS as MODEL_ARGS
 from _paths import GOLDEN
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from varbatch_kit.compat.slime import SlimeCompatError, build_dp_schedule
 from varbatch_kit.policies.registry import DISTRIBUTIONS, PACKERS
-
-MODEL_ARGS = dict(num_layers=2, hidden_size=16, num_attention_heads=2, num_query_groups=2,
-                  kv_channels=8, ffn_hidden_size=64, vocab_size=32, num_experts=None)
 
 
 def registered_policies() -> list[tuple[str, str]]:
