@@ -5,7 +5,7 @@ optimiser, the loss, the data, the run, checkpoints, nodes and fault injection).
 Every sub-config is a frozen dataclass that checks its own fields in
 ``__post_init__`` (ValueError naming the field, the value and what works);
 :class:`TrainConfig` checks what spans them (``fail_rank`` against the world
-size, ``nnodes`` dividing it, no pipeline parallelism). Nothing here reads a
+size, ``nnodes`` dividing it, a layout the engine runs). Nothing here reads a
 file: a checkpoint named by ``ModelConfig(path=...)`` is read once, by
 :func:`varbatch_kit.train.model_spec.resolve_model` (the launcher does it
 before any worker starts). Each field's ``metadata["help"]`` is its
@@ -21,6 +21,7 @@ from varbatch_kit.core.config import ScheduleConfig
 from varbatch_kit.core.flops import ModelShape
 from varbatch_kit.train.checks import documented as _f
 from varbatch_kit.train.checks import need_bool, need_choice, need_int, need_number
+from varbatch_kit.train.layout import CP_IMPLS, ParallelLayout
 
 # ModelConfig lives with its resolver (model_spec); TrainConfig's sub-configs are all here too
 from varbatch_kit.train.model_spec import (
@@ -378,8 +379,11 @@ class TrainConfig:
     without TransformerEngine: every CP rank runs the full forward and computes
     the loss and reports on its zigzag slice; gradients are averaged over all
     dp*cp ranks. With ``cp_mode="dynamic"`` each micro-batch runs on its own CP
-    group of the dp*cp pool. The engine has no pipeline parallelism: ``pp`` and
-    ``vpp`` must be 1.
+    group of the dp*cp pool. ``pp`` and ``vpp`` (the schedule's) and ``tp``
+    (here) complete the layout (:class:`~varbatch_kit.train.layout.ParallelLayout`):
+    ``world_size = dp * cp * pp * tp``; a layout the engine cannot run is refused
+    here, before any worker starts. ``cp_impl`` says how ``cp > 1`` runs
+    (:data:`~varbatch_kit.train.layout.CP_IMPLS`).
 
     ``mode``: loss / report normalisation, a name in
     :data:`varbatch_kit.report.REPORT_MODES` (``per_rollout_mean`` is slime's
@@ -401,6 +405,11 @@ class TrainConfig:
     schedule: ScheduleConfig = field(default_factory=_default_schedule, metadata={
         "help": "the layout: a ScheduleConfig"})
     mode: str = _f("per_rollout_mean", "loss/report mode (varbatch_kit.report.REPORT_MODES)")
+    tp: int = _f(1, "tensor-parallel size: megatron's column/row parallel layers over tp ranks")
+    cp_impl: str = _f("emulated", "how cp > 1 runs: allgather = each CP rank runs its zigzag "
+                                  "share, K/V all-gathered; emulated = every CP rank runs the "
+                                  "full forward, loss on its slice (the reference)",
+                      choices=CP_IMPLS)
     model: ModelConfig = field(default_factory=ModelConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     loss: LossConfig = field(default_factory=LossConfig)
@@ -422,17 +431,18 @@ class TrainConfig:
                 raise ValueError(f"{name}={value!r}: give a {cls.__name__} (TrainConfig's "
                                  f"{name} sub-config)")
         get_report_mode(self.mode)
-        for name in ("pp", "vpp"):  # accepted and ignored would be a bug: refuse it
-            v = getattr(self.schedule, name)
-            if v != 1:
-                raise ValueError(f"schedule.{name}={v}: the training engine has no pipeline "
-                                 f"parallelism; use {name}=1")
+        if not (type(self.tp) is int and self.tp >= 1):
+            raise ValueError(f"tp={self.tp!r}: the tensor-parallel size is an integer >= 1")
+        if self.cp_impl not in CP_IMPLS:
+            raise ValueError(f"cp_impl={self.cp_impl!r}: choose one of {CP_IMPLS}")
+        # accepted and ignored would be a bug: a layout the engine cannot run is refused here
+        self.layout.check()
         if not self.faults.fail_rank < self.world_size:
             raise ValueError(f"faults.fail_rank={self.faults.fail_rank}: give a rank of the "
-                             f"world of dp*cp={self.world_size}, in [0, {self.world_size})")
+                             f"world of dp*cp*pp*tp={self.world_size}, in [0, {self.world_size})")
         if self.world_size % self.nodes.nnodes:
-            raise ValueError(f"nodes.nnodes={self.nodes.nnodes} does not divide dp*cp="
-                             f"{self.world_size}: every node starts dp*cp/nnodes workers")
+            raise ValueError(f"nodes.nnodes={self.nodes.nnodes} does not divide dp*cp*pp*tp="
+                             f"{self.world_size}: every node starts world_size/nnodes workers")
 
     # ----------------------------------------------------------------- derived
     @property
@@ -444,9 +454,20 @@ class TrainConfig:
         return self.schedule.cp
 
     @property
+    def pp(self) -> int:
+        return self.schedule.pp
+
+    @property
+    def layout(self) -> ParallelLayout:
+        """The whole parallel layout (:class:`~varbatch_kit.train.layout.ParallelLayout`)."""
+        s = self.schedule
+        return ParallelLayout(dp=s.dp, cp=s.cp, pp=s.pp, vpp=s.vpp, tp=self.tp,
+                              cp_impl=self.cp_impl, cp_mode=s.cp_mode)
+
+    @property
     def world_size(self) -> int:
-        """Worker processes: dp * cp."""
-        return self.schedule.dp * self.schedule.cp
+        """Worker processes: dp * cp * pp * tp."""
+        return self.layout.world_size
 
     def resolve_model(self) -> ResolvedModel:
         """The model read once: :func:`~varbatch_kit.train.model_spec.resolve_model`."""
@@ -473,7 +494,9 @@ class TrainConfig:
         s = self.schedule
         # a layout whose micro-batches may take several CP degrees says so ("cp2 dynamic")
         cp = f"cp{s.cp}" + ("" if len(s.cp_degrees) == 1 else f" {s.cp_mode}")
-        return f"dp{s.dp} {cp} {s.packing}/{s.distribution} {self.mode}"
+        more = "".join(f" {k}{v}" for k, v in (("pp", s.pp), ("vpp", s.vpp), ("tp", self.tp))
+                       if v > 1)
+        return f"dp{s.dp} {cp}{more} {s.packing}/{s.distribution} {self.mode}"
 
     def with_(self, **changes: Any) -> TrainConfig:
         """A copy with fields changed, by name: ``schedule``, ``mode`` or a sub-config whole,
@@ -522,7 +545,9 @@ class TrainConfig:
         """Flat dict of the fields a comparison table shows."""
         s = self.schedule
         return {
-            "label": self.name, "dp": s.dp, "cp": s.cp, "cp_mode": s.cp_mode,
+            "label": self.name, "dp": s.dp, "cp": s.cp, "cp_mode": s.cp_mode, "pp": s.pp,
+            "vpp": s.vpp, "tp": self.tp, "cp_impl": self.cp_impl if s.cp > 1 else None,
+            "world_size": self.world_size,
             "packing": s.packing,
             "distribution": s.distribution, "global_batch_size": s.global_batch_size,
             "micro_batch_size": s.micro_batch_size, "max_tokens_per_gpu": s.max_tokens_per_gpu,

@@ -186,7 +186,9 @@ def train(cfg: TrainConfig, model_spec, steps: list, log_prob_steps: list, rollo
         out_dir.mkdir(parents=True, exist_ok=True)
         meta = {
             "config": cfg.summary(), "device": device.type, "world_size": world,
-            "cp_emulated": cfg.cp > 1, "cp_note": CP_NOTE if cfg.cp > 1 else "",
+            "layout": cfg.layout.describe(),
+            "cp_emulated": cfg.cp > 1 and cfg.cp_impl == "emulated",
+            "cp_note": CP_NOTE if cfg.cp > 1 and cfg.cp_impl == "emulated" else "",
             "parameters": sum(p.numel() for p in gpt.parameters()),
             "max_seq_len": max_seq_len, "num_steps": len(steps), "lr_increment": unit,
             "data": data.source, "rollout_log_probs": data.rollout_log_probs is not None,
@@ -245,7 +247,9 @@ def train(cfg: TrainConfig, model_spec, steps: list, log_prob_steps: list, rollo
 
 def _ordered(record: dict, cfg: TrainConfig, device: torch.device) -> dict:
     head = {k: record.pop(k) for k in ("step", "rollouts", "samples", "tokens")}
-    tail = {"mode": cfg.mode, "dp": cfg.dp, "cp": cfg.cp, "cp_emulated": cfg.cp > 1,
+    layout = cfg.layout
+    tail = {"mode": cfg.mode, **layout.as_dict(), "layout": layout.describe(),
+            "cp_emulated": cfg.cp > 1 and cfg.cp_impl == "emulated",
             "packing": cfg.schedule.packing, "distribution": cfg.schedule.distribution,
             "device": device.type, "label": cfg.name}
     return {**head, **record, **tail}
@@ -261,7 +265,7 @@ def _write_error(job_dir: Path, rank: int, text: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from varbatch_kit.train.process import die_with_parent, setup_process
+    from varbatch_kit.train.process import die_with_parent, setup_process, use_layout
 
     argv = sys.argv[1:] if argv is None else argv
     job_dir = Path(argv[0])
@@ -274,13 +278,15 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with open(job_dir / "job.pkl", "rb") as f:
             job: Job = pickle.load(f)
-        device = setup_process(job.device, job.configs[0].run.threads_per_worker)
+        device = setup_process(job.device, job.configs[0].run.threads_per_worker,
+                               layout=job.configs[0].layout)
         resume = job.resume_from or [None] * len(job.configs)
         prints = job.fingerprints or [None] * len(job.configs)
         for cfg, spec, steps, lp_steps, out, ckpt, fp in zip(
                 job.configs, job.models, job.steps, job.log_prob_steps, job.out_dirs, resume,
                 prints):
             current = cfg.name
+            use_layout(cfg.layout)  # megatron's tp / pp / vpp sizes of this run
             train(cfg, spec, steps, lp_steps, job.rollouts, Path(out), device, resume_from=ckpt,
                   fingerprint=fp)
     except BaseException:  # noqa: BLE001 - any failure must reach the launcher, then exit

@@ -2,8 +2,10 @@
 
 :func:`setup_process` for a torchrun worker (:mod:`.loop`); :func:`single_process`
 for work outside torchrun (calibration, tests): a one-process group, torn down after.
-megatron-core is initialised with tensor = pipeline = context parallel size 1,
-so its data-parallel group is the whole dp * cp world (see :mod:`.step`).
+megatron-core is initialised with the run's tensor- and pipeline-parallel sizes
+and context-parallel size 1 (:class:`~varbatch_kit.train.layout.ParallelLayout`):
+its data-parallel group at a ``(tp, pp)`` coordinate is the whole dp * cp pool,
+where the engine forms its own CP groups (see :mod:`.step`).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import socket
 import torch
 import torch.distributed as dist
 
-__all__ = ["die_with_parent", "setup_process", "single_process"]
+__all__ = ["die_with_parent", "setup_process", "single_process", "use_layout"]
 
 
 def die_with_parent() -> None:
@@ -29,10 +31,12 @@ def die_with_parent() -> None:
         pass
 
 
-def setup_process(device: str, threads: int = 1) -> torch.device:
+def setup_process(device: str, threads: int = 1, layout=None) -> torch.device:
     """torch.distributed + megatron-core parallel state for this worker.
 
     CUDA + NCCL when ``device == "cuda"``; else CPU + gloo with the CPU shim.
+    ``layout`` (a :class:`~varbatch_kit.train.layout.ParallelLayout`, default all 1):
+    megatron's tensor, pipeline and virtual-pipeline sizes.
     """
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     if device == "cuda":
@@ -50,9 +54,33 @@ def setup_process(device: str, threads: int = 1) -> torch.device:
     from megatron.core import parallel_state
 
     if not parallel_state.model_parallel_is_initialized():
-        # tp = pp = cp = 1: megatron's data-parallel group spans all dp * cp ranks
-        parallel_state.initialize_model_parallel(1, 1)
+        use_layout(layout)
     return dev
+
+
+_current: list = [None]  # the (tp, pp, vpp) megatron's parallel state was initialised with
+
+
+def use_layout(layout=None) -> None:
+    """(Re)initialise megatron-core's parallel state for ``layout`` (None: all sizes 1).
+
+    Runs of one launch share the world size but not always the layout (``tp2`` and
+    ``pp2`` both need 2 ranks): every rank calls this before each run, and the state is
+    rebuilt only when the sizes change. megatron's context-parallel size stays 1: its
+    data-parallel group at a ``(tp, pp)`` coordinate spans the dp * cp pool.
+    """
+    from megatron.core import parallel_state
+
+    sizes = (1, 1, 1) if layout is None else (layout.tp, layout.pp, layout.vpp)
+    if parallel_state.model_parallel_is_initialized():
+        if _current[0] == sizes:
+            return
+        parallel_state.destroy_model_parallel()
+    tp, pp, vpp = sizes
+    parallel_state.initialize_model_parallel(
+        tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
+        virtual_pipeline_model_parallel_size=vpp if vpp > 1 else None)
+    _current[0] = sizes
 
 
 @contextlib.contextmanager
@@ -87,6 +115,7 @@ def single_process(device: str, threads: int = 1):
         yield setup_process(device, threads=threads)
     finally:
         parallel_state.destroy_model_parallel()
+        _current[0] = None
         if dist.is_initialized():
             dist.destroy_process_group()
         if device != "cuda":

@@ -104,11 +104,15 @@ def train_step(cfg, mode, model, optimizer, step, rollouts, data, inputs: Policy
 
     t0 = time.perf_counter()
     rank, world = dist.get_rank(), dist.get_world_size()
+    # the schedule places micro-batches on the dp * cp pool; tp / pp replicate it
+    # (train/layout.py): this rank trains the micro-batches of its pool rank
+    pool_rank = cfg.layout.coords(rank).pool_rank
     dynamic = not step.is_fixed_shape
-    # this world rank's rounds: fixed CP, DP rank rank // cp's micro-batches at cp_rank rank % cp;
-    # dynamic CP, the micro-batch of the group holding it (own degree and CP rank), idle rounds
-    # skipped (ranks may then run different micro-batch counts; Megatron divides by its own)
-    work = [w for w in step.rank_program(rank) if not w.idle]
+    # this pool rank's rounds: fixed CP, DP rank pool_rank // cp's micro-batches at cp_rank
+    # pool_rank % cp; dynamic CP, the micro-batch of the group holding it (own degree and CP
+    # rank), idle rounds skipped (ranks may then run different micro-batch counts; Megatron
+    # divides by its own)
+    work = [w for w in step.rank_program(pool_rank) if not w.idle]
     n_mb = len(work)
 
     # 1. step-wide normalisers over ALL samples of the step (before packing); dynamic CP: each

@@ -100,9 +100,9 @@ def test_sub_configs_are_frozen_and_normalise_values():
 def test_train_config_checks_what_spans_sub_configs():
     dp2 = ScheduleConfig(dp=2, global_batch_size=4, max_tokens_per_gpu=64)
     with pytest.raises(ValueError, match=r"faults\.fail_rank=2: give a rank of the world of "
-                                         r"dp\*cp=2, in \[0, 2\)"):
+                                         r"dp\*cp\*pp\*tp=2, in \[0, 2\)"):
         TrainConfig(schedule=dp2, faults=FaultConfig(fail_rank=2))
-    with pytest.raises(ValueError, match=r"nodes\.nnodes=3 does not divide dp\*cp=2"):
+    with pytest.raises(ValueError, match=r"nodes\.nnodes=3 does not divide dp\*cp\*pp\*tp=2"):
         TrainConfig(schedule=dp2, nodes=NodesConfig(nnodes=3, rdzv_endpoint="h:1"))
     with pytest.raises(ValueError, match=r"optim=.*give a OptimConfig"):
         TrainConfig(optim={"lr": 1e-3})
@@ -112,16 +112,28 @@ def test_train_config_checks_what_spans_sub_configs():
         TrainConfig(mode="nope")
 
 
-@pytest.mark.parametrize("field, value", [("pp", 2), ("vpp", 2)])
-def test_pipeline_parallel_schedules_are_refused_not_ignored(field, value):
-    """The engine has no pipeline parallelism: pp/vpp > 1 would be accepted and ignored."""
-    sched = ScheduleConfig(global_batch_size=4, max_tokens_per_gpu=64, **{field: value})
-    with pytest.raises(ValueError, match=rf"schedule\.{field}={value}: the training engine has "
-                                         rf"no pipeline parallelism; use {field}=1"):
-        TrainConfig(schedule=sched)
-    # refused before any worker starts: run() fails in the constructor's check already
-    with pytest.raises(ValueError, match=rf"schedule\.{field}"):
-        TrainConfig().with_(**{field: value})
+@pytest.mark.parametrize("changes, match", [
+    (dict(vpp=2), r"vpp=2 needs pipeline parallelism: set pp > 1 or vpp=1"),
+    (dict(cp=2, tp=2), r"cp=2 with pp=1, tp=2: context parallelism runs with pp=1 and tp=1"),
+    (dict(cp=2, pp=2), r"cp=2 with pp=2, tp=1: context parallelism runs with pp=1 and tp=1"),
+])
+def test_layouts_the_engine_cannot_run_are_refused_not_ignored(changes, match):
+    """Accepted and ignored would be a bug: refused in the constructor, before any worker."""
+    with pytest.raises(ValueError, match=match):
+        TrainConfig().with_(**changes)
+
+
+def test_the_layout_spans_the_schedule_and_tp():
+    cfg = TrainConfig().with_(dp=2, cp=2, cp_impl="emulated")
+    assert cfg.layout.describe() == "dp2 cp2(emulated) pp1 tp1"
+    assert cfg.world_size == 4
+    summary = cfg.summary()
+    assert (summary["pp"], summary["tp"], summary["cp_impl"], summary["world_size"]) == (
+        1, 1, "emulated", 4)
+    with pytest.raises(ValueError, match=r"tp=0: the tensor-parallel size is an integer >= 1"):
+        TrainConfig(tp=0)
+    with pytest.raises(ValueError, match=r"cp_impl='ring': choose one of"):
+        TrainConfig(cp_impl="ring")
 
 
 def test_with_routes_names_to_their_sub_config():
@@ -286,7 +298,7 @@ def test_cli_flags_are_generated_from_the_config_fields_with_their_names():
     from varbatch_kit.train.flags import flag_fields
 
     flags = {flag for _, flag, _, _ in flag_fields()}
-    expected = {"--mode"} | {f"--{g}.{f}" for g, cls in SUB_CONFIGS.items()
+    expected = {"--mode", "--tp", "--cp_impl"} | {f"--{g}.{f}" for g, cls in SUB_CONFIGS.items()
                              for f in cls.__dataclass_fields__}
     assert flags == expected
     help_text = _parser()._subparsers._group_actions[0].choices["train"].format_help()

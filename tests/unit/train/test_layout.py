@@ -1,0 +1,48 @@
+"""ParallelLayout: world-rank coordinates in megatron-core's order, and the refusals."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from varbatch_kit.train.layout import ParallelLayout
+
+
+def test_coordinates_by_hand():
+    # dp2 pp2 tp2: tensor fastest, then the pool, then the stage (megatron's tp-cp-ep-dp-pp)
+    lay = ParallelLayout(dp=2, pp=2, tp=2, cp_impl="emulated")
+    got = [(c.pool_rank, c.tp_rank, c.pp_rank) for c in map(lay.coords, range(8))]
+    assert got == [(0, 0, 0), (0, 1, 0), (1, 0, 0), (1, 1, 0),
+                   (0, 0, 1), (0, 1, 1), (1, 0, 1), (1, 1, 1)]
+    assert lay.pool_world_ranks(tp_rank=1, pp_rank=1) == [5, 7]
+    assert lay.last_stage_world_rank == 4
+    with pytest.raises(ValueError, match=r"world_rank=8: give a rank in \[0, 8\)"):
+        lay.coords(8)
+
+
+@given(st.integers(1, 3), st.integers(1, 3), st.integers(1, 3), st.integers(1, 3))
+def test_coords_and_world_rank_are_inverse(dp, cp, pp, tp):
+    lay = ParallelLayout(dp=dp, cp=cp, pp=pp, tp=tp, cp_impl="emulated")
+    seen = set()
+    for w in range(lay.world_size):
+        c = lay.coords(w)
+        assert lay.world_rank(c.pool_rank, c.tp_rank, c.pp_rank) == w
+        seen.add((c.pool_rank, c.tp_rank, c.pp_rank))
+    assert seen == set(itertools.product(range(dp * cp), range(tp), range(pp)))
+
+
+def test_bad_sizes_name_the_field():
+    with pytest.raises(ValueError, match="tp"):
+        ParallelLayout(tp=0)
+    with pytest.raises(ValueError, match=r"cp_impl='ring': use one of allgather, emulated"):
+        ParallelLayout(cp_impl="ring")
+
+
+def test_every_reason_is_listed():
+    lay = ParallelLayout(dp=1, cp=2, pp=2, cp_mode="dynamic", cp_impl="emulated")
+    reasons = "\n".join(lay.unsupported())
+    assert "context parallelism runs with pp=1 and tp=1" in reasons
+    assert "cp_mode='dynamic' with pp=2: dynamic CP needs pp=1" in reasons
