@@ -31,6 +31,7 @@ import pandas as pd
 import pytest
 import torch
 from _paths import REPO
+from _smollm2 import CACHE, GEN
 
 from varbatch_kit import Rollouts, ScheduleConfig
 from varbatch_kit.train import TrainConfig
@@ -41,11 +42,6 @@ pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(900),
               pytest.mark.xdist_group("smollm2_matrix")]
 
 ROOT = REPO
-CACHE = ROOT / "build" / "cache"  # the notebooks run under nbval get it as VARBATCH_KIT_CACHE
-# 3 questions x 4 rollouts x 2 turns = 24 samples; 6 rollouts a step -> 2 steps whose GRPO
-# groups straddle the step boundary
-GEN = dict(n_prompts=3, n_samples_per_prompt=4, turns=2, follow_up="always", max_new_tokens=8,
-           temperature=0.7, seed=0)
 GBS, CAP = 6, 256
 # slime's flags for the objective (issue 20's example command line)
 SLIME_FLAGS = ("--advantage-estimator grpo --eps-clip 0.2 --eps-clip-high 0.28 --use-kl-loss "
@@ -54,31 +50,6 @@ SLIME_FLAGS = ("--advantage-estimator grpo --eps-clip 0.2 --eps-clip-high 0.28 -
 # every metric the matrix compares across layouts (besides grad norm and parameters)
 OBJECTIVE_METRICS = ("loss", "pg_loss", "pg_clipfrac", "ppo_kl", "entropy_loss", "kl_loss",
                      "nll", "advantage")
-
-
-@pytest.fixture(scope="session")
-def smollm2_path() -> Path:
-    pytest.importorskip("transformers")
-    from varbatch_kit.train.smollm2 import SmolLM2Unavailable, smollm2_checkpoint
-
-    try:
-        return smollm2_checkpoint(ROOT / "build" / "models")
-    except SmolLM2Unavailable as e:
-        pytest.skip(str(e))
-
-
-@pytest.fixture(scope="session")
-def real_rollouts(smollm2_path) -> Rollouts:
-    """SmolLM2's generations, made once and cached as a JSONL trace (read back from it);
-    notebook 04 section 5 asks the same cache for the same call."""
-    from varbatch_kit.train.experiment_cache import cached_rollouts
-    from varbatch_kit.train.generate import GenerationStats
-
-    stats = GenerationStats()
-    r = cached_rollouts(smollm2_path, cache_dir=CACHE, stats=stats, device="cpu", **GEN)
-    print(f"\ngenerated {stats.samples} samples, {stats.generated_tokens} tokens in "
-          f"{stats.wall_s:.1f} s ({stats.tokens_per_s:.1f} tokens/s)")
-    return r
 
 
 def _layouts():
