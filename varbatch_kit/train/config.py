@@ -31,7 +31,7 @@ from varbatch_kit.train.model_spec import (
     resolve_model,
 )
 
-__all__ = ["ADVANTAGE_ESTIMATORS", "ADVANTAGE_GROUPINGS", "KILL_POINTS", "KL_LOSS_TYPES",
+__all__ = ["PRECISIONS", "ADVANTAGE_ESTIMATORS", "ADVANTAGE_GROUPINGS", "KILL_POINTS", "KL_LOSS_TYPES",
            "TIS_FUNCTIONS", "SCHEDULE_FIELDS", "SUB_CONFIGS", "TOY_DEFAULTS", "CheckpointConfig",
            "DataConfig", "FaultConfig", "LossConfig", "NodesConfig", "OptimConfig",
            "RunConfig", "TrainConfig"]
@@ -42,6 +42,8 @@ SCHEDULE_FIELDS = tuple(f.name for f in fields(ScheduleConfig) if f.init)
 LR_DECAY_STYLES = ("constant", "linear", "cosine")
 LR_INCREMENTS = ("auto", "rollouts", "samples")
 DEVICES = ("auto", "cpu", "cuda")
+#: TrainConfig.precision: fp32 (the default, the reference of the invariance tests) or bf16
+PRECISIONS = ("fp32", "bf16")
 # where ``kill_at`` may SIGKILL a worker (see FaultConfig)
 KILL_POINTS = ("before_step", "mid_step", "after_step", "ckpt_after_model", "ckpt_before_rename",
                "after_ckpt")
@@ -406,6 +408,9 @@ class TrainConfig:
         "help": "the layout: a ScheduleConfig"})
     mode: str = _f("per_rollout_mean", "loss/report mode (varbatch_kit.report.REPORT_MODES)")
     tp: int = _f(1, "tensor-parallel size: megatron's column/row parallel layers over tp ranks")
+    precision: str = _f("fp32", "fp32, or bf16: megatron's bf16 (Float16Module) with fp32 main "
+                                "params and grads, grads reduced in fp32, loss and reports in "
+                                "fp32 or wider", choices=PRECISIONS)
     cp_impl: str = _f("emulated", "how cp > 1 runs: allgather = each CP rank runs its zigzag "
                                   "share, K/V all-gathered; emulated = every CP rank runs the "
                                   "full forward, loss on its slice (the reference)",
@@ -433,6 +438,8 @@ class TrainConfig:
         get_report_mode(self.mode)
         if not (type(self.tp) is int and self.tp >= 1):
             raise ValueError(f"tp={self.tp!r}: the tensor-parallel size is an integer >= 1")
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"precision={self.precision!r}: choose one of {PRECISIONS}")
         if self.cp_impl not in CP_IMPLS:
             raise ValueError(f"cp_impl={self.cp_impl!r}: choose one of {CP_IMPLS}")
         # accepted and ignored would be a bug: a layout the engine cannot run is refused here
@@ -496,6 +503,7 @@ class TrainConfig:
         cp = f"cp{s.cp}" + ("" if len(s.cp_degrees) == 1 else f" {s.cp_mode}")
         more = "".join(f" {k}{v}" for k, v in (("pp", s.pp), ("vpp", s.vpp), ("tp", self.tp))
                        if v > 1)
+        more += " bf16" if self.precision == "bf16" else ""
         return f"dp{s.dp} {cp}{more} {s.packing}/{s.distribution} {self.mode}"
 
     def with_(self, **changes: Any) -> TrainConfig:
@@ -547,7 +555,7 @@ class TrainConfig:
         return {
             "label": self.name, "dp": s.dp, "cp": s.cp, "cp_mode": s.cp_mode, "pp": s.pp,
             "vpp": s.vpp, "tp": self.tp, "cp_impl": self.cp_impl if s.cp > 1 else None,
-            "world_size": self.world_size,
+            "world_size": self.world_size, "precision": self.precision,
             "packing": s.packing,
             "distribution": s.distribution, "global_batch_size": s.global_batch_size,
             "micro_batch_size": s.micro_batch_size, "max_tokens_per_gpu": s.max_tokens_per_gpu,

@@ -8,7 +8,8 @@ of :mod:`varbatch_kit.train` goes through:
 - ``device="cuda"`` literals (token counters in the pipeline schedule,
   scalars in the optimizer and the grad-norm code),
 - the ``param.grad.type() == 'torch.cuda.FloatTensor'`` assertion in
-  gradient clipping.
+  gradient clipping, and the CUDA type names by which the bf16 optimizer
+  (``Float16OptimizerWithFloat16Params``) sorts parameters.
 
 The shim does **not** touch the global ``torch`` module. Instead it gives each
 listed megatron-core module its own view of ``torch`` (:class:`_TorchOnCpu`)
@@ -57,6 +58,8 @@ PATCHED_MODULES: tuple[str, ...] = (
 PATCHED_FUNCTIONS: tuple[tuple[str, str], ...] = (
     # asserts param.grad.type() == 'torch.cuda.FloatTensor'
     ("megatron.core.optimizer.optimizer", "clip_grad_by_total_norm_fp32"),
+    # bf16: the mixed-precision optimizer sorts parameters by CUDA type names
+    ("megatron.core.optimizer", "Float16OptimizerWithFloat16Params"),
 )
 
 _FACTORIES = frozenset({
@@ -131,8 +134,62 @@ def _clip_grad_by_total_norm_cpu(parameters, max_norm, total_norm, use_decoupled
         torch._foreach_mul_(grads, clip_coeff)
 
 
+def _float16_optimizer_on_cpu():
+    """megatron-core's ``Float16OptimizerWithFloat16Params`` that sorts parameters by dtype.
+
+    Its constructor tells bf16/fp16 parameters (which get an fp32 main copy that the
+    optimizer steps) from fp32 ones by ``param.type()`` against CUDA type names, so it
+    refuses every CPU tensor. This subclass makes the same three groups by dtype; every
+    other method is megatron's.
+    """
+    from megatron.core import tensor_parallel
+    from megatron.core.optimizer.optimizer import (
+        Float16OptimizerWithFloat16Params,
+        MixedPrecisionOptimizer,
+    )
+
+    class Float16OptimizerOnCpu(Float16OptimizerWithFloat16Params):
+        def __init__(self, optimizer, config, grad_scaler, init_state_fn):
+            MixedPrecisionOptimizer.__init__(self, optimizer, config, grad_scaler,
+                                             init_state_fn)
+            self.float16_groups, self.fp32_from_float16_groups = [], []
+            self.fp32_from_fp32_groups = []
+            self.is_stub_optimizer = not optimizer
+            for group in (self.optimizer.param_groups if optimizer else []):
+                low, mains, full = [], [], []
+                for i, param in enumerate(group["params"]):
+                    if not param.requires_grad:
+                        continue
+                    if param.dtype in (torch.float16, torch.bfloat16):
+                        main = param.detach().clone().float()  # the fp32 copy that is stepped
+                        tensor_parallel.copy_tensor_model_parallel_attributes(main, param)
+                        if hasattr(param, "shared"):
+                            main.shared = param.shared
+                        group["params"][i] = main
+                        param.main_param = main
+                        if param in self.optimizer.state:
+                            self.optimizer.state[main] = self.optimizer.state.pop(param)
+                        low.append(param)
+                        mains.append(main)
+                    elif param.dtype == torch.float32:
+                        full.append(param)
+                    else:
+                        raise TypeError(f"mixed-precision optimizer: parameter of dtype "
+                                        f"{param.dtype}; expected float16, bfloat16 or float32")
+                self.float16_groups.append(low)
+                self.fp32_from_float16_groups.append(mains)
+                self.fp32_from_fp32_groups.append(full)
+
+    Float16OptimizerOnCpu.__name__ = "Float16OptimizerWithFloat16Params"
+    return Float16OptimizerOnCpu
+
+
 _REPLACEMENTS: dict[str, Callable] = {
     "clip_grad_by_total_norm_fp32": _clip_grad_by_total_norm_cpu,
+}
+#: replacements built when the shim activates (they subclass megatron-core's classes)
+_LAZY_REPLACEMENTS: dict[str, Callable[[], Any]] = {
+    "Float16OptimizerWithFloat16Params": _float16_optimizer_on_cpu,
 }
 
 
@@ -162,7 +219,7 @@ def activate() -> bool:
     for name, fn in PATCHED_FUNCTIONS:
         mod = importlib.import_module(name)
         _saved[(name, fn)] = getattr(mod, fn)
-        setattr(mod, fn, _REPLACEMENTS[fn])
+        setattr(mod, fn, _REPLACEMENTS[fn] if fn in _REPLACEMENTS else _LAZY_REPLACEMENTS[fn]())
     return True
 
 

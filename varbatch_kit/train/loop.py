@@ -99,7 +99,7 @@ def train(cfg: TrainConfig, model_spec, steps: list, log_prob_steps: list, rollo
 
     from varbatch_kit.report import get_report_mode
     from varbatch_kit.train.data import make_training_data
-    from varbatch_kit.train.model import build_gpt
+    from varbatch_kit.train.model import build_gpt, wrap_precision
     from varbatch_kit.train.policy_inputs import (
         RolloutBatches,
         initial_state_if_needed,
@@ -126,8 +126,14 @@ def train(cfg: TrainConfig, model_spec, steps: list, log_prob_steps: list, rollo
     model_parallel_cuda_manual_seed(cfg.data.seed, inference_rng_tracker=True,
                                     force_reset_rng=True)
     gpt = build_gpt(model_spec, max_seq_len=max_seq_len,
-                    per_token_loss=mode.megatron_per_token_loss).to(device)
-    model = DistributedDataParallel(gpt.config, DistributedDataParallelConfig(), gpt)
+                    per_token_loss=mode.megatron_per_token_loss,
+                    precision=cfg.precision).to(device)
+    # bf16: megatron's Float16Module (bf16 parameters), gradients reduced in fp32 and an
+    # optimizer with fp32 main parameters and gradients (train/model.py wrap_precision)
+    bf16 = cfg.precision == "bf16"
+    model = DistributedDataParallel(
+        gpt.config, DistributedDataParallelConfig(grad_reduce_in_fp32=bf16),
+        wrap_precision(gpt, cfg.precision))
     model.broadcast_params()
     gpt.config.finalize_model_grads_func = finalize_model_grads
     gpt.config.no_sync_func = model.no_sync
@@ -135,7 +141,7 @@ def train(cfg: TrainConfig, model_spec, steps: list, log_prob_steps: list, rollo
         OptimizerConfig(optimizer="adam", lr=opt.lr, min_lr=opt.min_lr,
                         weight_decay=opt.weight_decay, adam_beta1=opt.adam_beta1,
                         adam_beta2=opt.adam_beta2, adam_eps=opt.adam_eps,
-                        clip_grad=opt.clip_grad),
+                        clip_grad=opt.clip_grad, bf16=bf16),
         [model],
     )
     unit = cfg.lr_increment_unit()
@@ -249,6 +255,7 @@ def _ordered(record: dict, cfg: TrainConfig, device: torch.device) -> dict:
     head = {k: record.pop(k) for k in ("step", "rollouts", "samples", "tokens")}
     layout = cfg.layout
     tail = {"mode": cfg.mode, **layout.as_dict(), "layout": layout.describe(),
+            "precision": cfg.precision,
             "cp_emulated": cfg.cp > 1 and cfg.cp_impl == "emulated",
             "packing": cfg.schedule.packing, "distribution": cfg.schedule.distribution,
             "device": device.type, "label": cfg.name}

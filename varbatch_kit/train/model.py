@@ -25,7 +25,7 @@ import torch
 
 from varbatch_kit.train.model_spec import ResolvedModel
 
-__all__ = ["build_gpt", "layer_spec", "transformer_config"]
+__all__ = ["build_gpt", "layer_spec", "transformer_config", "wrap_precision"]
 
 
 def layer_spec(*, normalization: str = "LayerNorm", qk_layernorm: bool = False):
@@ -51,9 +51,12 @@ def _check(model) -> None:
             "(varbatch_kit.train.model_spec.resolve_model(ModelConfig(...)))")
 
 
-def _common(per_token_loss: bool) -> dict:
-    """TransformerConfig settings shared by both kinds: deterministic float32 on CPU too."""
+def _common(per_token_loss: bool, precision: str = "fp32") -> dict:
+    """TransformerConfig settings shared by both kinds: deterministic, built in float32 on
+    CPU too (``precision="bf16"`` sets megatron's ``bf16``: :func:`wrap_precision` then
+    casts the built model, whose weights were made or loaded in float32)."""
     return dict(
+        bf16=precision == "bf16",
         hidden_dropout=0.0,
         attention_dropout=0.0,
         params_dtype=torch.float32,
@@ -67,7 +70,8 @@ def _common(per_token_loss: bool) -> dict:
     )
 
 
-def transformer_config(model: ResolvedModel, *, per_token_loss: bool = False):
+def transformer_config(model: ResolvedModel, *, per_token_loss: bool = False,
+                       precision: str = "fp32"):
     """The megatron-core ``TransformerConfig`` of ``model``.
 
     No dropout (training must be deterministic and layout-independent), float32,
@@ -86,7 +90,7 @@ def transformer_config(model: ResolvedModel, *, per_token_loss: bool = False):
             hidden_size=model.hidden_size,
             num_attention_heads=model.num_attention_heads,
             ffn_hidden_size=model.ffn_hidden_size,
-            **_common(per_token_loss),
+            **_common(per_token_loss, precision),
         )
     import torch.nn.functional as F
 
@@ -107,11 +111,12 @@ def transformer_config(model: ResolvedModel, *, per_token_loss: bool = False):
         add_qkv_bias=spec.qkv_bias,
         qk_layernorm=spec.qk_norm,
         perform_initialization=False,  # every parameter is overwritten by the checkpoint
-        **_common(per_token_loss),
+        **_common(per_token_loss, precision),
     )
 
 
-def build_gpt(model: ResolvedModel, *, max_seq_len: int, per_token_loss: bool = False):
+def build_gpt(model: ResolvedModel, *, max_seq_len: int, per_token_loss: bool = False,
+              precision: str = "fp32"):
     """A ``GPTModel`` for ``model``, on the CPU.
 
     The toy model is initialised from the current torch CPU RNG state (call
@@ -122,7 +127,7 @@ def build_gpt(model: ResolvedModel, *, max_seq_len: int, per_token_loss: bool = 
     """
     from megatron.core.models.gpt.gpt_model import GPTModel
 
-    config = transformer_config(model, per_token_loss=per_token_loss)
+    config = transformer_config(model, per_token_loss=per_token_loss, precision=precision)
     if model.is_toy:
         return GPTModel(
             config=config,
@@ -154,3 +159,17 @@ def build_gpt(model: ResolvedModel, *, max_seq_len: int, per_token_loss: bool = 
     rope.attach_position_ids_rope(gpt, spec)
     hf.load_hf_weights(gpt, spec, model.num_layers)
     return gpt
+
+
+def wrap_precision(gpt, precision: str = "fp32"):
+    """``gpt`` as the training step runs it: itself in fp32; under ``"bf16"`` megatron's
+    ``Float16Module`` (the parameters cast to bfloat16, the forward's input in bf16 and the
+    last stage's output back in float32), for megatron's mixed-precision optimizer, which
+    keeps fp32 main parameters and gradients."""
+    if precision == "fp32":
+        return gpt
+    if precision != "bf16":
+        raise ValueError(f"precision={precision!r}: choose 'fp32' or 'bf16'")
+    from megatron.core.transformer.module import Float16Module
+
+    return Float16Module(gpt.config, gpt)

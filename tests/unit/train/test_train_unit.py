@@ -309,3 +309,27 @@ def test_schedule_fields_routed_by_with_are_the_init_fields():
     assert {"dp", "cp", "packing", "distribution", "max_tokens_per_gpu"} <= set(SCHEDULE_FIELDS)
     c = TrainConfig().with_(dp=2, packing="balanced")
     assert (c.schedule.dp, c.schedule.distribution) == (2, "balanced")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the shim is inactive under CUDA")
+def test_shim_bf16_optimizer_keeps_fp32_main_copies_of_bf16_params(clean_shim):
+    """megatron's mixed-precision optimizer sorts parameters by CUDA type names; the shim's
+    version sorts them by dtype: bf16 ones get an fp32 main copy, fp32 ones are stepped as
+    they are, anything else is refused."""
+    import megatron.core.optimizer as mo
+    from megatron.core.optimizer import OptimizerConfig
+
+    low = torch.nn.Parameter(torch.tensor([1.5, -2.25], dtype=torch.bfloat16))
+    full = torch.nn.Parameter(torch.tensor([0.5]))
+    cpu_shim.activate()
+    cls = mo.Float16OptimizerWithFloat16Params
+    opt = cls(torch.optim.Adam([low, full], lr=0.1), OptimizerConfig(bf16=True), None,
+              lambda o, config=None: None)
+    assert opt.float16_groups == [[low]] and opt.fp32_from_fp32_groups == [[full]]
+    (main,) = opt.fp32_from_float16_groups[0]
+    assert main.dtype == torch.float32 and torch.equal(main, low.float())
+    assert low.main_param is main and opt.optimizer.param_groups[0]["params"] == [main, full]
+    bad = torch.nn.Parameter(torch.zeros(1, dtype=torch.float64))
+    with pytest.raises(TypeError, match="dtype torch.float64"):
+        cls(torch.optim.Adam([bad], lr=0.1), OptimizerConfig(bf16=True), None,
+            lambda o, config=None: None)
