@@ -28,7 +28,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from _fake_hf import TINY_FAMILIES as FAMILIES
+from _fake_hf import TINY_HF as TINY
 from _fake_hf import fake_checkpoint, llama_like
+from _fake_hf import tiny_hf_checkpoint as _tiny_checkpoint
 from _megatron import single_process_megatron
 from _paths import REPO
 
@@ -237,50 +240,6 @@ def test_smollm2_packed_micro_batch_equals_each_sample_alone(smollm2, tokens,
 
 
 # --------------------------------------------------------------------------- every family
-def _randomise(model, seed: int) -> None:
-    """Random norm weights and biases too (transformers initialises them to 1 and 0)."""
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "norm" in name:
-                p.copy_(1 + 0.3 * torch.randn(p.shape, generator=g))
-            elif name.endswith("bias"):
-                p.copy_(0.2 * torch.randn(p.shape, generator=g))
-
-
-TINY = dict(vocab_size=96, hidden_size=48, intermediate_size=80, num_hidden_layers=3,
-            num_attention_heads=6, num_key_value_heads=2, max_position_embeddings=256,
-            initializer_range=0.15, rms_norm_eps=1e-6)
-
-
-def _tiny_checkpoint(family: str, out: Path) -> Path:
-    import transformers as T
-
-    if family == "llama_rope3_untied":
-        cfg = T.LlamaConfig(**TINY, tie_word_embeddings=False, rope_parameters={
-            "rope_type": "llama3", "rope_theta": 50000.0, "factor": 8.0, "low_freq_factor": 1.0,
-            "high_freq_factor": 4.0, "original_max_position_embeddings": 16})
-    elif family == "qwen2_bias_tied":
-        cfg = T.Qwen2Config(**TINY, tie_word_embeddings=True,
-                            rope_parameters={"rope_type": "default", "rope_theta": 1e6})
-    elif family == "qwen3_qknorm":
-        cfg = T.Qwen3Config(**TINY, head_dim=12, tie_word_embeddings=False,
-                            rope_parameters={"rope_type": "default", "rope_theta": 1e6})
-    elif family == "mistral_untied":
-        cfg = T.MistralConfig(**TINY, tie_word_embeddings=False, sliding_window=None,
-                              rope_parameters={"rope_type": "default", "rope_theta": 1e4})
-    else:  # pragma: no cover
-        raise AssertionError(family)
-    torch.manual_seed(0)
-    model = T.AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
-    _randomise(model, 1)
-    model.save_pretrained(str(out))
-    return out
-
-
-FAMILIES = ["llama_rope3_untied", "qwen2_bias_tied", "qwen3_qknorm", "mistral_untied"]
-
-
 @needs_transformers
 @pytest.mark.parametrize("family", FAMILIES)
 def test_every_family_maps_onto_megatron_like_transformers(family, tmp_path,
