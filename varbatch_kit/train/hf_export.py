@@ -37,7 +37,7 @@ from typing import Any
 
 from varbatch_kit.train.hf import HFModelSpec, read_config_json
 
-__all__ = ["COPIED_FILES", "export_hf", "hf_state_dict"]
+__all__ = ["COPIED_FILES", "export_hf", "hf_state_dict", "source_spec"]
 
 #: files of the input checkpoint copied into the export when present (glob patterns):
 #: the tokenizer in its usual forms, the chat template, the generation defaults
@@ -165,6 +165,12 @@ def hf_state_dict(state: Mapping[str, Any], spec: HFModelSpec) -> dict[str, Any]
         out[dst + "mlp.up_proj.weight"] = up.contiguous()
         out[dst + "mlp.down_proj.weight"] = t(src + "mlp.linear_fc2.weight")
     return out
+
+
+def source_spec(model: Any) -> HFModelSpec:
+    """The input checkpoint of ``model`` (a ResolvedModel or an HFModelSpec); ValueError for
+    the toy GPT, which has none, and for anything else."""
+    return _spec_and_config(model)[0]
 
 
 def _spec_and_config(model: Any) -> tuple[HFModelSpec, dict[str, Any], int | None]:

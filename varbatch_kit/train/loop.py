@@ -186,6 +186,8 @@ def train(cfg: TrainConfig, model_spec, steps: list, log_prob_steps: list, rollo
         out_dir.mkdir(parents=True, exist_ok=True)
         meta = {
             "config": cfg.summary(), "device": device.type, "world_size": world,
+            # the model, for `varbatch-kit export RUN_DIR` (train/run_export.py)
+            "model": {"path": model_spec.path, "num_layers": model_spec.num_layers},
             "cp_emulated": cfg.cp > 1, "cp_note": CP_NOTE if cfg.cp > 1 else "",
             "parameters": sum(p.numel() for p in gpt.parameters()),
             "max_seq_len": max_seq_len, "num_steps": len(steps), "lr_increment": unit,

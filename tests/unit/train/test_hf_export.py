@@ -19,6 +19,7 @@ import warnings
 import numpy as np
 import pytest
 import torch
+from _export_runs import equal, exported, perturbed, run_folder
 from _fake_hf import TINY_FAMILIES, TINY_HF, tiny_hf_checkpoint
 from _megatron import single_process_megatron
 
@@ -62,13 +63,6 @@ def _load_safetensors(path):
     return load_file(str(path / "model.safetensors"))
 
 
-def _perturbed(state: dict, seed: int) -> dict:
-    """Every tensor moved (a stand-in for training steps): the export cannot be a copy."""
-    g = torch.Generator().manual_seed(seed)
-    return {k: v + 0.05 * v.abs().mean() * torch.randn(v.shape, generator=g)
-            for k, v in state.items()}
-
-
 # --------------------------------------------------------------------------- the mapping
 @pytest.mark.parametrize("family", TINY_FAMILIES)
 def test_hf_state_dict_inverts_the_loader_bitwise(family, checkpoints):
@@ -92,9 +86,9 @@ def test_hf_state_dict_names_what_does_not_fit(checkpoints):
 
     spec = read_hf_model(checkpoints["qwen3_qknorm"])
     sd = megatron_state_dict(spec)
+    gone = "decoder.layers.1.mlp.linear_fc2.weight"
     with pytest.raises(ValueError, match=r"lacks.*decoder\.layers\.1\.mlp\.linear_fc2\.weight"):
-        hf_state_dict({k: v for k, v in sd.items() if k != "decoder.layers.1.mlp.linear_fc2.weight"},
-                      spec)
+        hf_state_dict({k: v for k, v in sd.items() if k != gone}, spec)
     with pytest.raises(ValueError, match=r"unexpected.*decoder\.layers\.0\.extra\.weight"):
         hf_state_dict({**sd, "decoder.layers.0.extra.weight": torch.zeros(1)}, spec)
     bad = {**sd, "decoder.layers.0.self_attention.linear_qkv.weight": torch.zeros(5, 48)}
@@ -138,7 +132,7 @@ def test_transformers_loads_the_export_with_the_engines_logits(family, checkpoin
         gpt = _engine(source, layers)
         with torch.no_grad():
             for (_, p), (_, moved) in zip(gpt.named_parameters(),
-                                          _perturbed(dict(gpt.named_parameters()), 7).items()):
+                                          perturbed(dict(gpt.named_parameters()), 7).items()):
                 p.copy_(moved)
         state = {k: v.detach().clone() for k, v in gpt.named_parameters()}
         out = export_hf(state, resolve_model(ModelConfig(path=str(source), num_layers=layers)),
@@ -170,7 +164,7 @@ def test_transformers_loads_the_export_with_the_engines_logits(family, checkpoin
 
 
 def test_export_writes_config_weights_and_the_tokenizer_files(checkpoints, tmp_path):
-    from varbatch_kit.train.hf import megatron_state_dict, read_hf_model
+    from varbatch_kit.train.hf import megatron_state_dict
     from varbatch_kit.train.hf_export import export_hf
 
     source = checkpoints["qwen2_bias_tied"]
@@ -211,7 +205,7 @@ def test_export_refuses_what_it_cannot_or_must_not_write(checkpoints, tmp_path):
     out = export_hf(sd, model, tmp_path / "out")
     with pytest.raises(ValueError, match=r"out_dir=.*not empty.*overwrite=True"):
         export_hf(sd, model, out)
-    moved = _perturbed(sd, 1)
+    moved = perturbed(sd, 1)
     export_hf(moved, model, out, overwrite=True)
     emb = _load_safetensors(out)["model.embed_tokens.weight"]
     assert torch.equal(emb, moved["embedding.word_embeddings.weight"])
@@ -221,3 +215,44 @@ def test_export_refuses_what_it_cannot_or_must_not_write(checkpoints, tmp_path):
     half = export_hf(sd, model, tmp_path / "bf16", dtype="bfloat16")
     assert _load_safetensors(half)["model.norm.weight"].dtype == torch.bfloat16
     assert json.loads((half / "config.json").read_text())["dtype"] == "bfloat16"
+
+
+# --------------------------------------------------------------------------- a run's weights
+def _run(folder, source, layers=2):
+    from varbatch_kit.train import TrainConfig
+    from varbatch_kit.train.results import load_run
+
+    cfg = TrainConfig(model=ModelConfig(path=None if source is None else str(source),
+                                        num_layers=layers))
+    return load_run(cfg, folder, float("nan"))
+
+
+def test_run_export_hf_writes_the_final_or_a_chosen_steps_weights(checkpoints, tmp_path):
+    source = checkpoints["qwen3_qknorm"]
+    folder, states = run_folder(tmp_path / "a", source, params_at=(1, 3), ckpt_at=(2,))
+    run = _run(folder, source)
+    out = run.export_hf(tmp_path / "final")  # default: the final step (3), from params_step3.pt
+    assert out == tmp_path / "final"
+    assert equal(exported(out), states[3])
+    assert json.loads((out / "config.json").read_text())["num_hidden_layers"] == 2
+    assert equal(exported(run.export_hf(tmp_path / "s2", step=2)), states[2])  # checkpoint
+    assert equal(exported(run.export_hf(tmp_path / "s1", step=1)), states[1])  # params
+    with pytest.raises(ValueError, match=r"step=4.*steps 1\.\.3"):
+        run.export_hf(tmp_path / "s4", step=4)
+
+
+def test_run_export_hf_from_the_newest_checkpoint_and_what_to_set_without_one(checkpoints,
+                                                                             tmp_path):
+    source = checkpoints["llama_rope3_untied"]
+    folder, states = run_folder(tmp_path / "a", source, params_at=(), ckpt_at=(2, 3))
+    assert equal(exported(_run(folder, source).export_hf(tmp_path / "o")), states[3])
+    bare, _ = run_folder(tmp_path / "b", source, params_at=(1,), ckpt_at=(2,))
+    with pytest.raises(ValueError, match=(
+            r"no weights saved after step 3.*RunConfig\(save_params_at=\(3,\)\).*"
+            r"CheckpointConfig\(save_every=N\).*params at steps \[1\].*checkpoints at steps "
+            r"\[2\]")):
+        _run(bare, source).export_hf(tmp_path / "none")
+    assert not (tmp_path / "none").exists()
+    toy, _ = run_folder(tmp_path / "toy", None)
+    with pytest.raises(ValueError, match="toy GPT"):
+        _run(toy, None).export_hf(tmp_path / "t")
