@@ -50,8 +50,8 @@ from varbatch_kit.core.step import Step
 from varbatch_kit.policies.dynamic_cp import CPCostModel
 
 __all__ = ["LIMITATIONS", "MegatronPlan", "PoolGroupStandIn", "barrier_step_time",
-           "megatron_groups", "megatron_schedule", "megatron_step", "plan_to_placements", "tokens_per_rank",
-           "unaligned_groups"]
+           "megatron_groups", "megatron_schedule", "megatron_step", "plan_to_placements",
+           "tokens_per_rank", "unaligned_groups"]
 
 #: what megatron-core 0.16.1's hybrid CP cannot do (printed by the benchmark)
 LIMITATIONS = (
@@ -154,7 +154,8 @@ def plan_to_placements(sample_id_groups, pool: int, num_samples: int) -> Megatro
                 where.setdefault(int(i), []).append((r, pos))
         for i in sorted(where, key=lambda i: (where[i][0][1], where[i][0][0])):
             if not 0 <= i < num_samples:
-                raise ValueError(f"sample_id_groups[{g}]: sample {i} is outside 0..{num_samples - 1}")
+                raise ValueError(f"sample_id_groups[{g}]: sample {i} is outside "
+                                 f"0..{num_samples - 1}")
             if i in home:
                 raise ValueError(f"sample {i} is in megatron groups {home[i]} and {g}: "
                                  "each sample must be in exactly one")

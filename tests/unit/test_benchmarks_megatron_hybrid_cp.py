@@ -1,4 +1,4 @@
-"""megatron's BalancedCPScheduler plans in the project's step shape (benchmarks._megatron_hybrid_cp).
+"""megatron's BalancedCPScheduler plans in the project's step shape (_megatron_hybrid_cp).
 
 The hand case: five samples of 350, 180, 90, 60 and 50 tokens, a pool of 4
 ranks, 100 tokens per rank. megatron's ``gpus_needed`` rounds ``L / 100`` up
@@ -101,3 +101,23 @@ def test_megatron_groups_refuses_what_the_scheduler_cannot_place(kwargs, match):
 def test_the_installed_scheduler_gives_the_hand_plan():
     pytest.importorskip("megatron.core")
     assert mh.megatron_groups(HAND_LENGTHS, POOL, CAP) == HAND_GROUPS
+
+
+def test_the_benchmark_gives_every_planner_a_row_on_a_small_batch():
+    pytest.importorskip("megatron.core")
+    from benchmarks.dynamic_cp import FIXED
+    from benchmarks.dynamic_cp_megatron import PLANNERS, one_batch
+    from varbatch_kit.core.hardware import HARDWARE
+
+    rng = np.random.default_rng(0)
+    lengths = np.concatenate([rng.integers(200, 6000, 30), [40000, 20000]])
+    roll = Rollouts(prompt_len=np.zeros(lengths.size, dtype=np.int64), response_len=lengths)
+    rows = one_batch(roll, 16, 2, 4, FIXED, HARDWARE["H100"])  # 2 steps of 16 samples
+    assert [r["planner"] for r in rows] == PLANNERS
+    by = {r["planner"]: r for r in rows}
+    assert by["project dynamic"]["vs_dynamic"] == 1.0
+    mg = by["megatron (barriers)"]
+    assert mg["micro_batches"] == lengths.size  # one forward/backward per sample
+    assert sum(mg["degrees"].values()) == lengths.size
+    assert mg["over_cap"] == 0 and mg["max_tokens_per_rank"] <= 16384
+    assert mg["step_s"] >= by["megatron (no barrier)"]["step_s"]
