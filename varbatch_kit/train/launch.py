@@ -380,11 +380,11 @@ def run_many(configs: Sequence[TrainConfig], rollouts: Rollouts, *, out_dir=None
             f"rollouts must be a varbatch_kit.Rollouts, got {type(rollouts).__name__}")
     if resume and out_dir is None:
         raise ValueError("resume=True needs out_dir: the folder of the run to continue")
+    plans = plan_runs(configs, rollouts)  # each model resolved, each schedule built: once
     # the device of each run, before any worker starts (ValueError when "cuda" cannot serve
     # the layout; "auto" falls back to the CPU with the reason, in each Run's meta)
     choices = [select_device(c) for c in configs]
     devices = [ch.device for ch in choices]
-    plans = plan_runs(configs, rollouts)  # each model resolved, each schedule built: once
     root = (Path(out_dir).expanduser().resolve() if out_dir is not None  # workers run in it
             else Path(tempfile.mkdtemp(prefix="varbatch_train_")))
     root.mkdir(parents=True, exist_ok=True)

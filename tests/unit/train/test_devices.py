@@ -121,7 +121,8 @@ def test_run_refuses_an_impossible_cuda_layout_before_any_worker(monkeypatch, tm
     monkeypatch.setenv(PRETEND_CUDA_ENV, "1")
     rollouts = Rollouts.synthetic(8, prompt_len=4, response_len=4, seed=0)
     with pytest.raises(ValueError, match="run.device='cuda' but 1 GPU per node for 2 local"):
-        run(_cfg(2, "cuda"), rollouts, out_dir=tmp_path / "out", progress=False)
+        run(_cfg(2, "cuda").with_(n_samples_per_prompt=4), rollouts, out_dir=tmp_path / "out",
+            progress=False)
     assert not (tmp_path / "out").exists()  # nothing written, nothing started
 
 
