@@ -3,7 +3,8 @@
 # `make gpu-wheels` prepared, then run the engine's CUDA path (full SmolLM2 at dp 1: fp32 and,
 # where the engine has it, bf16; the cost model calibrated on CUDA; one rl_loop iteration where
 # the engine has it) and write tokens/s, peak memory and the cost model to one JSON file.
-# Under 10 minutes on one H200 (the Python part is stopped after --limit seconds, default 540).
+# Under 10 minutes on one H200: the Python part is stopped after --limit seconds (default
+# 480, so that the install and the check fit one 600 s device call).
 #
 #   scripts/gpu_check.sh [--wheels DIR] [--out JSON] [--steps N] [--quick] [--limit S]
 #                        [--dry-run]
@@ -23,7 +24,7 @@ REPORT=${OUT:+$OUT/gpu_check.json}
 REPORT=${REPORT:-build/gpu_check.json}
 STEPS=""
 QUICK=""
-LIMIT=540
+LIMIT=480
 DRY=0
 PY=${PYTHON:-python3}
 SITE=${VARBATCH_KIT_GPU_SITE:-/tmp/varbatch_kit_gpu_site}

@@ -259,7 +259,7 @@ def test_the_script_parses_and_its_dry_run_prints_the_steps(tmp_path):
     assert lines[1] == (f"+ {sys.executable} -m pip install -q --no-index --no-deps --no-compile "
                         f"--no-cache-dir --upgrade --target /tmp/varbatch_kit_gpu_site "
                         f"{wheels}/*.whl")
-    assert lines[-1] == (f"+ timeout 540 {sys.executable} -W ignore::DeprecationWarning -m "
+    assert lines[-1] == (f"+ timeout 480 {sys.executable} -W ignore::DeprecationWarning -m "
                          f"varbatch_kit.cli.gpu_check --out {tmp_path / 'r.json'} --wheels "
                          f"{wheels} --steps 2 --quick")
     assert not (tmp_path / "r.json").exists() and not wheels.exists()  # nothing ran
