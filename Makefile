@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.varbatch_kit-installed
 # jupyter refuses to start as root unless told
 ALLOW_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root,)
 
-.PHONY: venv demo test test-fast lab bench lint wheel clean
+.PHONY: venv demo test test-fast lab bench lint wheel gpu-wheels clean
 
 venv: $(STAMP)
 
@@ -79,6 +79,26 @@ lint: $(STAMP)
 
 wheel: $(STAMP)
 	$(PY) -m pip wheel -q --no-deps --no-build-isolation -w build/wheel .
+
+# the wheels scripts/gpu_check.sh installs on a GPU machine without network (docs/gpu.md):
+# Python 3.12, linux x86_64, no dependencies resolved (--no-deps): megatron-core and every
+# other dependency of the [train] extra except torch (the GPU machine brings its own torch and
+# the libraries those need), the package's own wheel, and in smollm2/ SmolLM2's config and
+# tokenizer files (not its weights: the GGUF is larger than a device call carries). The pins
+# are the versions the tests run with; tests/unit/cli/test_gpu_check.py checks them against
+# pyproject.toml's [train] extra. About 24 MB.
+GPU_WHEELS := build/gpu-wheels
+GPU_WHEEL_PINS := megatron-core==0.16.1 transformers==5.24.0 safetensors==0.8.0 \
+  tokenizers==0.23.3 accelerate==1.15.0 gguf==0.19.0
+gpu-wheels: $(STAMP)
+	rm -rf $(GPU_WHEELS) && mkdir -p $(GPU_WHEELS)
+	$(PY) -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
+	  --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
+	  --platform manylinux2014_x86_64 -d $(GPU_WHEELS) $(GPU_WHEEL_PINS)
+	$(PY) -m pip wheel -q --no-deps --no-build-isolation -w $(GPU_WHEELS) .
+	$(SHARED_CACHES) $(PY) -c "from varbatch_kit.train.device_bench import copy_smollm2_files; \
+	  copy_smollm2_files('$(GPU_WHEELS)/smollm2')"
+	du -sh $(GPU_WHEELS)
 
 clean:
 	rm -rf $(VENV) build .pytest_cache .hypothesis

@@ -226,3 +226,21 @@ def test_timeout_kills_torchrun_and_workers(tmp_path):
     assert "training timed out after 4 s (timeout_s)" in str(info.value)
     assert not _alive(info.value.torchrun_pid)
     assert job_processes(info.value.job_dir) == []
+
+
+def test_a_cpu_run_on_a_gpu_host_trains(tmp_path, monkeypatch):
+    """VARBATCH_KIT_PRETEND_CUDA: the engine takes a GPU host's decisions (8 GPUs per node seen)
+    while the run chose the CPU; the worker, which inherits the switch, trains on the CPU
+    through the shim (the "auto" fallback and its reason: tests/unit/train/test_devices.py)."""
+    from varbatch_kit.train.devices import PRETEND_CUDA_ENV
+
+    monkeypatch.setenv(PRETEND_CUDA_ENV, "8")
+    cfg = TrainConfig().with_(global_batch_size=4, max_tokens_per_gpu=32, max_steps=1,
+                              device="cpu", **TINY)
+    r = run(cfg, _invariance_rollouts(), out_dir=tmp_path, progress=False)
+    choice = r.meta["device_choice"]
+    assert (choice["requested"], choice["device"], choice["local_ranks"],
+            choice["gpus_per_node"]) == ("cpu", "cpu", 1, 8)
+    assert choice["reason"] == "run.device='cpu' (8 GPUs per node)"
+    assert r.meta["device"] == "cpu" and r.steps["device"].tolist() == ["cpu"]
+    assert np.isfinite(r.steps["loss"]).all() and (r.steps["grad_norm"] > 0).all()

@@ -9,9 +9,9 @@
 - :func:`compare`: several configurations on the same rollouts and seed → one table.
 - :func:`run_many`: like :func:`compare`, returning the :class:`Run` objects.
 
-Devices: CUDA + NCCL when GPUs are present, else CPU + gloo through
-:mod:`varbatch_kit.train.cpu_shim`. Context parallelism is emulated at the
-loss level (see :mod:`varbatch_kit.train.step`).
+Devices (:mod:`varbatch_kit.train.devices`, docs/gpu.md): CUDA + NCCL when each node has a
+GPU per local rank, else CPU + gloo through :mod:`varbatch_kit.train.cpu_shim`. Context
+parallelism is emulated at the loss level (see :mod:`varbatch_kit.train.step`).
 
 Needs the ``[train]`` extra (``pip install 'varbatch_kit[train]'``): importing
 this package without megatron-core raises an ``ImportError`` that says so.

@@ -248,8 +248,8 @@ class RunConfig:
 
     max_steps: int | None = _f(None, "train at most this many steps (default: every step of "
                                      "the schedule)")
-    device: str = _f("auto", "auto: CUDA + NCCL when there is a GPU per rank, else CPU + gloo",
-                     choices=DEVICES)
+    device: str = _f("auto", "auto: CUDA + NCCL when each node has a GPU per local rank, "
+                             "else CPU + gloo (docs/gpu.md)", choices=DEVICES)
     timeout_s: float = _f(600.0, "seconds the whole run may take")
     step_timeout_s: float | None = _f(None, "seconds a step may take after the previous report "
                                             "(default: only timeout_s)")

@@ -21,10 +21,12 @@ seeding with ``model_parallel_cuda_manual_seed(seed, inference_rng_tracker=True)
 (a no-op tracker: the tiny model uses no dropout), done by the training loop,
 not here.
 
-:func:`activate` does nothing when CUDA is available (real GPUs use the real
-code paths); :func:`patched` lists what it changed; :func:`deactivate`
-restores it. Tests check that exactly :data:`PATCHED_MODULES` and
-:data:`PATCHED_FUNCTIONS` are touched and that the global ``torch`` is not.
+:func:`activate` applies by the device the run uses: a CPU run is shimmed
+whatever the host has (a GPU host too: ``device="cpu"``, or ``"auto"`` falling
+back), a CUDA run uses the real code paths; :func:`patched` lists what it
+changed; :func:`deactivate` restores it. Tests check that exactly
+:data:`PATCHED_MODULES` and :data:`PATCHED_FUNCTIONS` are touched and that the
+global ``torch`` is not.
 """
 
 from __future__ import annotations
@@ -98,6 +100,9 @@ class _CudaOnCpu:
 
     def current_device(self) -> torch.device:
         return torch.device("cpu")
+
+    def is_available(self) -> bool:  # a CPU run on a GPU host: as on a CPU-only host
+        return False
 
     def __getattr__(self, name: str) -> Any:
         return getattr(torch.cuda, name)
@@ -193,21 +198,32 @@ _LAZY_REPLACEMENTS: dict[str, Callable[[], Any]] = {
 }
 
 
-def needed() -> bool:
-    """True when the shim is required: no CUDA device is available."""
-    return not torch.cuda.is_available()
+def needed(device: Any = None) -> bool:
+    """True when the shim is required: the run's ``device`` is the CPU.
+
+    ``device``: the run's device (``"cpu"``, ``"cuda"``, a ``torch.device``); the
+    shim applies to a CPU run whatever the host has. ``None``: the host's default
+    (no CUDA seen by the engine, :func:`varbatch_kit.train.devices.cuda_visible`).
+    """
+    if device is None:
+        from varbatch_kit.train.devices import cuda_visible
+
+        return not cuda_visible()
+    return torch.device(device).type == "cpu"
 
 
 def active() -> bool:
     return bool(_saved)
 
 
-def activate() -> bool:
-    """Redirect megatron-core's CUDA calls to the CPU; no-op (returns False) under CUDA.
+def activate(device: Any = "cpu") -> bool:
+    """Redirect megatron-core's CUDA calls to the CPU for a run on ``device``.
 
-    Idempotent. Returns True when the shim is (now) active.
+    A CPU run (the default) is shimmed whatever the host has (also on a GPU host);
+    a CUDA run is not (no-op, returns False). Idempotent. Returns True when the
+    shim is (now) active.
     """
-    if not needed():
+    if not needed(device):
         return False
     if _saved:
         return True

@@ -48,7 +48,8 @@ import numpy as np
 from varbatch_kit.core.rollouts import Rollouts
 from varbatch_kit.train.checkpoint import check_resumable, fingerprint, latest_checkpoint
 from varbatch_kit.train.config import TrainConfig
-from varbatch_kit.train.plan import PlannedRun, plan_runs, resolve_device
+from varbatch_kit.train.devices import select_device
+from varbatch_kit.train.plan import PlannedRun, plan_runs
 from varbatch_kit.train.results import Run, grad_cosine, load_run, param_rel_diff
 from varbatch_kit.train.steplog import read_records, truncate_to_step
 from varbatch_kit.train.supervise import (
@@ -380,7 +381,10 @@ def run_many(configs: Sequence[TrainConfig], rollouts: Rollouts, *, out_dir=None
     if resume and out_dir is None:
         raise ValueError("resume=True needs out_dir: the folder of the run to continue")
     plans = plan_runs(configs, rollouts)  # each model resolved, each schedule built: once
-    devices = [resolve_device(c) for c in configs]
+    # the device of each run, before any worker starts (ValueError when "cuda" cannot serve
+    # the layout; "auto" falls back to the CPU with the reason, in each Run's meta)
+    choices = [select_device(c) for c in configs]
+    devices = [ch.device for ch in choices]
     root = (Path(out_dir).expanduser().resolve() if out_dir is not None  # workers run in it
             else Path(tempfile.mkdtemp(prefix="varbatch_train_")))
     root.mkdir(parents=True, exist_ok=True)
@@ -410,7 +414,10 @@ def run_many(configs: Sequence[TrainConfig], rollouts: Rollouts, *, out_dir=None
                        done_steps=[done_steps[k] for k in members])
         for k in members:
             walls[k] = wall
-    return [load_run(c, d, w) for c, d, w in zip(configs, out_dirs, walls)]
+    runs = [load_run(c, d, w) for c, d, w in zip(configs, out_dirs, walls)]
+    for r, ch in zip(runs, choices):
+        r.meta["device_choice"] = ch.to_dict()
+    return runs
 
 
 def run(config: TrainConfig, rollouts: Rollouts, *, out_dir=None, progress: bool = True,

@@ -23,7 +23,7 @@ from varbatch_kit.core.rollouts import Rollouts
 from varbatch_kit.train.config import TrainConfig
 from varbatch_kit.train.model_spec import ResolvedModel, resolve_model
 
-__all__ = ["PlannedRun", "plan_runs", "resolve_device"]
+__all__ = ["PlannedRun", "plan_runs"]
 
 
 @dataclass(frozen=True)
@@ -43,20 +43,6 @@ class PlannedRun:
     @property
     def num_steps(self) -> int:
         return len(self.steps)
-
-
-def resolve_device(cfg: TrainConfig) -> str:
-    """``cfg.run.device`` resolved to ``cpu`` or ``cuda`` (ValueError without enough GPUs)."""
-    import torch
-
-    has_gpus = torch.cuda.is_available() and torch.cuda.device_count() >= cfg.world_size
-    if cfg.run.device == "cuda" and not has_gpus:
-        raise ValueError(
-            f"run.device='cuda' but {torch.cuda.device_count()} CUDA devices for dp*cp="
-            f"{cfg.world_size} ranks; use device='cpu' or 'auto'")
-    if cfg.run.device == "auto":
-        return "cuda" if has_gpus else "cpu"
-    return cfg.run.device
 
 
 def _check_rollouts(cfg: TrainConfig, model: ResolvedModel, rollouts: Rollouts) -> None:

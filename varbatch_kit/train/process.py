@@ -34,10 +34,13 @@ def die_with_parent() -> None:
 def setup_process(device: str, threads: int = 1, layout=None) -> torch.device:
     """torch.distributed + megatron-core parallel state for this worker.
 
-    CUDA + NCCL when ``device == "cuda"``; else CPU + gloo with the CPU shim.
+    CUDA + NCCL when ``device == "cuda"``; ``"cpu"``: CPU + gloo with the CPU shim,
+    whatever the host has (the run's device decides, never ``torch.cuda.is_available()``).
     ``layout`` (a :class:`~varbatch_kit.train.layout.ParallelLayout`, default all 1):
     megatron's tensor, pipeline and virtual-pipeline sizes.
     """
+    if device not in ("cpu", "cuda"):
+        raise ValueError(f"device={device!r}: give the run's resolved device, 'cpu' or 'cuda'")
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     if device == "cuda":
         local_rank = int(os.environ.get("LOCAL_RANK", rank))
@@ -46,7 +49,7 @@ def setup_process(device: str, threads: int = 1, layout=None) -> torch.device:
     else:
         from varbatch_kit.train import cpu_shim
 
-        cpu_shim.activate()
+        cpu_shim.activate("cpu")
         torch.set_num_threads(threads)
         dev, backend = torch.device("cpu"), "gloo"
     if not dist.is_initialized():
@@ -89,7 +92,10 @@ def single_process(device: str, threads: int = 1):
     parallel state (for work outside torchrun: calibration, tests); torn down afterwards.
 
     If a group already exists it is reused (and left alone); ``threads`` CPU threads.
+    ``device``: ``"cpu"`` or ``"cuda"``, the only thing the CPU/CUDA decision is taken from.
     """
+    if device not in ("cpu", "cuda"):
+        raise ValueError(f"device={device!r}: give 'cpu' or 'cuda'")
     from megatron.core import parallel_state
 
     from varbatch_kit.train import cpu_shim
@@ -118,7 +124,7 @@ def single_process(device: str, threads: int = 1):
         _current[0] = None
         if dist.is_initialized():
             dist.destroy_process_group()
-        if device != "cuda":
+        if device == "cpu":
             cpu_shim.deactivate()
         torch.set_num_threads(saved_threads)
         for k, v in saved.items():

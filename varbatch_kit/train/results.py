@@ -29,7 +29,9 @@ class Run:
     out_dir:
         Folder with ``steps.jsonl``, ``meta.json`` and any saved parameters.
     meta:
-        Device, world size, parameter count, whether CP was emulated, ...
+        Device, world size, parameter count, whether CP was emulated, ...; and
+        ``device_choice``: the launcher's decision (requested, device, local ranks,
+        GPUs per node, reason: :class:`~varbatch_kit.train.devices.DeviceChoice`).
     launch_wall_s:
         Wall time of the torchrun launch this run was part of.
     """

@@ -31,9 +31,15 @@ def clean_shim():
     cpu_shim.deactivate()
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="the shim is inactive under CUDA")
-def test_shim_patches_exactly_the_listed_names_and_not_global_torch(clean_shim):
+@pytest.mark.parametrize("host", ["this host", "a GPU host"])
+def test_shim_patches_exactly_the_listed_names_and_not_global_torch(clean_shim, monkeypatch,
+                                                                    host):
     import importlib
+
+    from varbatch_kit.train.devices import PRETEND_CUDA_ENV
+
+    if host == "a GPU host":  # the engine sees 8 GPUs; the run still chose the CPU
+        monkeypatch.setenv(PRETEND_CUDA_ENV, "8")
 
     before_cuda = torch.cuda.current_device
     before_zeros = torch.zeros
@@ -62,11 +68,21 @@ def test_shim_patches_exactly_the_listed_names_and_not_global_torch(clean_shim):
         assert getattr(importlib.import_module(m), a) is orig
 
 
-def test_shim_is_a_no_op_when_cuda_is_present(clean_shim, monkeypatch):
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    assert cpu_shim.needed() is False
-    assert cpu_shim.activate() is False
+def test_shim_applies_by_the_run_device_not_the_host(clean_shim, monkeypatch):
+    import importlib
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # a real GPU host
+    assert cpu_shim.needed() is False  # the host's default run would use CUDA
+    assert cpu_shim.needed("cpu") is True and cpu_shim.needed(torch.device("cpu")) is True
+    assert cpu_shim.needed("cuda") is False and cpu_shim.needed("cuda:1") is False
+    assert cpu_shim.activate("cuda") is False  # a CUDA run: the real code paths
     assert cpu_shim.patched() == []
+    assert cpu_shim.activate("cpu") is True  # a CPU run on that host is shimmed
+    assert len(cpu_shim.patched()) == len(cpu_shim.PATCHED_MODULES) + len(
+        cpu_shim.PATCHED_FUNCTIONS)
+    view = importlib.import_module("megatron.core.utils").torch
+    # megatron's patched modules see no CUDA, as on a CPU-only host; the global torch does
+    assert view.cuda.is_available() is False and torch.cuda.is_available() is True
 
 
 def test_shim_clip_replacement_scales_like_megatron():
