@@ -182,7 +182,7 @@ def test_bad_inputs_are_refused():
         chunked_token_stats(torch.zeros(2, 5), torch.zeros(3, dtype=torch.long))
     with pytest.raises(ValueError, match="integer token ids"):
         chunked_token_stats(torch.zeros(2, 5), torch.zeros(2))
-    with pytest.raises(ValueError, match=r"token id 5 lies outside \[0, 5\)"):
+    with pytest.raises(ValueError, match=r"token id 5 lies outside the vocabulary \[0, 5\)"):
         chunked_token_stats(torch.zeros(2, 5), torch.tensor([0, 5]))
     with pytest.raises(ValueError, match="token id -1"):
         chunked_token_stats(torch.zeros(2, 5), torch.tensor([-1, 0]))
