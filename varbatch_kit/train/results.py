@@ -82,6 +82,22 @@ class Run:
             )
         return torch.load(path, map_location="cpu", weights_only=True)
 
+    def export_hf(self, out_dir, step: int | None = None, *, dtype: str | None = None,
+                  overwrite: bool = False) -> Path:
+        """Write the weights after ``step`` (default: the final step) as a Hugging Face
+        checkpoint that ``transformers.AutoModelForCausalLM.from_pretrained(out_dir)`` loads:
+        config.json (the trained depth), model.safetensors, the input's tokenizer files.
+
+        The weights come from ``params_step{step}.pt`` (``RunConfig.save_params_at``) or the
+        checkpoint of that step (``CheckpointConfig.save_every``); ValueError naming the
+        option to set when neither was saved, and for the toy GPT (no checkpoint to export
+        to). See :mod:`varbatch_kit.train.run_export`. Returns ``out_dir``.
+        """
+        from varbatch_kit.train.run_export import export_run
+
+        return export_run(self.out_dir, out_dir, model=self.config.model, step=step,
+                          dtype=dtype, overwrite=overwrite)
+
     def __repr__(self) -> str:
         n = len(self.steps)
         last = f", last loss {self.steps['loss'].iloc[-1]:.5g}" if n else ""
