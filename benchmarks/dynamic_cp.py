@@ -18,12 +18,24 @@ repeats the grid with ``cp_overlap=0`` (the ring never hides behind the
 attention, as with short per-rank chunks or a slower interconnect) to show
 where dynamic CP pays.
 
+Then megatron-core's own dynamic CP planner on the same steps
+(``BalancedCPScheduler``, run from the installed package with a stand-in for
+its process group: :mod:`benchmarks._megatron_hybrid_cp`), for Qwen3-8B
+(megatron's hybrid CP refuses DeepSeek-V3's multi-latent attention): one row
+per batch and planner (the three fixed-CP plans, the project's dynamic plan,
+megatron's plan as megatron runs it, with a barrier over the pool after each of
+its groups, and the same plan on the project's group timeline without those
+barriers), with the simulated seconds under the same cost model, the largest
+tokens per rank and the micro-batches over the cap, the groups megatron has no
+process group for, and the samples per CP degree.
+
 Then the planning-time table of :mod:`benchmarks.dynamic_cp_speed` (dynamic vs
 fixed ``balanced`` planning time on a 3000-sample step, and the plans' simulated
 time against the planner before its speed-up).
 
 Run: ``python -m benchmarks.dynamic_cp`` (``--quick``: half the rollouts and the
-default table only). Writes ``build/bench/dynamic_cp.json`` (and
+default table only). Writes ``build/bench/dynamic_cp.json`` (its ``megatron``
+rows: the comparison with megatron's planner) (and
 ``build/bench/dynamic_cp_speed.json``).
 """
 
@@ -77,7 +89,7 @@ def one(rollouts: Rollouts, gbs: int, dp: int, cp: int, model: ModelShape, hw) -
     sim = simulate(dyn, hardware=hw, timelines=False)
     row["dynamic_s"] = sim.total_time_s
     row["bound_s"] = sim.total_bound_s
-    sizes = np.concatenate([s.sample_cp_sizes(cp) for s in dyn.steps])
+    sizes = np.concatenate([s.sample_cp_sizes() for s in dyn.steps])
     row["share_c1"] = float((sizes == 1).mean())
     row["degrees"] = {int(c): int((sizes == c).sum()) for c in np.unique(sizes)}
     row["steps_kept_fixed"] = int(sum(all(p.degree == cp for p in s.placements)
@@ -89,9 +101,8 @@ def one(rollouts: Rollouts, gbs: int, dp: int, cp: int, model: ModelShape, hw) -
     return row
 
 
-def run(quick: bool, overlaps: list[float]) -> list[dict]:
+def run(data: dict, overlaps: list[float]) -> list[dict]:
     rows = []
-    data = traces(quick)
     for overlap in overlaps:
         hw = replace(HARDWARE["H100"], cp_overlap=overlap)
         for tname, (roll, gbs) in data.items():
@@ -135,16 +146,23 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", type=Path, default=OUT)
     args = parser.parse_args(argv)
     start = time.perf_counter()
-    rows = run(args.quick, [1.0] if args.quick else [1.0, 0.0])
+    data = traces(args.quick)
+    overlaps = [1.0] if args.quick else [1.0, 0.0]
+    rows = run(data, overlaps)
     print_table(rows)
     worst = min(r["ratio_vs_best_fixed"] for r in rows)
     print(f"\nnever slower than the best fixed plan: {worst >= 1 - 1e-9} "
           f"(smallest ratio vs the best fixed {worst:.4f})")
+    from benchmarks.dynamic_cp_megatron import megatron_rows, print_megatron_table
+
+    mrows = megatron_rows(data, overlaps, LAYOUTS, FIXED)
+    print_megatron_table(mrows)
     elapsed = time.perf_counter() - start
     print(f"({elapsed:.1f} s)")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"quick": args.quick, "cap": CAP, "hardware": "H100",
-                                    "seconds": elapsed, "rows": rows}, indent=1))
+                                    "seconds": elapsed, "rows": rows, "megatron": mrows},
+                                   indent=1))
     print(f"wrote {args.out}")
     from benchmarks import dynamic_cp_speed
 

@@ -32,7 +32,9 @@ each writing ``build/bench/<name>.json``):
   torchtitan scheduling next to slime's and ours (``--peer-packages DIR``: the released
   packages where they import; ``make bench`` installs them into ``build/peer-packages``).
 - ``d`` **Dynamic CP** (``benchmarks/dynamic_cp.py``): fixed vs dynamic CP simulated step time,
-  and the dynamic planner's time against the fixed plan's (``benchmarks/dynamic_cp_speed.py``).
+  megatron-core's own dynamic CP planner (``BalancedCPScheduler``) on the same steps
+  (``benchmarks/dynamic_cp_megatron.py``), and the dynamic planner's time against the fixed
+  plan's (``benchmarks/dynamic_cp_speed.py``).
 - ``o`` **Pipeline order** (``benchmarks/pp_order.py``): the 1F1B bubble of each micro-batch
   order against arrival order.
 - ``k`` **Checkpoints** (``benchmarks/checkpoint.py``): time to save and load a checkpoint.
