@@ -34,7 +34,7 @@ NOTEBOOKS = sorted(NOTEBOOKS_DIR.glob("[0-9][0-9]_*.ipynb"))
 EXPECTED = Path(__file__).with_name("notebook_outputs.json")
 MARK = "# NBVAL_CHECK_OUTPUT"
 # notebooks that start torchrun workers (the training engine)
-TRAINING = {"03_variable_gbs_training", "04_metric_report_invariance"}
+TRAINING = {"03_variable_gbs_training", "04_metric_report_invariance", "06_rl_loop"}
 # the caches the notebooks share with the tests: the SmolLM2 checkpoint (built once, as the
 # tests' fixtures build it) and the experiment cache (varbatch_kit.train.experiment_cache), where
 # notebook 04 section 5 and tests/integration/test_train_real.py find each other's SmolLM2
@@ -54,6 +54,9 @@ CELL_TIMEOUT = {"04_metric_report_invariance": 1200}
 # run in one worker (one trains it, the other reads it; never one waiting on the other's lock)
 SHARES_THE_SMOLLM2_MATRIX = {"04_metric_report_invariance"}
 SMOLLM2_MATRIX_GROUP = "smollm2_matrix"
+# ... and notebook 06 the RL loop tests/integration/test_train_rl_loop.py checks (one xdist group)
+SHARES_THE_RL_LOOP = {"06_rl_loop"}
+RL_LOOP_GROUP = "rl_loop"
 RUN_TIMEOUT = {"04_metric_report_invariance": 1500}
 
 
@@ -64,13 +67,16 @@ def _params():
             marks.append(pytest.mark.multiprocess)
         if path.stem in SHARES_THE_SMOLLM2_MATRIX:
             marks.append(pytest.mark.xdist_group(SMOLLM2_MATRIX_GROUP))
+        if path.stem in SHARES_THE_RL_LOOP:
+            marks.append(pytest.mark.xdist_group(RL_LOOP_GROUP))
         yield pytest.param(path, id=path.stem, marks=marks)
 
 
-def test_five_notebooks_exist():
+def test_six_notebooks_exist():
     assert [p.stem for p in NOTEBOOKS] == ["01_packing_explorer", "02_dp_flops_balance",
                                            "03_variable_gbs_training",
-                                           "04_metric_report_invariance", "05_dynamic_cp"]
+                                           "04_metric_report_invariance", "05_dynamic_cp",
+                                           "06_rl_loop"]
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])

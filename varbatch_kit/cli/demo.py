@@ -1,4 +1,4 @@
-"""``make demo``: run the five notebooks headless and render them as HTML.
+"""``make demo``: run the six notebooks headless and render them as HTML.
 
 ``varbatch-kit demo`` (or ``python -m varbatch_kit.cli.demo``; needs the ``[ui]``
 extra, and ``[train]`` for notebooks 03 and 04) executes ``notebooks/*.ipynb`` top to bottom

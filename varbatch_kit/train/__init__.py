@@ -33,6 +33,7 @@ from varbatch_kit.train.config import (  # noqa: E402  (after the extra's check)
     RunConfig,
     TrainConfig,
 )
+from varbatch_kit.train.closed_loop import RLLoopResult, rl_loop  # noqa: E402
 from varbatch_kit.train.launch import compare, run, run_many  # noqa: E402
 from varbatch_kit.train.model_spec import ModelConfig  # noqa: E402
 from varbatch_kit.train.results import Run, param_rel_diff  # noqa: E402
@@ -46,6 +47,7 @@ __all__ = [
     "ModelConfig",
     "NodesConfig",
     "OptimConfig",
+    "RLLoopResult",
     "Run",
     "RunConfig",
     "TrainConfig",
@@ -53,6 +55,7 @@ __all__ = [
     "TrainingTimeout",
     "compare",
     "param_rel_diff",
+    "rl_loop",
     "run",
     "run_many",
 ]

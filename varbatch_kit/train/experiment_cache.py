@@ -6,7 +6,9 @@ SmolLM2's generations) share one computation through a cache directory:
 - :func:`cached_compare`: :func:`varbatch_kit.train.compare`'s table, stored
   as a pickle;
 - :func:`cached_rollouts`: :func:`varbatch_kit.train.generate.generate_rollouts`'
-  rollouts, stored as a JSONL trace (with the generation's statistics beside it).
+  rollouts, stored as a JSONL trace (with the generation's statistics beside it);
+- :func:`cached_rl_loop`: :func:`varbatch_kit.train.rl_loop`'s iterations, kept in
+  their own loop folder (read back by resuming the finished loop).
 
 The cache directory is the ``cache_dir`` argument, else the environment
 variable ``VARBATCH_KIT_CACHE``; without either, caching is off and every call
@@ -34,8 +36,8 @@ from typing import Any
 
 from varbatch_kit.train.filelock import locked
 
-__all__ = ["CACHE_ENV", "cache_dir", "cache_key", "cached_compare", "cached_rollouts",
-           "source_hash"]
+__all__ = ["CACHE_ENV", "cache_dir", "cache_key", "cached_compare", "cached_rl_loop",
+           "cached_rollouts", "source_hash"]
 
 #: the environment variable naming the cache directory (unset: no caching)
 CACHE_ENV = "VARBATCH_KIT_CACHE"
@@ -169,6 +171,30 @@ def cached_rollouts(checkpoint: str | os.PathLike, *,
         for k, v in json.loads(info.read_text()).items():
             setattr(stats, k, v)
     return read_trace(path)
+
+
+def cached_rl_loop(config, prompts, *, cache_dir: str | os.PathLike | None = None,
+                   progress: bool = True, **kwargs: Any):
+    """:func:`varbatch_kit.train.rl_loop` of ``config`` on ``prompts``, computed once per cache.
+
+    The loop runs in ``<cache>/rl_loop-<key>`` (the key: every field of ``config``, the
+    checkpoint, ``prompts``, every other argument, versions and package source), resumed
+    there: a finished loop is read back from its iteration records, an interrupted one
+    continues. Caching off: ``kwargs`` must hold ``out_dir`` (plain :func:`rl_loop`).
+    """
+    from varbatch_kit.train.closed_loop import rl_loop
+
+    where = _resolve(cache_dir)
+    if where is None:
+        return rl_loop(config, prompts, progress=progress, **kwargs)
+    if "out_dir" in kwargs or "resume" in kwargs:
+        raise ValueError("cached_rl_loop: out_dir and resume are the cache's (give cache_dir, "
+                         "or call rl_loop)")
+    key = cache_key("rl_loop", config=repr(config), model=_checkpoint_key(config.model.path),
+                    prompts=repr(prompts), arguments=kwargs)
+    with locked(where / ".rl_loop.lock"):
+        return rl_loop(config, prompts, out_dir=where / f"rl_loop-{key[:24]}", resume=True,
+                       progress=progress, **kwargs)
 
 
 def _compare(configs, rollouts, reference, progress, out_dir, runs):

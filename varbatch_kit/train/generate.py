@@ -230,8 +230,14 @@ def _seed(seed: int, prompt: int, turn: int) -> int:
 
 
 def _sample(model, tokenizer, prompts: list[list[int]], *, seed: int, temperature: float,
-            max_new_tokens: int, stop: set[int]) -> list[list[int]]:
-    """One seeded ``generate`` over left-padded prompts; each response cut after its stop token."""
+            max_new_tokens: int, stop: set[int], log_probs: list | None = None
+            ) -> list[list[int]]:
+    """One seeded ``generate`` over left-padded prompts; each response cut after its stop token.
+
+    ``log_probs`` (a list): receives, per response, the generator's log-probability of each
+    sampled token under the distribution it was sampled from (``log_softmax(logits /
+    temperature)``: plain temperature sampling, no top-k / top-p), float64.
+    """
     import torch
 
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(stop)
@@ -247,11 +253,18 @@ def _sample(model, tokenizer, prompts: list[list[int]], *, seed: int, temperatur
         out = model.generate(input_ids=ids.to(device), attention_mask=mask.to(device),
                              do_sample=True, temperature=float(temperature), top_k=0, top_p=1.0,
                              max_new_tokens=int(max_new_tokens), pad_token_id=int(pad),
-                             eos_token_id=sorted(stop))
+                             eos_token_id=sorted(stop), return_dict_in_generate=True,
+                             output_scores=log_probs is not None)
+    new_tokens = out.sequences[:, width:]
+    if log_probs is not None:  # scores: per new token [rows, vocab], the logits / temperature
+        scores = torch.stack(out.scores, dim=1).double()  # [rows, new tokens, vocab]
+        chosen = torch.log_softmax(scores, dim=-1).gather(-1, new_tokens[..., None])[..., 0]
     responses = []
-    for row in out[:, width:].tolist():
+    for r, row in enumerate(new_tokens.tolist()):
         cut = next((j + 1 for j, t in enumerate(row) if t in stop), len(row))
         responses.append(row[:cut])
+        if log_probs is not None:
+            log_probs.append(chosen[r, :cut].cpu().numpy())
     return responses
 
 
@@ -273,6 +286,7 @@ def generate_rollouts(
     progress: bool = True,
     stats: GenerationStats | None = None,
     threads: int | None = 1,
+    rollout_log_probs: bool = False,
 ) -> Rollouts:
     """Sample a rollout batch of arithmetic questions from a causal LM (see the module docstring).
 
@@ -309,12 +323,18 @@ def generate_rollouts(
         default 1: the small model gains little from more, and OpenMP slows
         down badly when the cores are busy with anything else. ``None`` keeps
         torch's setting.
+    rollout_log_probs:
+        Also record, per sample, the generator's log-probability of every
+        response token at the sampling ``temperature`` (the ``rollout_log_probs``
+        column the engine reads: slime's ``train_rollout_logprob_abs_diff``,
+        TIS and ``use_rollout_logprobs`` use it).
 
     Sampling reseeds torch's global RNG (``torch.manual_seed``) before every
     ``generate`` call.
 
     Returns ``Rollouts`` with ``extra`` columns tokens, reward, advantage,
-    group_index, turn, turn_reward, question, answer, response. Rollout ids
+    group_index, turn, turn_reward, question, answer, response (and
+    rollout_log_probs when asked). Rollout ids
     are ``prompt * n_samples_per_prompt + k``.
     """
     import pandas as pd
@@ -361,24 +381,30 @@ def generate_rollouts(
         for k, problem in enumerate(problems):
             kw = dict(temperature=temperature, max_new_tokens=max_new_tokens, stop=stop)
             first = _prompt_ids(tokenizer, _messages(problem, []))
-            answers = _sample(model, tokenizer, [first] * n, seed=_seed(seed, k, 0), **kw)
+            lp0: list | None = [] if rollout_log_probs else None
+            answers = _sample(model, tokenizer, [first] * n, seed=_seed(seed, k, 0),
+                              log_probs=lp0, **kw)
             texts = [tokenizer.decode(a, skip_special_tokens=True).strip() for a in answers]
             per_rollout: list[list[dict[str, Any]]] = []
             for j in range(n):
                 per_rollout.append([dict(prompt=first, response=answers[j], text=texts[j],
-                                         reward=exact_match_reward(texts[j], problem.answer))])
+                                         reward=exact_match_reward(texts[j], problem.answer),
+                                         log_probs=None if lp0 is None else lp0[j])])
             if turns == 2:
                 again = [j for j in range(n)
                          if follow_up == "always" or per_rollout[j][0]["reward"] == 0.0]
                 if again:
                     prompts = [_prompt_ids(tokenizer, _messages(problem, [texts[j]]))
                                for j in again]
-                    seconds = _sample(model, tokenizer, prompts, seed=_seed(seed, k, 1), **kw)
-                    for j, p, a in zip(again, prompts, seconds):
+                    lp1: list | None = [] if rollout_log_probs else None
+                    seconds = _sample(model, tokenizer, prompts, seed=_seed(seed, k, 1),
+                                      log_probs=lp1, **kw)
+                    for i, (j, p, a) in enumerate(zip(again, prompts, seconds)):
                         text = tokenizer.decode(a, skip_special_tokens=True).strip()
                         per_rollout[j].append(dict(prompt=p, response=a, text=text,
                                                    reward=exact_match_reward(text,
-                                                                             problem.answer)))
+                                                                             problem.answer),
+                                                   log_probs=None if lp1 is None else lp1[i]))
             for j, samples in enumerate(per_rollout):
                 reward = float(np.mean([s["reward"] for s in samples]))
                 for t, s in enumerate(samples):
@@ -388,7 +414,7 @@ def generate_rollouts(
                         response_len=len(s["response"]), tokens=s["prompt"] + s["response"],
                         reward=reward, group_index=k, turn=t, turn_reward=s["reward"],
                         question=problem.question, answer=int(problem.answer),
-                        response=s["text"]))
+                        response=s["text"], rollout_log_probs=s["log_probs"]))
             if bar is not None:
                 bar.update(1)
                 bar.set_postfix(reward=f"{np.mean([r['reward'] for r in rows]):.2f}")
@@ -403,8 +429,9 @@ def generate_rollouts(
     first_rows = frame.drop_duplicates("rollout_id")
     adv = group_advantages(first_rows["reward"].to_numpy(), first_rows["group_index"].to_numpy())
     frame["advantage"] = frame["rollout_id"].map(dict(zip(first_rows["rollout_id"], adv)))
-    extra = frame[["tokens", "reward", "advantage", "group_index", "turn", "turn_reward",
-                   "question", "answer", "response"]]
+    columns = ["tokens", "reward", "advantage", "group_index", "turn", "turn_reward",
+               "question", "answer", "response"]
+    extra = frame[columns + (["rollout_log_probs"] if rollout_log_probs else [])]
     rollouts = Rollouts(prompt_len=frame["prompt_len"].to_numpy(),
                         response_len=frame["response_len"].to_numpy(),
                         rollout_id=frame["rollout_id"].to_numpy(), extra=extra)

@@ -37,6 +37,9 @@ Pictures
 - :func:`step_sizes_figure` and :func:`training_figure`: samples / tokens /
   micro-batches per step of a variable global batch size, and training
   curves from a per-step report table.
+- :func:`rl_loop_figure` (data from :func:`varbatch_kit.train.rl_loop`): a closed RL
+  loop's reward per iteration, staleness and ``ppo_kl`` per step, and the
+  train-vs-rollout log-prob difference.
 - :func:`cp_plan_figure` (its table :func:`cp_plan_table`): one
   step's context-parallel plan, world ranks x rounds, each micro-batch a block over
   its CP group coloured by its degree; fixed and dynamic CP alike.
@@ -51,7 +54,7 @@ Pictures
 
 from varbatch_kit.ui.figures.cp import cp_plan_figure, cp_plan_table
 from varbatch_kit.ui.figures.policies import policy_figure, sweep_heatmap
-from varbatch_kit.ui.figures.reports import report_figure, training_figure
+from varbatch_kit.ui.figures.reports import report_figure, rl_loop_figure, training_figure
 from varbatch_kit.ui.figures.run import run_quality_figure
 from varbatch_kit.ui.figures.schedule import (
     BALANCE_TRACE_NAMES,
@@ -88,6 +91,7 @@ __all__ = [
     "packing_traces",
     "policy_figure",
     "report_figure",
+    "rl_loop_figure",
     "run_quality_figure",
     "step_sizes_figure",
     "step_time_figure",

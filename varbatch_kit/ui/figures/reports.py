@@ -159,3 +159,54 @@ def training_figure(steps, metrics: Sequence[str] = ("loss", "token_acc", "lr", 
     fig.update_layout(template=TEMPLATE, height=330, showlegend=False,
                       title=title or "training curves")
     return fig
+
+
+def rl_loop_figure(iterations, steps, *, title: str | None = None) -> go.Figure:
+    """A closed RL loop per iteration (:func:`varbatch_kit.train.rl_loop`'s result).
+
+    Three panels: the mean reward of each iteration's rollouts; per training step, its
+    staleness (``policy_lag``: optimizer steps between the weights that generated the
+    rollouts and the weights the step starts from) and ``ppo_kl``; and the
+    train-vs-rollout log-prob difference (``train_rollout_logprob_abs_diff``). Steps are
+    numbered across iterations; hover names the iteration and the generator's weights.
+    """
+    import pandas as pd
+
+    it, st = pd.DataFrame(iterations), pd.DataFrame(steps)
+    for name, df, cols in (("iterations", it, ("iteration", "reward_mean")),
+                           ("steps", st, ("iteration", "step", "policy_lag"))):
+        missing = [c for c in cols if c not in df.columns]
+        if missing:
+            raise ValueError(f"{name}: no column(s) {missing}; give rl_loop(...).{name}")
+    st = st.reset_index(drop=True)
+    x = np.arange(1, len(st) + 1)
+    hover = [f"iteration {i}, step {s}, generator {h}" for i, s, h in
+             zip(st["iteration"], st["step"], st.get("generator_hash", [""] * len(st)))]
+    fig = make_subplots(rows=1, cols=3, horizontal_spacing=0.08,
+                        subplot_titles=("reward per iteration", "staleness and ppo_kl per step",
+                                        "train vs rollout log-prob"),
+                        specs=[[{}, {"secondary_y": True}, {}]])
+    fig.add_trace(go.Scatter(x=it["iteration"], y=it["reward_mean"], mode="lines+markers",
+                             name="reward mean", marker_color=qualitative.D3[0]), row=1, col=1)
+    fig.add_trace(go.Bar(x=x, y=st["policy_lag"], name="policy lag (steps)", text=hover,
+                         hovertemplate="%{text}: lag %{y}<extra></extra>",
+                         marker_color=qualitative.D3[1], opacity=0.6), row=1, col=2)
+    if "ppo_kl" in st:
+        fig.add_trace(go.Scatter(x=x, y=st["ppo_kl"], mode="lines+markers", name="ppo_kl",
+                                 text=hover, marker_color=qualitative.D3[2],
+                                 hovertemplate="%{text}: ppo_kl %{y:.3g}<extra></extra>"),
+                      row=1, col=2, secondary_y=True)
+    if "train_rollout_logprob_abs_diff" in st:
+        fig.add_trace(go.Scatter(x=x, y=st["train_rollout_logprob_abs_diff"],
+                                 mode="lines+markers", name="|train - rollout| log-prob",
+                                 text=hover, marker_color=qualitative.D3[3],
+                                 hovertemplate="%{text}: %{y:.3g}<extra></extra>"),
+                      row=1, col=3)
+    fig.update_xaxes(title_text="iteration", dtick=1, row=1, col=1)
+    fig.update_xaxes(title_text="training step (all iterations)", row=1, col=2)
+    fig.update_xaxes(title_text="training step (all iterations)", row=1, col=3)
+    fig.update_yaxes(title_text="policy lag", row=1, col=2, secondary_y=False)
+    fig.update_yaxes(title_text="ppo_kl", row=1, col=2, secondary_y=True)
+    fig.update_layout(template=TEMPLATE, height=360, legend=LEGEND_BELOW,
+                      title=title or "closed RL loop: reward and staleness")
+    return fig

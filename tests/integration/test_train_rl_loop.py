@@ -1,0 +1,78 @@
+"""The closed RL loop on truncated SmolLM2: generate -> train -> export -> regenerate, twice.
+
+Notebook 06 asks the experiment cache for the same loop (:data:`_smollm2.RL_LOOP`), so the
+two share one computation (one xdist group).
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+from _smollm2 import CACHE, RL_LOOP, RL_LOOP_CONFIG
+
+from varbatch_kit.train import TrainConfig, rl_loop
+from varbatch_kit.train.experiment_cache import cached_rl_loop
+
+pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(600),
+              pytest.mark.xdist_group("rl_loop")]
+
+
+def test_two_iterations_sync_the_trained_weights_bitwise(smollm2_path):
+    config = TrainConfig().with_(path=str(smollm2_path), **RL_LOOP_CONFIG)
+    res = cached_rl_loop(config, cache_dir=CACHE, progress=False, **RL_LOOP)
+    it, steps = res.iterations, res.steps
+    with pd.option_context("display.width", 250):
+        print(it.drop(columns=["generator", "export"]).to_string())
+        print(steps.to_string())
+    assert list(it["iteration"]) == [0, 1]
+    # the sync: the export read back equals the trainer's weights bitwise, and the next
+    # iteration generates with exactly those weights
+    assert it["sync_exact"].all()
+    assert it["generator_hash"][1] == it["trained_hash"][0]
+    assert it["trained_hash"][0] != it["generator_hash"][0]  # training moved the weights
+    # step 1 of every iteration is on-policy: the engine's log-probs of the sampled tokens
+    # equal transformers' at the sampling temperature (two implementations, fp32)
+    first = steps[steps.step == 1]
+    assert (first["train_rollout_logprob_abs_diff"] < 1e-4).all(), first
+    assert (first["ppo_kl"].abs() < 1e-6).all()
+    # variable global batch size: 8 rollouts of 1-2 samples in steps of 4 rollouts
+    assert (it["steps"] == 2).all() and (it["rollouts"] == 8).all()
+    assert list(steps["policy_lag"]) == [0, 1, 0, 1]
+    assert sum(it["samples_per_step"][0]) == it["samples"][0]
+    # resumable: a finished loop is read back, not rerun
+    again = rl_loop(config, out_dir=res.out_dir, progress=False, resume=True, **RL_LOOP)
+    pd.testing.assert_frame_equal(again.iterations, it)
+    record = json.loads((res.out_dir / "iter01" / "record.json").read_text())
+    assert record["iteration"]["generator_hash"] == it["generator_hash"][1]
+    assert np.isfinite(it["reward_mean"]).all()
+
+
+def test_the_toy_gpt_has_no_checkpoint_to_loop_on(tmp_path):
+    with pytest.raises(ValueError, match=r"config.model.path=None: the RL loop"):
+        rl_loop(TrainConfig(), 2, out_dir=tmp_path)
+    with pytest.raises(ValueError, match=r"prompts=0"):
+        rl_loop(TrainConfig().with_(path=str(tmp_path)), 0, out_dir=tmp_path)
+
+
+def test_notebook_06_runs_this_loop():
+    """Notebook 06 asks the cache for the same loop (so the two share one computation)."""
+    import ast
+
+    import nbformat
+    from _paths import NOTEBOOKS_DIR
+
+    nb = nbformat.read(NOTEBOOKS_DIR / "06_rl_loop.ipynb", as_version=4)
+    found = {}
+    for cell in nb.cells:
+        if cell.cell_type != "code":
+            continue
+        for node in ast.parse(cell.source).body:
+            if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call) \
+                    and getattr(node.value.func, "id", "") == "dict":
+                name = node.targets[0].id
+                if name in ("RL_LOOP_CONFIG", "RL_LOOP") and name not in found:
+                    found[name] = {k.arg: ast.literal_eval(k.value) for k in node.value.keywords}
+    assert found == {"RL_LOOP_CONFIG": RL_LOOP_CONFIG, "RL_LOOP": RL_LOOP}
