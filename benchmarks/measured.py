@@ -250,7 +250,7 @@ def large_gain_case(p: dict, template, model, overhead: float, *, quick: bool,
     for r in rows:
         print(f"  {r['policy']:<36}{ci(r, 'measured_step_s').text():>16}"
               f"{r['predicted_step_s']:>12.3f}{r['error'] * 100:>7.1f}%"
-              f"{r['predicted_busiest_s'] / r['bound_s']:>11.3f}"
+              f"{r['predicted_step_s'] / r['bound_s']:>11.3f}"
               f"{ci(r, 'measured_straggler_s').text():>17}")
     print(f"  gain of balanced·cal over slime's best flag: predicted "
           f"{verdict['predicted_gain'] * 100:.1f} %, measured "

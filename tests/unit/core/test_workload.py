@@ -177,3 +177,22 @@ def test_balanced_by_the_calibrated_cost_evens_that_cost():
     by_cost = busiest(build_schedule(r, cfg.with_(workload=CPU)))
     assert by_cost <= bound * 1.001
     assert by_flops > by_cost * 1.01
+
+
+def test_a_resumed_run_must_keep_the_workload():
+    # the checkpoint's fingerprint holds the schedule's fields by repr: a resume under another
+    # workload is refused, naming it; TrainConfig.with_ routes the field to the schedule
+    pytest.importorskip("megatron.core")
+    from varbatch_kit.train import TrainConfig
+    from varbatch_kit.train.checkpoint import _config_fields, check_resumable
+
+    base = TrainConfig()
+    cal = base.with_(workload=CPU)
+    assert cal.schedule.workload == CPU.workload()
+    saved = {"config": _config_fields(cal), "rollouts": "r", "steps": "s"}
+    now = {"config": _config_fields(base), "rollouts": "r", "steps": "s"}
+    assert saved["config"]["schedule.workload"] == repr(CPU.workload())
+    check_resumable(saved, {**saved}, "ckpt")
+    with pytest.raises(ValueError, match=r"schedule.workload: checkpoint Workload\(c0=0.0, "
+                                         r"c1=4.904293306089394e-05.*now None"):
+        check_resumable(saved, now, "ckpt")
