@@ -130,3 +130,31 @@ def test_the_large_gain_case_is_one_micro_batch_per_rank_with_a_large_predicted_
         times[name] = float(simulate(sched, hardware=model, timelines=False).total_time_s)
     assert times["slime"] == pytest.approx(rec.best["time_s"], rel=1e-9)
     assert times["slime"] / times["ours"] > 1.08  # predicted gain: ~10 %
+
+
+def _fake_run(step_times, busy, straggler):
+    """A run-like object: ``steps`` with the columns benchmarks.measured reads."""
+    from types import SimpleNamespace
+
+    rows = [{"step": s + 1, "step_time_s": t, "busy_s": b, "straggler_s": g}
+            for s, (t, b, g) in enumerate(zip(step_times, busy, straggler))]
+    return SimpleNamespace(steps=pd.DataFrame(rows))
+
+
+def test_measured_rows_carry_intervals_over_rounds_and_the_resolved_order():
+    from benchmarks.measured import ci, measured_row, resolved_ranking
+
+    # two rounds of three steps; step 1 is warm-up. Round means of the timed steps: policy a
+    # 1.0 and 1.2 (mean 1.1, sd 0.1414, half width 12.7062 * 0.1 = 1.2706); b 2.0 and 2.0
+    a = [_fake_run([9.0, 1.0, 1.0], [[1, 1]] * 3, [[0, 0.2]] * 3),
+         _fake_run([9.0, 1.1, 1.3], [[1, 1]] * 3, [[0, 0.4]] * 3)]
+    b = [_fake_run([9.0, 2.0, 2.0], [[1, 1]] * 3, [[0, 0.0]] * 3)] * 2
+    ra, rb = measured_row(a), measured_row(b)
+    assert ra["measured_step_s"] == pytest.approx(1.1) and ra["steps_timed"] == 2
+    assert ci(ra, "measured_step_s").half_width == pytest.approx(12.7062 * 0.1, rel=1e-9)
+    assert ci(ra, "measured_straggler_s").mean == pytest.approx(0.15)  # mean over ranks, rounds
+    assert ci(rb, "measured_step_s").half_width == 0.0
+    rows = [{"policy": "a", **ra, "predicted_step_s": 1.0},
+            {"policy": "b", **rb, "predicted_step_s": 2.0}]
+    assert resolved_ranking(rows) == {"ranking_text": "a ≈ b", "fully_resolved": False,
+                                      "order_agrees_where_resolved": True}
