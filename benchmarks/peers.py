@@ -3,8 +3,13 @@
 On the bundled traces and the 4k / 16k / 64k synthetic math-style batches of
 ``benchmarks/run.py`` (4 steps each, cap 16384, Qwen3-8B), for dp 16 / 64 / 128:
 slime's ``first_fit+flops_kk`` and ``flops_kk+flops_kk`` and our
-``balanced+balanced`` (``build_schedule``), and each peer of
-:mod:`varbatch_kit.policies.peers` run on every step's samples.
+``balanced+balanced`` (``build_schedule``), ``balanced+balanced·cal`` (the
+same, balancing the step-time model of ``sim_s`` itself:
+``ScheduleConfig(workload=cost_model)``, the machine's own cost instead of
+FLOPs), and each peer of :mod:`varbatch_kit.policies.peers` run on every
+step's samples. The last lines say how far ``balanced+balanced·cal`` is from
+the best other scheduler of each cell under ``sim_s`` (the target: within
+1.01x everywhere).
 
 Columns: ``time_s`` (scheduling, all steps), ``mbs`` / ``mb_bound``
 (``ceil(tokens/cap)`` per step, summed), ``viol`` (micro-batches of two or
@@ -60,12 +65,17 @@ from varbatch_kit.core.hardware import (
 )
 from varbatch_kit.core.schedule import step_rollout_groups
 from varbatch_kit.core.traces import bundled_traces, read_trace
+from varbatch_kit.core.workload import Workload
 from varbatch_kit.policies.peers import PEER_SCHEDULERS, PEER_SOURCES, PeerRefusal
 
 MODEL = ModelShape.preset("qwen3-8b")
 CAP = 16384
 STEPS = 4
 OURS = [("first_fit", "flops_kk"), ("flops_kk", "flops_kk"), ("balanced", "balanced")]
+#: the scheduler name of ``balanced`` balancing the step-time model of ``sim_s`` (its workload)
+CALIBRATED = "balanced+balanced·cal"
+#: how far it may be from the best other scheduler of a cell (``sim_s``)
+CALIBRATED_TARGET = 1.01
 OUT = Path("build/bench/peers.json")
 COST_MODEL = Path("build/bench/cost_model.json")
 # the real packages' kernels are pure Python: above this many samples per batch their cells
@@ -79,6 +89,10 @@ class _InlineCost:
 
     def __init__(self, c0: float, c1: float, c2: float) -> None:
         self.c0, self.c1, self.c2 = c0, c1, c2
+
+    def workload(self) -> Workload:
+        """The same coefficients as a balancing workload (``ScheduleConfig(workload=...)``)."""
+        return Workload(self.c0, self.c1, self.c2)
 
     def seconds(self, sum_len, sum_len_sq):
         return self.c0 + self.c1 * np.asarray(sum_len, float) + self.c2 * np.asarray(sum_len_sq,
@@ -205,9 +219,10 @@ def run_batch(name, rollouts, dps, cm, kernels, labels, package_limit, notes) ->
     n = int(lengths.size)
     rows = []
     for dp in dps:
-        for packing, dist in OURS:
+        for packing, dist, workload in [(p, d, None) for p, d in OURS] + [
+                ("balanced", "balanced", cm)]:
             cfg = ScheduleConfig(dp=dp, global_batch_size=gbs, max_tokens_per_gpu=CAP,
-                                 packing=packing, distribution=dist)
+                                 packing=packing, distribution=dist, workload=workload)
             t0 = time.perf_counter()
             sched = build_schedule(rollouts, cfg, MODEL)
             secs = time.perf_counter() - t0
@@ -221,8 +236,11 @@ def run_batch(name, rollouts, dps, cm, kernels, labels, package_limit, notes) ->
             row = _aggregate(per)
             row["time_s"] = secs
             rows.append({"batch": name, "samples": n, "dp": dp,
-                         "scheduler": f"{packing}+{dist}", "ours=pkg": "",
-                         "impl": "ours (slime's)" if packing != "balanced" else "ours", **row})
+                         "scheduler": CALIBRATED if workload is not None else f"{packing}+{dist}",
+                         "ours=pkg": "",
+                         "impl": "ours (slime's)" if packing != "balanced" else (
+                             "ours, workload=sim_s model" if workload is not None else "ours"),
+                         **row})
         for peer, fn in PEER_SCHEDULERS.items():
             use_pkg = peer in kernels and n <= package_limit
             if peer in kernels and not use_pkg:
@@ -259,6 +277,25 @@ def run_batch(name, rollouts, dps, cm, kernels, labels, package_limit, notes) ->
             else:
                 rows.append({**base, **_aggregate(per)})
     return rows
+
+
+def calibrated_verdict(df: pd.DataFrame, target: float = CALIBRATED_TARGET) -> dict:
+    """Per cell (batch, dp): :data:`CALIBRATED`'s ``sim_s`` over the best other scheduler's.
+
+    ``{"ratios": {"batch dp=N": ratio}, "worst": ..., "worst_cell": ..., "ok": worst <= target}``
+    (refused peers do not count).
+    """
+    ratios = {}
+    for (batch, dp), cell in df.groupby(["batch", "dp"], sort=False):
+        mine = cell.loc[cell["scheduler"] == CALIBRATED, "sim_s"]
+        others = cell.loc[cell["scheduler"] != CALIBRATED, "sim_s"].dropna()
+        if mine.empty or others.empty:
+            continue
+        ratios[f"{batch} dp={dp}"] = float(mine.iloc[0] / others.min())
+    worst_cell = max(ratios, key=ratios.get) if ratios else ""
+    worst = ratios.get(worst_cell, float("nan"))
+    return {"ratios": ratios, "worst": worst, "worst_cell": worst_cell,
+            "ok": bool(ratios) and worst <= target}
 
 
 def _as_lists(plan):
@@ -322,11 +359,15 @@ def main(argv=None) -> None:
           "A scheduler that weighs L^2 more (verl's 24576 L + L^2) gains under the first.")
     for note in list(notes) + sorted(skip_notes):
         print(f"   note: {note}")
+    cal = calibrated_verdict(df)
+    print(f"{CALIBRATED} (workload = the sim_s model, {cm_label}) against the best other "
+          f"scheduler of each cell (sim_s): worst {cal['worst']:.4f}x at {cal['worst_cell']}; "
+          f"within {CALIBRATED_TARGET}x in every cell: {cal['ok']}")
     print(f"total {time.perf_counter() - t0:.0f} s wall, {time.process_time() - c0:.0f} s CPU "
           "(the CPU figure is what a quiet machine would take)")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     payload = {"cap": CAP, "model": "qwen3-8b", "steps": STEPS, "cost_model": cm_label,
-               "notes": list(notes) + sorted(skip_notes),
+               "notes": list(notes) + sorted(skip_notes), "calibrated": cal,
                "rows": json.loads(df.to_json(orient="records"))}
     args.out.write_text(json.dumps(payload, indent=1) + "\n")
     print(f"wrote {args.out}")

@@ -37,6 +37,7 @@ from pathlib import Path
 import numpy as np
 
 from varbatch_kit.checks import nonnegative_int, number_in
+from varbatch_kit.core.workload import Workload
 
 __all__ = [
     "CostFit",
@@ -92,6 +93,15 @@ class MicroBatchCostModel:
         object.__setattr__(self, "n_fit", nonnegative_int("MicroBatchCostModel.n_fit", self.n_fit))
         object.__setattr__(self, "r2", float(self.r2))
         object.__setattr__(self, "rmse_s", float(self.rmse_s))
+
+    def workload(self) -> Workload:
+        """The balancing workload ``(c0, c1, c2)`` of this model, for
+        ``ScheduleConfig(workload=...)`` (which also takes the model itself).
+
+        A ``ValueError`` when a coefficient is negative (a fit with
+        ``nonnegative=False``) or ``c1 = c2 = 0``: no per-sample cost to balance.
+        """
+        return Workload(self.c0, self.c1, self.c2)
 
     @property
     def coefficients(self) -> np.ndarray:

@@ -31,6 +31,7 @@ from varbatch_kit.core.hardware import cp_cost_model
 from varbatch_kit.core.rollouts import Rollouts
 from varbatch_kit.core.schedule import Schedule, step_rollout_groups
 from varbatch_kit.core.step import Step
+from varbatch_kit.core.workload import balancing_weights
 from varbatch_kit.policies.distributions import BinWeights
 from varbatch_kit.policies.dynamic_cp import CPCostModel, plan_dynamic_cp
 from varbatch_kit.policies.order import apply_order
@@ -87,6 +88,8 @@ class _StepBuilder:
     lengths: np.ndarray
     flops: np.ndarray | None
     planner: Planner
+    #: per-sample weights the policies balance: ``flops``, or ``config.workload``'s costs
+    weights: np.ndarray | None = None
 
     def __call__(self, s: int, ids: np.ndarray, samples: np.ndarray) -> Step:
         return _build_step(self, s, ids, samples)
@@ -97,7 +100,7 @@ def _build_step(b: _StepBuilder, s: int, ids: np.ndarray, samples: np.ndarray) -
 
     Raises :class:`~varbatch_kit.policies.packers.AlignmentError` naming step ``s``.
     """
-    config, lengths, flops = b.config, b.lengths, b.flops
+    config, lengths, flops = b.config, b.lengths, b.weights
     packer = get_packer(config.packing)
     distribution = get_distribution(config.distribution)
     dp, align = config.dp, config.align
@@ -133,11 +136,15 @@ def _build_step(b: _StepBuilder, s: int, ids: np.ndarray, samples: np.ndarray) -
     elif k != target:
         raise _static_alignment_error(s, n, k, config)
     step_flops = None if flops is None else flops[samples].tolist()
+    if config.workload is not None:  # c0 per micro-batch plus its samples' costs
+        bin_flops = config.workload.bin_costs(flops[samples], bins)
+    elif step_flops is not None:  # summed in bin order, as slime does, so ties break identically
+        bin_flops = np.array([sum(step_flops[i] for i in x) for x in bins], dtype=np.float64)
+    else:
+        bin_flops = None
     weights = BinWeights(
         tokens=np.array([int(step_len[x].sum()) for x in bins], dtype=np.int64),
-        # summed in bin order, as slime does, so ties break identically
-        flops=None if step_flops is None else np.array(
-            [sum(step_flops[i] for i in x) for x in bins], dtype=np.float64),
+        flops=bin_flops,
     )
     rank_bins = distribution.fn(weights, dp)
     if packer.refine is not None:  # e.g. 'balanced': moves samples between ranks
@@ -180,8 +187,9 @@ def build_schedule(
         Layout and policy; see :class:`ScheduleConfig`.
     model:
         Model shape for FLOPs weights; required by FLOPs-based packings and
-        distributions and by ``cp_mode="dynamic"``, optional otherwise (then
-        ``stats()`` has no FLOPs).
+        distributions (unless ``config.workload`` gives the weights) and by
+        ``cp_mode="dynamic"``, optional otherwise (then ``stats()`` has no
+        FLOPs).
     progress:
         Show a tqdm progress bar over steps.
     cp_cost:
@@ -208,17 +216,20 @@ def build_schedule(
         raise ValueError(f"config must be a ScheduleConfig, got {type(config).__name__}")
     packer = get_packer(config.packing)
     distribution = get_distribution(config.distribution)
-    if model is None and (packer.needs_flops or distribution.needs_flops):
+    if model is None and config.workload is None and (packer.needs_flops
+                                                      or distribution.needs_flops):
         need = config.packing if packer.needs_flops else config.distribution
         raise ValueError(
             f"{need!r} balances FLOPs and needs a model shape: pass "
-            "model=ModelShape.preset('qwen3-8b') (or another preset / from_hf_config)"
+            "model=ModelShape.preset('qwen3-8b') (or another preset / from_hf_config), or "
+            "balance a measured cost: ScheduleConfig(workload=MicroBatchCostModel.load(...))"
         )
     if model is not None and not isinstance(model, ModelShape):
         raise ValueError(f"model must be a ModelShape or None, got {type(model).__name__}")
     lengths = rollouts.total_len
     flops = model.forward_flops(lengths) if model is not None else None
-    builder = _StepBuilder(config, lengths, flops, _planner(config, model, cp_cost))
+    builder = _StepBuilder(config, lengths, flops, _planner(config, model, cp_cost),
+                           balancing_weights(config.workload, lengths, flops))
     if config.alignment_fallback == "drop_rollouts":
         return _warn_oversize(_build_deferring(rollouts, builder, model, progress=progress))
     groups, dropped_ids, dropped = step_rollout_groups(rollouts, config.global_batch_size)
@@ -275,11 +286,18 @@ def _warn_dropped(dropped_ids: np.ndarray, dropped: np.ndarray, gbs: int) -> Non
 
 # ------------------------------------------------------------------ micro-batch order
 def order_rank_bins(config: ScheduleConfig, rank_bins, micro_batches, lengths, flops):
-    """Each rank's bins in ``config.microbatch_order`` (cost: FLOPs, else tokens; bwd = 2 fwd)."""
+    """Each rank's bins in ``config.microbatch_order`` (bwd = 2 fwd).
+
+    The cost of a micro-batch is the sum of ``flops`` (the per-sample balancing
+    weights: FLOPs, or ``config.workload``'s costs, plus its ``c0``), else of
+    its tokens.
+    """
     if config.microbatch_order == "arrival":
         return rank_bins
     weights = lengths if flops is None else flops
     cost = np.array([float(weights[mb].sum()) for mb in micro_batches], dtype=np.float64)
+    if config.workload is not None and flops is not None:
+        cost += config.workload.c0
     out = []
     for bins in rank_bins:
         bins = list(bins)

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from varbatch_kit.checks import positive_int
+from varbatch_kit.core.workload import Workload, as_workload
 
 __all__ = ["ALIGNMENT_FALLBACKS", "BATCHINGS", "CP_MODES", "CP_SIZES", "ScheduleConfig",
            "batching_fields", "decide_batching", "packing_batching"]
@@ -170,6 +171,15 @@ class ScheduleConfig:
         ... up to ``cp``; ``cp`` itself is allowed even when it is not a
         power of two) or ``"divisors"`` (every divisor of ``cp``). Only read
         with ``cp_mode="dynamic"``.
+    workload:
+        What the FLOPs-aware packings, distributions and micro-batch orders
+        balance: None (default) = the forward FLOPs of the model shape; a
+        :class:`~varbatch_kit.core.workload.Workload` ``(c0, c1, c2)`` or a
+        calibrated :class:`~varbatch_kit.analysis.cost_model.MicroBatchCostModel`
+        (stored as its ``workload()``) = the measured micro-batch cost
+        ``c0 + c1 sum L + c2 sum L^2``, so a schedule balances what the
+        hardware measured. The schedule builder then needs no model shape for
+        balancing (``cp_mode="dynamic"`` still does).
 
     The config is frozen, hashable and equal by value (``defaulted`` is not
     compared): the explorers key their caches on it.
@@ -190,6 +200,7 @@ class ScheduleConfig:
     alignment_fallback: str = "error"
     cp_mode: str = "fixed"
     cp_sizes: str = "pow2"
+    workload: Workload | None = None
     #: the fields left unset (None) and filled with their default; ``with_`` re-derives them
     defaulted: frozenset[str] = field(default=frozenset(), init=False, repr=False,
                                       compare=False)
@@ -199,6 +210,7 @@ class ScheduleConfig:
 
         for name in ("dp", "cp", "vpp", "mb_group", "global_batch_size", "pp"):
             positive_int(name, getattr(self, name), numpy=False)
+        object.__setattr__(self, "workload", as_workload(self.workload))
         sizes = {"micro_batch_size": self.micro_batch_size,
                  "max_tokens_per_gpu": self.max_tokens_per_gpu}
         batching = decide_batching(**sizes)  # exactly one of the two

@@ -17,6 +17,7 @@ from varbatch_kit.core.flops import ModelShape
 from varbatch_kit.core.rollouts import Rollouts
 from varbatch_kit.core.schedule import Schedule
 from varbatch_kit.core.step import Step
+from varbatch_kit.core.workload import balancing_weights
 from varbatch_kit.policies.packers import PackInput, aligned_count, split_to_target
 from varbatch_kit.policies.registry import get_packer
 
@@ -81,6 +82,7 @@ def build_log_prob_schedule(
     cap = lp_config.cap
     lengths = rollouts.total_len
     flops = schedule.sample_flops
+    weights = balancing_weights(config.workload, lengths, flops)  # what the policies balance
     per_rank_align = config.mb_group if config.vpp > 1 else 1
     steps: list[Step] = []
     for step in schedule.steps:
@@ -88,7 +90,7 @@ def build_log_prob_schedule(
         packed = []
         for samples in rank_samples:
             inp = PackInput(lengths=lengths[samples],
-                            flops=None if flops is None else flops[samples],
+                            flops=None if weights is None else weights[samples],
                             cap=cap, align=per_rank_align)
             packed.append(packer.fn(inp))
         target = aligned_count(max(len(b) for b in packed), per_rank_align)
@@ -105,7 +107,7 @@ def build_log_prob_schedule(
             bins = split_to_target(bins, lengths[samples], target, step=step.index)
             rank_bins.append(list(range(len(micro_batches), len(micro_batches) + target)))
             micro_batches += [samples[np.asarray(b, dtype=np.int64)] for b in bins]
-        rank_bins = order_rank_bins(lp_config, rank_bins, micro_batches, lengths, flops)
+        rank_bins = order_rank_bins(lp_config, rank_bins, micro_batches, lengths, weights)
         steps.append(Step.from_dp_ranks(step.index, step.rollout_ids, step.sample_indices,
                                         micro_batches, rank_bins, cp=config.cp))
     return Schedule(lp_config, rollouts, steps, schedule.dropped_rollout_ids,

@@ -20,7 +20,11 @@ __all__ = ["Assignment", "BinWeights", "strided", "flops_kk_distribution"]
 
 @dataclass(frozen=True)
 class BinWeights:
-    """Per-bin totals of a step: tokens, and FLOPs (None without a model shape)."""
+    """Per-bin totals of a step: tokens, and FLOPs (None without a model shape).
+
+    With a configured workload ``flops`` holds each bin's measured cost
+    instead (``c0`` plus its samples' ``c1 L + c2 L^2``).
+    """
 
     tokens: np.ndarray
     flops: np.ndarray | None

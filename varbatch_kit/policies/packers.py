@@ -52,12 +52,14 @@ class AlignmentError(ValueError):
 class PackInput:
     """One step's samples, in arrival order.
 
-    ``lengths`` are token counts; ``flops`` forward FLOPs (None when no model
-    shape was given); ``cap`` the token cap per micro-batch on the dynamic
-    path (``max_tokens_per_gpu * cp``); ``micro_batch_size`` on the static path;
-    ``align`` the multiple the step's micro-batch count is rounded up to
-    (``dp``, times ``mb_group`` under virtual pipelining). slime's packers
-    ignore ``align`` (the bins are split to it afterwards); packers that plan
+    ``lengths`` are token counts; ``flops`` the per-sample weights the
+    FLOPs-aware packers balance: forward FLOPs, or the configured workload's
+    measured cost ``c1 L + c2 L^2`` (None when neither was given); ``cap``
+    the token cap per micro-batch on the dynamic path (``max_tokens_per_gpu
+    * cp``); ``micro_batch_size`` on the static path; ``align`` the multiple
+    the step's micro-batch count is rounded up to (``dp``, times
+    ``mb_group`` under virtual pipelining). slime's packers ignore ``align``
+    (the bins are split to it afterwards); packers that plan
     for the final count (``balanced``) use it.
     """
 
