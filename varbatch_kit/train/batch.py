@@ -48,6 +48,8 @@ from dataclasses import dataclass, replace
 import numpy as np
 import torch
 
+from varbatch_kit.report.objective.token_stats import chunked_token_stats
+
 __all__ = ["ATTENTION_PATHS", "PackedBatch", "block_causal_mask", "pack", "response_token_stats",
            "unwrap_model"]
 
@@ -226,10 +228,14 @@ def response_token_stats(logits: torch.Tensor, batch: PackedBatch, *,
     ``logits`` has shape ``[1, T, V]`` (or ``[T, V]``); with
     ``at_response_rows=True`` only the rows that predict response tokens, as
     :func:`response_logits` gives them (``[1, R, V]``). The logits are divided
-    by ``temperature`` (the rollouts' sampling temperature, as slime does) and
-    the log-softmax runs in float64: the loss and report sums that follow add
-    many signed terms whose float32 rounding would otherwise show at the 1e-5
-    level when packing changes the summation order. Returns
+    by ``temperature`` (the rollouts' sampling temperature, as slime does).
+    :func:`~varbatch_kit.report.objective.token_stats.chunked_token_stats`
+    computes the values: the ``[R, V]`` work in float32 chunks of tokens (never
+    a float64 ``[R, V]`` nor a full log-softmax; the softmax is recomputed per
+    chunk in backward), the per-token sums in float64. The results are float64 ``[R]``: the loss and
+    report sums that follow add many signed terms whose float32 rounding
+    would otherwise show at the 1e-5 level when packing changes the summation
+    order. Returns
 
     - ``logprob``: log-probability of each response token (differentiable),
     - ``entropy``: entropy of the predicting distribution (differentiable with
@@ -245,14 +251,4 @@ def response_token_stats(logits: torch.Tensor, batch: PackedBatch, *,
             raise ValueError(f"{logits.shape[0]} logit rows for {pos.numel()} response tokens")
     else:
         logits = logits[pos]
-    logits = logits.double()
-    if temperature != 1.0:
-        logits = logits / float(temperature)
-    logp_all = torch.log_softmax(logits, dim=-1)
-    logprob = logp_all.gather(-1, targets[:, None])[:, 0]
-    with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
-        entropy = -(logp_all.exp() * logp_all).sum(-1)
-    with torch.no_grad():
-        correct = (logp_all.argmax(-1) == targets).double()
-    return {"logprob": logprob, "entropy": entropy if entropy_grad else entropy.detach(),
-            "correct": correct}
+    return chunked_token_stats(logits, targets, temperature=temperature, entropy_grad=entropy_grad)

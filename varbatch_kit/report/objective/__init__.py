@@ -1,6 +1,6 @@
 """The RL objective, pure: rewards to advantages, KL estimates, per-token policy losses.
 
-Tensors in, tensors out, no process groups: reduce the per-token results
+Tensors in, tensors out, a process group only as an argument: reduce the per-token results
 with the step reducers of :mod:`varbatch_kit.report` (the per-rollout or
 per-token denominators). slime's names and tuples are in
 :mod:`varbatch_kit.compat.slime.objective`, checked against vectors recorded
@@ -14,6 +14,9 @@ from slime's own functions (``tests/golden/objective/``).
   per-sequence masked KL (GSPO);
 - :mod:`.logprobs`: the sampled tokens' log-probs and entropies from (packed)
   logits, at the rollout temperature;
+- :mod:`.token_stats`: :func:`chunked_token_stats`, the same per token (and the
+  argmax hit) without a full-vocabulary log-softmax: float32 chunks of tokens,
+  softmax recomputed in backward, vocab-parallel over a group passed in;
 - :mod:`.policy_loss`: PPO clip (with dual clip), CISPO, OPSM masking, TIS and
   ICEPOP weights;
 - :mod:`.terms`: :func:`policy_objective`, every per-token term of slime's policy
@@ -53,6 +56,7 @@ from varbatch_kit.report.objective.terms import (
     metric_keys,
     policy_objective,
 )
+from varbatch_kit.report.objective.token_stats import chunked_token_stats
 from varbatch_kit.report.objective.whiten import masked_whiten
 
 __all__ = [
@@ -64,6 +68,7 @@ __all__ = [
     "STD_NORMALIZED_ESTIMATORS",
     "approx_kl",
     "broadcast_advantages",
+    "chunked_token_stats",
     "cispo_loss",
     "discounted_returns",
     "estimate_advantages",
