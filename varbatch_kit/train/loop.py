@@ -107,6 +107,7 @@ def train(cfg: TrainConfig, model_spec, steps: list, log_prob_steps: list, rollo
     )
     from varbatch_kit.train.run_state import kill_self, restore, save
     from varbatch_kit.train.step import report_keys, train_step
+    from varbatch_kit.train.tensor_parallel import gather_full_parameters
 
     rank, world = dist.get_rank(), dist.get_world_size()
     if world != cfg.world_size:
@@ -189,7 +190,7 @@ def train(cfg: TrainConfig, model_spec, steps: list, log_prob_steps: list, rollo
             "layout": cfg.layout.describe(),
             "cp_emulated": cfg.cp > 1 and cfg.cp_impl == "emulated",
             "cp_note": CP_NOTE if cfg.cp > 1 and cfg.cp_impl == "emulated" else "",
-            "parameters": sum(p.numel() for p in gpt.parameters()),
+            "parameters": sum(p.numel() for p in gpt.parameters()),  # this rank's shard
             "max_seq_len": max_seq_len, "num_steps": len(steps), "lr_increment": unit,
             "data": data.source, "rollout_log_probs": data.rollout_log_probs is not None,
             "metrics": list(report_keys(cfg, data.rollout_log_probs is not None)),
@@ -219,10 +220,11 @@ def train(cfg: TrainConfig, model_spec, steps: list, log_prob_steps: list, rollo
         consumed += increments[number - 1]
         record.update(step=number, lr_increment=increments[number - 1], lr_consumed=consumed,
                       lr_next=_lr_of(optimizer))
+        # the full tensors under tp 1's names (a collective over the TP group: every rank)
+        params = gather_full_parameters(gpt) if number in cfg.run.save_params_at else None
         if rank == 0:
-            if number in cfg.run.save_params_at:
-                torch.save({n: p.detach().cpu().clone() for n, p in gpt.named_parameters()},
-                           out_dir / f"params_step{number}.pt")
+            if params is not None:
+                torch.save(params, out_dir / f"params_step{number}.pt")
             if grads is not None:
                 torch.save(grads, out_dir / f"grads_step{number}.pt")
             # one whole line per step, one write + fsync (train/steplog.py)

@@ -51,9 +51,21 @@ def _check(model) -> None:
             "(varbatch_kit.train.model_spec.resolve_model(ModelConfig(...)))")
 
 
+def _tp_size() -> int:
+    """megatron's tensor-parallel size (1 before its parallel state is initialised)."""
+    from megatron.core import parallel_state
+
+    if not parallel_state.model_parallel_is_initialized():
+        return 1
+    return parallel_state.get_tensor_model_parallel_world_size()
+
+
 def _common(per_token_loss: bool) -> dict:
-    """TransformerConfig settings shared by both kinds: deterministic float32 on CPU too."""
+    """TransformerConfig settings shared by both kinds: deterministic float32 on CPU too;
+    the tensor-parallel size of megatron's parallel state (the run's layout)."""
     return dict(
+        tensor_model_parallel_size=_tp_size(),
+        sequence_parallel=False,
         hidden_dropout=0.0,
         attention_dropout=0.0,
         params_dtype=torch.float32,
@@ -72,8 +84,10 @@ def transformer_config(model: ResolvedModel, *, per_token_loss: bool = False):
 
     No dropout (training must be deterministic and layout-independent), float32,
     CPU initialisation (so the initial weights are the same on CPU and GPU for a
-    given seed). ``per_token_loss`` sets ``calculate_per_token_loss`` (Megatron's
-    per-token path, used by the ``per_token`` report mode). For a checkpoint
+    given seed, and under every tensor-parallel size: megatron draws the full
+    master weight and keeps this rank's shard, :mod:`.tensor_parallel`).
+    ``per_token_loss`` sets ``calculate_per_token_loss`` (Megatron's per-token
+    path, used by the ``per_token`` report mode). For a checkpoint
     the shape, norms, MLP and attention options come from its ``config.json``
     (``model.hf``, read once); no random initialisation (the weights are loaded).
     """
