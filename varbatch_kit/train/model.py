@@ -89,7 +89,9 @@ def transformer_config(model: ResolvedModel, *, per_token_loss: bool = False):
     ``per_token_loss`` sets ``calculate_per_token_loss`` (Megatron's per-token
     path, used by the ``per_token`` report mode). For a checkpoint
     the shape, norms, MLP and attention options come from its ``config.json``
-    (``model.hf``, read once); no random initialisation (the weights are loaded).
+    (``model.hf``, read once); no random initialisation (the weights are loaded)
+    unless tp > 1, where megatron marks its split parameters only when it
+    initialises them.
     """
     from megatron.core.transformer.transformer_config import TransformerConfig
 
@@ -120,7 +122,10 @@ def transformer_config(model: ResolvedModel, *, per_token_loss: bool = False):
         add_bias_linear=False,
         add_qkv_bias=spec.qkv_bias,
         qk_layernorm=spec.qk_norm,
-        perform_initialization=False,  # every parameter is overwritten by the checkpoint
+        # every parameter is overwritten by the checkpoint; under tensor parallelism megatron
+        # marks its split parameters (tensor_model_parallel, partition_dim / stride: the grad
+        # norm, the loader's and the gather's splits) only when it initialises them
+        perform_initialization=_tp_size() > 1,
         **_common(per_token_loss),
     )
 
