@@ -26,7 +26,11 @@ def _forward(spec, tp: int) -> dict:
     from varbatch_kit.train.layout import ParallelLayout
     from varbatch_kit.train.model import build_gpt
     from varbatch_kit.train.process import use_layout
-    from varbatch_kit.train.tensor_parallel import gather_full_parameters, vocab_shard
+    from varbatch_kit.train.tensor_parallel import (
+        full_parameter_count,
+        gather_full_parameters,
+        vocab_shard,
+    )
 
     use_layout(ParallelLayout(dp=2 // tp, tp=tp))
     torch.manual_seed(0)
@@ -45,7 +49,8 @@ def _forward(spec, tp: int) -> dict:
                         group=parallel_state.get_tensor_model_parallel_group())
         logits = torch.cat(shards, dim=-1)
     return {"params": gather_full_parameters(gpt), "grads": gather_full_parameters(gpt, grads),
-            "logits": logits.detach(), "logprob": stats["logprob"].detach()}
+            "logits": logits.detach(), "logprob": stats["logprob"].detach(),
+            "count": full_parameter_count(gpt)}
 
 
 def run(rank: int, world: int, port: int, out: str, hf_dir: str) -> None:

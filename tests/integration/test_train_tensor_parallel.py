@@ -75,6 +75,7 @@ def test_tp2_equals_tp1_for_the_toy_gpt_and_a_checkpoint(tmp_path):
             tp2, tp1 = got[model][2], got[model][1]
             where = f"rank {rank}, {model}"
             assert tp2["params"].keys() == tp1["params"].keys(), where
+            assert tp2["count"] == tp1["count"] == sum(t.numel() for t in tp1["params"].values())
             for name, full in tp1["params"].items():
                 assert torch.equal(tp2["params"][name], full), (where, name)
                 torch.testing.assert_close(tp2["grads"][name], tp1["grads"][name], rtol=1e-5,

@@ -107,7 +107,7 @@ def train(cfg: TrainConfig, model_spec, steps: list, log_prob_steps: list, rollo
     )
     from varbatch_kit.train.run_state import kill_self, restore, save
     from varbatch_kit.train.step import report_keys, train_step
-    from varbatch_kit.train.tensor_parallel import gather_full_parameters
+    from varbatch_kit.train.tensor_parallel import full_parameter_count, gather_full_parameters
 
     rank, world = dist.get_rank(), dist.get_world_size()
     if world != cfg.world_size:
@@ -190,7 +190,7 @@ def train(cfg: TrainConfig, model_spec, steps: list, log_prob_steps: list, rollo
             "layout": cfg.layout.describe(),
             "cp_emulated": cfg.cp > 1 and cfg.cp_impl == "emulated",
             "cp_note": CP_NOTE if cfg.cp > 1 and cfg.cp_impl == "emulated" else "",
-            "parameters": sum(p.numel() for p in gpt.parameters()),  # this rank's shard
+            "parameters": full_parameter_count(gpt),  # the whole model's, at any tp
             "max_seq_len": max_seq_len, "num_steps": len(steps), "lr_increment": unit,
             "data": data.source, "rollout_log_probs": data.rollout_log_probs is not None,
             "metrics": list(report_keys(cfg, data.rollout_log_probs is not None)),

@@ -40,8 +40,8 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:  # torch is imported when a function runs (planning a run needs none)
     import torch
 
-__all__ = ["check_tp_split", "full_from_shards", "gather_full_parameters", "shard_of",
-           "tp_rank_shard", "tp_split_problems", "vocab_shard"]
+__all__ = ["check_tp_split", "full_from_shards", "full_parameter_count", "gather_full_parameters",
+           "shard_of", "tp_rank_shard", "tp_split_problems", "vocab_shard"]
 
 
 # --------------------------------------------------------------------------- what splits
@@ -159,6 +159,13 @@ def gather_full_parameters(module, tensors: Mapping[str, torch.Tensor] | None = 
         dist.all_gather(shards, value.contiguous(), group=group)
         out[name] = full_from_shards([s.cpu() for s in shards], dim=dim, stride=stride)
     return out
+
+
+def full_parameter_count(module) -> int:
+    """The parameters of ``module`` counted at tp 1 (a split parameter counts ``tp`` times its
+    shard); no communication."""
+    _, size = _tp_rank_and_size()
+    return sum(p.numel() * (size if _split_attrs(p) else 1) for p in module.parameters())
 
 
 def vocab_shard(logits: torch.Tensor) -> dict:

@@ -19,6 +19,7 @@ from varbatch_kit.train.model_spec import resolve_model
 from varbatch_kit.train.tensor_parallel import (
     check_tp_split,
     full_from_shards,
+    full_parameter_count,
     gather_full_parameters,
     shard_of,
     tp_split_problems,
@@ -77,6 +78,7 @@ def test_without_tensor_parallelism_the_gather_is_a_copy():
     assert got["weight"].data_ptr() != lin.weight.data_ptr()
     grads = gather_full_parameters(lin, {"weight": torch.ones(2, 3), "bias": torch.zeros(2)})
     assert torch.equal(grads["weight"], torch.ones(2, 3))
+    assert full_parameter_count(lin) == 8
 
 
 def test_what_tp_cannot_split_is_refused_naming_what_works(tmp_path):
