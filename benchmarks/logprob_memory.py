@@ -10,14 +10,15 @@ argmax hit, then the backward to the logits. Before: the path
 chunks of tokens, per-token float64 sums, softmax recomputed in backward).
 
 At a 152k vocabulary and 16k response tokens the float64 path needs tens of
-GB, more than this machine has, so the figures come from a tracker:
-torch's ``MemTracker`` (``torch.distributed._tools.mem_tracker``, a
-``TorchDispatchMode`` that follows every tensor storage created and freed)
-over the step run on ``meta`` tensors (shapes and dtypes, no data). The peak
-counts every live tensor byte: the input logits, what the step allocates, and
-the gradient it returns. The tracker is cross-checked at a small size where
-both paths fit: the same step on real tensors in a fresh process, its peak
-resident memory (``VmHWM``, reset after the logits are made) above the
+GB, more than this machine has, so the figures come from a tracker over the
+step run on ``meta`` tensors (shapes and dtypes, no data): :class:`PeakLiveBytes`,
+a ``TorchDispatchMode`` that counts the bytes of every tensor storage an op
+creates until the storage is freed. The peak counts every live tensor byte:
+the input logits, what the step allocates, and the gradient it returns. Two
+cross-checks: torch's own ``MemTracker`` (``torch.distributed._tools.mem_tracker``,
+slow to import, so only here) on the same full-size step; and, at a small size
+where both paths fit, the same step on real tensors in a fresh process, its
+peak resident memory (``VmHWM``, reset after the logits are made) above the
 resident memory it started from, with glibc's mmap threshold fixed so freed
 tensors leave the process.
 
@@ -32,9 +33,14 @@ import json
 import os
 import subprocess
 import sys
+import weakref
+from functools import partial
 from pathlib import Path
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+from torch.utils.weak import WeakIdKeyDictionary
 
 from varbatch_kit.report.objective.token_stats import (
     DEFAULT_CHUNK_ELEMENTS,
@@ -84,21 +90,67 @@ def _step(path: str, logits, targets, temperature, entropy_grad, chunk_tokens):
     return grad.shape
 
 
+class PeakLiveBytes(TorchDispatchMode):
+    """Live bytes of the tensor storages made under it (and of those :meth:`track` is given).
+
+    Each storage an op returns is counted once, until it is freed (a weak
+    reference's callback); :attr:`peak` is the most ever live at once.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.live = 0
+        self.peak = 0
+        self._storages = WeakIdKeyDictionary()
+
+    def track(self, *tensors: torch.Tensor) -> None:
+        for t in tensors:
+            storage = t.untyped_storage()
+            if storage in self._storages:
+                continue
+            nbytes = storage.nbytes()
+            self._storages[storage] = weakref.ref(storage, partial(self._freed, nbytes))
+            self.live += nbytes
+            self.peak = max(self.peak, self.live)
+
+    def _freed(self, nbytes: int, _ref) -> None:
+        self.live -= nbytes
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        self.track(*(t for t in tree_leaves(out) if isinstance(t, torch.Tensor)))
+        return out
+
+
+def _step_inputs(rows: int, vocab: int, device: str):
+    logits = torch.empty(rows, vocab, device=device).requires_grad_(True)
+    return logits, torch.zeros(rows, dtype=torch.long, device=device)
+
+
 def traced_peak(path: str, rows: int, vocab: int, *, temperature: float = 1.0,
                 entropy_grad: bool = False, chunk_tokens: int | None = None,
                 device: str = "meta") -> dict:
-    """Peak live tensor bytes of the step (``MemTracker``), and the input logits' bytes."""
+    """Peak live tensor bytes of the step (:class:`PeakLiveBytes`), and the inputs' bytes."""
+    logits, targets = _step_inputs(rows, vocab, device)
+    tracker = PeakLiveBytes()
+    tracker.track(logits, targets)
+    with tracker:
+        _step(path, logits, targets, temperature, entropy_grad, chunk_tokens)
+    input_bytes = logits.untyped_storage().nbytes() + targets.untyped_storage().nbytes()
+    return {"peak_bytes": int(tracker.peak), "input_bytes": int(input_bytes)}
+
+
+def memtracker_peak(path: str, rows: int, vocab: int, *, temperature: float = 1.0,
+                    entropy_grad: bool = False) -> int:
+    """The same peak by torch's ``MemTracker`` (meta tensors), the tracker's cross-check."""
     from torch.distributed._tools.mem_tracker import MemTracker
 
-    logits = torch.empty(rows, vocab, device=device).requires_grad_(True)
-    targets = torch.zeros(rows, dtype=torch.long, device=device)
+    logits, targets = _step_inputs(rows, vocab, "meta")
     tracker = MemTracker()
     tracker.track_external(logits, targets)
     with tracker:
-        _step(path, logits, targets, temperature, entropy_grad, chunk_tokens)
-    peak = tracker.get_tracker_snapshot("peak")[torch.device(device)]["Total"]
-    input_bytes = logits.untyped_storage().nbytes() + targets.untyped_storage().nbytes()
-    return {"peak_bytes": int(peak), "input_bytes": int(input_bytes)}
+        _step(path, logits, targets, temperature, entropy_grad, None)
+    return int(tracker.get_tracker_snapshot("peak")[torch.device("meta")]["Total"])
 
 
 def _rss_kib(field: str) -> int:
@@ -150,6 +202,8 @@ def full_size_rows(rows: int = RESPONSE_TOKENS, vocab: int = VOCAB) -> list[dict
         out.append({
             "rows": rows, "vocab": vocab, "temperature": temperature,
             "entropy_grad": entropy_grad, "logits_bytes": before["input_bytes"],
+            "memtracker_before_bytes": memtracker_peak("float64", rows, vocab, **kw),
+            "memtracker_after_bytes": memtracker_peak("chunked", rows, vocab, **kw),
             "before_peak_bytes": before["peak_bytes"], "after_peak_bytes": after["peak_bytes"],
             "ratio": before["peak_bytes"] / after["peak_bytes"],
             "before_added_bytes": before["peak_bytes"] - before["input_bytes"],
@@ -189,7 +243,7 @@ def main(argv: list[str] | None = None) -> None:
         return
     full = full_size_rows()
     print(f"log-prob step (forward + backward), {RESPONSE_TOKENS} response tokens x {VOCAB} "
-          "vocabulary, float32 logits; peak live tensor bytes (MemTracker on meta tensors)")
+          "vocabulary, float32 logits; peak live tensor bytes (PeakLiveBytes on meta tensors)")
     print(f"{'temperature':>11s} {'entropy grad':>12s} {'logits GB':>9s} | {'peak GB: before':>15s}"
           f" {'after':>8s} {'ratio':>6s} | {'added GB: before':>16s} {'after':>8s} {'ratio':>6s}")
     for r in full:
@@ -197,6 +251,11 @@ def main(argv: list[str] | None = None) -> None:
               f" | {_gb(r['before_peak_bytes']):>15s} {_gb(r['after_peak_bytes'])} "
               f"{r['ratio']:5.2f}x | {_gb(r['before_added_bytes']):>16s} "
               f"{_gb(r['after_added_bytes'])} {r['added_ratio']:5.2f}x")
+    agree = all(r["memtracker_before_bytes"] == r["before_peak_bytes"]
+                and r["memtracker_after_bytes"] == r["after_peak_bytes"] for r in full)
+    print(f"   torch's MemTracker on the same steps: {'the same peaks' if agree else 'DIFFERS: '}"
+          + ("" if agree else str([(r["memtracker_before_bytes"], r["memtracker_after_bytes"])
+                                   for r in full])))
     worst = min(r["ratio"] for r in full)
     print(f"   peak includes the input logits and the gradient returned; 'added' is above the "
           f"logits. Goal: peak falls >= {GOAL:g}x: {'met' if worst >= GOAL else 'MISSED'} "

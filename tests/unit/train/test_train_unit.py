@@ -111,6 +111,31 @@ def megatron_single_process():
         yield device
 
 
+@pytest.mark.parametrize("at_response_rows", [False, True])
+def test_response_token_stats_equal_the_float64_log_softmax(at_response_rows):
+    """The chunked token stats against a float64 log-softmax over the response rows."""
+    g = torch.Generator().manual_seed(0)
+    batch = pack([np.arange(9) % 7, np.arange(6) % 5], [3, 2])
+    pos = batch.response_positions()
+    full = (torch.randn(batch.num_tokens, 7, generator=g) * 3).requires_grad_(True)
+    logits = full[pos] if at_response_rows else full
+    got = response_token_stats(logits[None], batch, at_response_rows=at_response_rows,
+                               temperature=0.8, entropy_grad=True)
+    targets = batch.tokens[0, pos + 1]
+    logp = torch.log_softmax(full[pos].double() / 0.8, dim=-1)
+    want = {"logprob": logp.gather(-1, targets[:, None])[:, 0],
+            "entropy": -(logp.exp() * logp).sum(-1)}
+    for key, value in want.items():
+        assert got[key].dtype == torch.float64 and got[key].shape == (pos.numel(),)
+        torch.testing.assert_close(got[key], value, rtol=1e-6, atol=1e-6)
+    assert torch.equal(got["correct"], (logp.argmax(-1) == targets).double())
+    w = torch.linspace(-1, 1, pos.numel(), dtype=torch.float64)
+    (g_got,) = torch.autograd.grad((got["logprob"] * w + got["entropy"] * w.flip(0)).sum(), full)
+    (g_want,) = torch.autograd.grad((want["logprob"] * w + want["entropy"] * w.flip(0)).sum(),
+                                    full)
+    torch.testing.assert_close(g_got, g_want, rtol=1e-6, atol=1e-6)
+
+
 def test_packed_losses_equal_each_sample_alone(megatron_single_process):
     """Packing is real: per-sample log-probs of a packed row == running each sample alone."""
     from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed

@@ -122,9 +122,9 @@ def _check_tiling(shards: list[tuple[int, int]]) -> None:
     end = 0
     for start, size in ordered:
         if start != end:
-            raise ValueError(f"vocab_start: the shards (vocab_start, V_local) {shards} do not "
-                             "tile [0, V) without gaps or overlaps; rank r must hold "
-                             "[sum of the earlier ranks' V_local, + its own)")
+            raise ValueError(f"vocab_start: the shards (vocab_start, V_local) of the ranks, "
+                             f"{shards}, do not tile [0, V) without gaps or overlaps; each "
+                             "shard must start where another ends, the first at 0")
         end = start + size
 
 
@@ -135,16 +135,17 @@ class _TokenStats(torch.autograd.Function):
     def forward(ctx, logits, targets, temperature, chunk, group, vocab_start, entropy_grad):
         local = _local_partials(logits.detach(), targets, temperature, chunk, vocab_start)
         if group is None:
-            parts = local[None]
+            parts, vocab = local[None], logits.shape[1]
         else:
             parts, shards = _gather_partials(local, group, vocab_start, logits.shape[1])
             _check_tiling(shards)
+            vocab = sum(size for _, size in shards)
         if logits.device.type != "meta":  # a meta tensor (memory tracing) holds no values
-            owners = parts[:, :, _OWN].sum(0)
+            owners = parts[:, :, _OWN].sum(0)  # 1 for a target in [0, V), else 0
             if bool((owners != 1).any()):
                 bad = int(targets[owners != 1][0])
-                held = f"[0, {logits.shape[1]})" if group is None else "no vocab shard"
-                raise ValueError(f"targets: token id {bad} lies outside {held}")
+                raise ValueError(f"targets: token id {bad} lies outside the vocabulary "
+                                 f"[0, {vocab})")
         m, logs, logprob, entropy, correct = _combine(parts, targets, temperature)
         ctx.save_for_backward(logits, targets, m, logs, entropy)
         ctx.temperature, ctx.chunk, ctx.vocab_start = temperature, chunk, vocab_start
@@ -203,7 +204,8 @@ def chunked_token_stats(logits: torch.Tensor, targets: torch.Tensor, *, temperat
     group; this rank's ``logits`` are the vocab columns
     ``[vocab_start, vocab_start + V_local)``, ``targets`` are global token ids
     (the same on every rank), and the shards must tile the vocabulary.
-    Every rank of the group must call this with the same tokens.
+    Every rank of the group must call this with the same tokens. The logits
+    must be finite (as a model's output layer gives them).
     """
     if logits.ndim != 2:
         raise ValueError(f"logits must be [N, V], got shape {tuple(logits.shape)}")
