@@ -57,11 +57,17 @@ def mixed_rollouts(long_len=(56, 70)) -> Rollouts:
 
 
 def built(base: TrainConfig) -> dict[str, TrainConfig]:
-    """The layouts of the matrix the engine runs (a layout still refused is left out, named)."""
+    """The layouts of the matrix the engine runs (a layout still refused is left out, named;
+    so is one the model cannot split, e.g. SmolLM2's 9 heads over tp 2, which ``run``
+    refuses before any worker starts)."""
+    from varbatch_kit.train.tensor_parallel import check_tp_split
+
     out = {}
     for name, changes in LAYOUTS.items():
         try:
-            out[name] = base.with_(**changes)
+            cfg = base.with_(**changes)
+            check_tp_split(cfg.resolve_model(), cfg.tp)
+            out[name] = cfg
         except ValueError as e:
             print(f"layout {name!r} left out: {e}")
     return out

@@ -42,6 +42,11 @@ runs the dense reference path.
 candidate; in torch 2.13 it has no backward on CPU (eager or compiled), so it
 cannot train here.
 
+Tensor parallelism: megatron's column-parallel ``linear_qkv`` hands each TP
+rank whole query groups (``h / tp`` query heads, ``g / tp`` key/value heads);
+the module attends with those, as it would with the full set, and the
+row-parallel ``linear_proj`` sums the ranks' outputs.
+
 Importing this module imports megatron-core (the model builders do, lazily).
 """
 
@@ -134,9 +139,6 @@ class PerSampleAttention(MegatronModule):
         if config.context_parallel_size != 1:
             raise ValueError(f"context_parallel_size={config.context_parallel_size}: "
                              "PerSampleAttention needs 1 (CP is emulated at the loss level)")
-        if config.tensor_model_parallel_size != 1:
-            raise ValueError(f"tensor_model_parallel_size={config.tensor_model_parallel_size}: "
-                             "PerSampleAttention supports 1")
         dropout = config.attention_dropout if attention_dropout is None else attention_dropout
         if dropout:
             raise ValueError(f"attention_dropout={dropout}: PerSampleAttention has no dropout; "
@@ -151,12 +153,18 @@ class PerSampleAttention(MegatronModule):
         heads, groups = config.num_attention_heads, config.num_query_groups
         if groups is None or heads % groups:
             raise ValueError(f"num_query_groups={groups} must divide num_attention_heads={heads}")
+        tp = config.tensor_model_parallel_size
+        if heads % tp or groups % tp:  # each TP rank attends with its own heads / query groups
+            raise ValueError(f"tensor_model_parallel_size={tp} must divide num_attention_heads="
+                             f"{heads} and num_query_groups={groups}")
         self.layer_number = max(1, layer_number)
         self.attn_mask_type = attn_mask_type
         self.causal = attn_mask_type == AttnMaskType.causal
         self.attention_type = attention_type
-        self.num_heads = heads
-        self.num_query_groups = groups
+        # this TP rank's share: megatron's column-parallel linear_qkv gives it whole query
+        # groups (their heads, key and value), so attention runs per head shard unchanged
+        self.num_heads = heads // tp
+        self.num_query_groups = groups // tp
         self.head_dim = config.kv_channels
         # megatron divides by layer_number here and its softmax multiplies it back: net the same
         self.softmax_scale = (1.0 / math.sqrt(self.head_dim) if softmax_scale is None

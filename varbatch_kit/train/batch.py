@@ -222,7 +222,8 @@ def response_logits(model, batch: PackedBatch) -> torch.Tensor:
 
 def response_token_stats(logits: torch.Tensor, batch: PackedBatch, *,
                          at_response_rows: bool = False, temperature: float = 1.0,
-                         entropy_grad: bool = False) -> dict[str, torch.Tensor]:
+                         entropy_grad: bool = False, tp_group=None,
+                         vocab_start: int = 0) -> dict[str, torch.Tensor]:
     """Per-response-token values of a packed batch, samples concatenated (float64).
 
     ``logits`` has shape ``[1, T, V]`` (or ``[T, V]``); with
@@ -235,7 +236,12 @@ def response_token_stats(logits: torch.Tensor, batch: PackedBatch, *,
     chunk in backward), the per-token sums in float64. The results are float64 ``[R]``: the loss and
     report sums that follow add many signed terms whose float32 rounding
     would otherwise show at the 1e-5 level when packing changes the summation
-    order. Returns
+    order. With tensor parallelism the logits are this rank's vocab shard
+    (megatron's ``parallel_output=True``): ``tp_group`` is the tensor-parallel
+    group and ``vocab_start`` the shard's first token id
+    (:func:`varbatch_kit.train.tensor_parallel.vocab_shard` gives both); the
+    values are computed vocab-parallel, no full-vocab gather, and every rank of
+    the group gets the same. Returns
 
     - ``logprob``: log-probability of each response token (differentiable),
     - ``entropy``: entropy of the predicting distribution (differentiable with
@@ -251,4 +257,5 @@ def response_token_stats(logits: torch.Tensor, batch: PackedBatch, *,
             raise ValueError(f"{logits.shape[0]} logit rows for {pos.numel()} response tokens")
     else:
         logits = logits[pos]
-    return chunked_token_stats(logits, targets, temperature=temperature, entropy_grad=entropy_grad)
+    return chunked_token_stats(logits, targets, temperature=temperature, entropy_grad=entropy_grad,
+                               tp_group=tp_group, vocab_start=vocab_start)

@@ -444,6 +444,10 @@ class TrainConfig:
             raise ValueError(f"cp_impl={self.cp_impl!r}: choose one of {CP_IMPLS}")
         # accepted and ignored would be a bug: a layout the engine cannot run is refused here
         self.layout.check()
+        if self.tp > 1 and self.checkpoint.save_every:  # rank 0 saves its own TP shard only
+            raise ValueError(f"checkpoint.save_every={self.checkpoint.save_every} with tp="
+                             f"{self.tp}: checkpoints hold one rank's full state, not tensor-"
+                             "parallel shards; use checkpoint.save_every=0 or tp=1")
         if not self.faults.fail_rank < self.world_size:
             raise ValueError(f"faults.fail_rank={self.faults.fail_rank}: give a rank of the "
                              f"world of dp*cp*pp*tp={self.world_size}, in [0, {self.world_size})")

@@ -25,6 +25,11 @@ fuses them into ``linear_qkv.layer_norm_weight`` and
 
 Rotary embeddings at the per-sample ``position_ids`` are :mod:`.rope`'s.
 
+Under tensor parallelism every TP rank reads the full tensors and keeps its
+shard (:mod:`.tensor_parallel`): the fused QKV rows by whole query groups,
+``linear_fc1`` as ``[gate_r; up_r]``, the input dimension of ``linear_proj``
+and ``linear_fc2``, and contiguous vocab ranges of the embeddings and ``lm_head``.
+
 This module imports only the standard library at import time (reading and
 validating a checkpoint needs neither torch nor safetensors); building and
 loading import torch, megatron-core and ``safetensors`` when called.
@@ -409,9 +414,15 @@ def load_hf_weights(gpt, spec: HFModelSpec, num_layers: int | None = None) -> No
     """Copy the checkpoint's weights into ``gpt`` (a GPTModel built for ``spec``), in place.
 
     Every parameter of ``gpt`` must receive a tensor of its exact shape, and
-    every mapped tensor must find its parameter; anything else raises.
+    every mapped tensor must find its parameter; anything else raises. Under
+    tensor parallelism each parameter receives this TP rank's shard of the full
+    tensor (:func:`varbatch_kit.train.tensor_parallel.shard_of`, by the layer's
+    own split: fused QKV by query group, ``[gate; up]`` per rank, row-parallel
+    input dimensions, vocab ranges).
     """
     import torch
+
+    from varbatch_kit.train.tensor_parallel import tp_rank_shard
 
     sd = megatron_state_dict(spec, num_layers)
     params = dict(gpt.named_parameters())
@@ -424,6 +435,7 @@ def load_hf_weights(gpt, spec: HFModelSpec, num_layers: int | None = None) -> No
     with torch.no_grad():
         for name, tensor in sd.items():
             param = params[name]
+            tensor = tp_rank_shard(tensor, param)  # the full tensor without TP
             if tuple(param.shape) != tuple(tensor.shape):
                 raise RuntimeError(f"{spec.name}: {name} has shape {list(param.shape)}, the "
                                    f"checkpoint gives {list(tensor.shape)}")

@@ -52,25 +52,32 @@ def _my_micro_batches(steps, rank: int) -> list[np.ndarray]:
 
 @torch.no_grad()
 def compute_log_probs(model, steps, rollouts, tokens, device, *,
-                      temperature: float = 1.0) -> dict[int, np.ndarray]:
+                      temperature: float = 1.0, layout=None) -> dict[int, np.ndarray]:
     """Log-probs (float64 per response token) of every sample of ``steps``, on every rank.
 
     ``steps``: the log-prob schedule's steps (or the training steps);
-    ``tokens[i]``: sample ``i``'s prompt + response ids. Collective: every rank
-    of the world calls it.
+    ``tokens[i]``: sample ``i``'s prompt + response ids. ``layout`` (the run's
+    :class:`~varbatch_kit.train.layout.ParallelLayout`; None: the world is the pool):
+    a world rank runs the micro-batches of its pool rank, so the TP ranks of one
+    pool rank run the same ones, their logits vocab-parallel. Collective: every
+    rank of the world calls it.
     """
     from varbatch_kit.train.batch import pack, response_logits, response_token_stats
+    from varbatch_kit.train.tensor_parallel import vocab_shard
 
     was_training = model.training
     model.eval()
     mine: dict[int, np.ndarray] = {}
     try:
-        for samples in _my_micro_batches(steps, dist.get_rank()):
+        rank = dist.get_rank()
+        pool_rank = rank if layout is None else layout.coords(rank).pool_rank
+        for samples in _my_micro_batches(steps, pool_rank):
             batch = pack([tokens[g] for g in samples], rollouts.prompt_len[samples], samples,
                          device=device)
             logits = response_logits(model, batch)
             lp = response_token_stats(logits, batch, at_response_rows=True,
-                                      temperature=temperature)["logprob"].cpu().numpy()
+                                      temperature=temperature,
+                                      **vocab_shard(logits))["logprob"].cpu().numpy()
             for g, piece in zip(batch.sample_indices.tolist(),
                                 np.split(lp, np.cumsum(batch.response_lens)[:-1])):
                 mine[int(g)] = piece

@@ -107,6 +107,7 @@ def train(cfg: TrainConfig, model_spec, steps: list, log_prob_steps: list, rollo
     )
     from varbatch_kit.train.run_state import kill_self, restore, save
     from varbatch_kit.train.step import report_keys, train_step
+    from varbatch_kit.train.tensor_parallel import full_parameter_count, gather_full_parameters
 
     rank, world = dist.get_rank(), dist.get_world_size()
     if world != cfg.world_size:
@@ -197,7 +198,7 @@ def train(cfg: TrainConfig, model_spec, steps: list, log_prob_steps: list, rollo
             "cp_note": CP_NOTE if cfg.cp > 1 and cfg.cp_impl == "emulated" else "",
             # the model, for `varbatch-kit export RUN_DIR` (train/run_export.py)
             "model": {"path": model_spec.path, "num_layers": model_spec.num_layers},
-            "parameters": sum(p.numel() for p in gpt.parameters()),
+            "parameters": full_parameter_count(gpt),  # the whole model's, at any tp
             "max_seq_len": max_seq_len, "num_steps": len(steps), "lr_increment": unit,
             "data": data.source, "rollout_log_probs": data.rollout_log_probs is not None,
             "metrics": list(report_keys(cfg, data.rollout_log_probs is not None)),
@@ -227,10 +228,11 @@ def train(cfg: TrainConfig, model_spec, steps: list, log_prob_steps: list, rollo
         consumed += increments[number - 1]
         record.update(step=number, lr_increment=increments[number - 1], lr_consumed=consumed,
                       lr_next=_lr_of(optimizer))
+        # the full tensors under tp 1's names (a collective over the TP group: every rank)
+        params = gather_full_parameters(gpt) if number in cfg.run.save_params_at else None
         if rank == 0:
-            if number in cfg.run.save_params_at:
-                torch.save({n: p.detach().cpu().clone() for n, p in gpt.named_parameters()},
-                           out_dir / f"params_step{number}.pt")
+            if params is not None:
+                torch.save(params, out_dir / f"params_step{number}.pt")
             if grads is not None:
                 torch.save(grads, out_dir / f"grads_step{number}.pt")
             # one whole line per step, one write + fsync (train/steplog.py)

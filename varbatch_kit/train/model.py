@@ -51,12 +51,24 @@ def _check(model) -> None:
             "(varbatch_kit.train.model_spec.resolve_model(ModelConfig(...)))")
 
 
+def _tp_size() -> int:
+    """megatron's tensor-parallel size (1 before its parallel state is initialised)."""
+    from megatron.core import parallel_state
+
+    if not parallel_state.model_parallel_is_initialized():
+        return 1
+    return parallel_state.get_tensor_model_parallel_world_size()
+
+
 def _common(per_token_loss: bool, precision: str = "fp32") -> dict:
     """TransformerConfig settings shared by both kinds: deterministic, built in float32 on
     CPU too (``precision="bf16"`` sets megatron's ``bf16``: :func:`wrap_precision` then
-    casts the built model, whose weights were made or loaded in float32)."""
+    casts the built model, whose weights were made or loaded in float32); the
+    tensor-parallel size of megatron's parallel state (the run's layout)."""
     return dict(
         bf16=precision == "bf16",
+        tensor_model_parallel_size=_tp_size(),
+        sequence_parallel=False,
         hidden_dropout=0.0,
         attention_dropout=0.0,
         params_dtype=torch.float32,
@@ -76,10 +88,14 @@ def transformer_config(model: ResolvedModel, *, per_token_loss: bool = False,
 
     No dropout (training must be deterministic and layout-independent), float32,
     CPU initialisation (so the initial weights are the same on CPU and GPU for a
-    given seed). ``per_token_loss`` sets ``calculate_per_token_loss`` (Megatron's
-    per-token path, used by the ``per_token`` report mode). For a checkpoint
+    given seed, and under every tensor-parallel size: megatron draws the full
+    master weight and keeps this rank's shard, :mod:`.tensor_parallel`).
+    ``per_token_loss`` sets ``calculate_per_token_loss`` (Megatron's per-token
+    path, used by the ``per_token`` report mode). For a checkpoint
     the shape, norms, MLP and attention options come from its ``config.json``
-    (``model.hf``, read once); no random initialisation (the weights are loaded).
+    (``model.hf``, read once); no random initialisation (the weights are loaded)
+    unless tp > 1, where megatron marks its split parameters only when it
+    initialises them.
     """
     from megatron.core.transformer.transformer_config import TransformerConfig
 
@@ -110,7 +126,10 @@ def transformer_config(model: ResolvedModel, *, per_token_loss: bool = False,
         add_bias_linear=False,
         add_qkv_bias=spec.qkv_bias,
         qk_layernorm=spec.qk_norm,
-        perform_initialization=False,  # every parameter is overwritten by the checkpoint
+        # every parameter is overwritten by the checkpoint; under tensor parallelism megatron
+        # marks its split parameters (tensor_model_parallel, partition_dim / stride: the grad
+        # norm, the loader's and the gather's splits) only when it initialises them
+        perform_initialization=_tp_size() > 1,
         **_common(per_token_loss, precision),
     )
 

@@ -22,6 +22,7 @@ from varbatch_kit.core.log_prob_schedule import build_log_prob_schedule
 from varbatch_kit.core.rollouts import Rollouts
 from varbatch_kit.train.config import TrainConfig
 from varbatch_kit.train.model_spec import ResolvedModel, resolve_model
+from varbatch_kit.train.tensor_parallel import check_tp_split
 
 __all__ = ["PlannedRun", "plan_runs"]
 
@@ -74,6 +75,7 @@ def plan_runs(configs: Sequence[TrainConfig], rollouts: Rollouts) -> list[Planne
         if cfg.model not in models:
             models[cfg.model] = resolve_model(cfg.model)
         model = models[cfg.model]
+        check_tp_split(model, cfg.tp)  # heads, query groups, FFN, vocab divisible by tp
         _check_rollouts(cfg, model, rollouts)
         schedule = build_schedule(rollouts, cfg.schedule, model=model.shape)
         steps = list(schedule.steps[: cfg.run.max_steps] if cfg.run.max_steps

@@ -100,6 +100,7 @@ def train_step(cfg, mode, model, optimizer, step, rollouts, data, inputs: Policy
     from varbatch_kit.report.cp import slice_flat_responses_for_cp
     from varbatch_kit.report.objective import policy_objective
     from varbatch_kit.train.batch import pack, response_logits, response_token_stats
+    from varbatch_kit.train.tensor_parallel import vocab_shard
     from varbatch_kit.train.timing import MicroBatchTimer, busy_and_straggler, gather_timings
 
     t0 = time.perf_counter()
@@ -155,7 +156,8 @@ def train_step(cfg, mode, model, optimizer, step, rollouts, data, inputs: Policy
         idx = [int(g) for g in batch.sample_indices]
         stats = response_token_stats(logits, batch, at_response_rows=True,
                                      temperature=cfg.loss.rollout_temperature,
-                                     entropy_grad=cfg.loss.entropy_coef != 0)
+                                     entropy_grad=cfg.loss.entropy_coef != 0,
+                                     **vocab_shard(logits))  # tp > 1: vocab-parallel
         splits = list(batch.response_lens)
         adv = _f64(inputs.advantages, idx)
         # every term of slime's policy loss on the full responses (train/objective docs)
@@ -217,12 +219,15 @@ def train_step(cfg, mode, model, optimizer, step, rollouts, data, inputs: Policy
     timer.detach()
     if grads_out is not None:  # DDP has reduced them into main_grad (finalize_model_grads)
         from varbatch_kit.train.batch import unwrap_model
+        from varbatch_kit.train.tensor_parallel import gather_full_parameters
 
+        local = {}
         for name, p in unwrap_model(model).named_parameters():
             g = getattr(p, "main_grad", None)
             g = p.grad if g is None else g
-            grads_out[name] = torch.zeros_like(p, device="cpu") if g is None else (
-                g.detach().float().cpu().clone())
+            local[name] = torch.zeros_like(p) if g is None else g.detach().float()
+        # full tensors under tp 1's names (a collective over the TP group)
+        grads_out.update(gather_full_parameters(unwrap_model(model), tensors=local))
 
     # 4. optimizer step; grad_norm is the norm before clipping
     ok, grad_norm, _ = optimizer.step()

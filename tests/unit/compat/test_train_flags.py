@@ -193,6 +193,13 @@ def test_pipeline_parallelism_from_the_flags_is_refused_by_the_engine():
                                      "--actor-num-gpus-per-node 2", base=BASE)
 
 
+def test_tensor_parallelism_from_the_flags_reaches_the_engine():
+    cfg = train_config_from_slime_args("--global-batch-size 4 --tensor-model-parallel-size 2 "
+                                       "--actor-num-gpus-per-node 4", base=BASE)
+    assert (cfg.tp, cfg.dp, cfg.world_size) == (2, 2, 4)
+    assert train_config_from_slime_args("--global-batch-size 4", base=BASE).tp == 1
+
+
 @pytest.mark.parametrize("cmd,match", [
     ("--eps-clip abc", "argument --eps-clip: invalid float value: 'abc'"),
     ("--eps-clip 1.5", r"--eps-clip 1.5: loss.eps_clip=1.5: give a number in \[0, 1\)"),

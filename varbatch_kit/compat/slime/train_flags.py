@@ -48,6 +48,7 @@ slime flag                              TrainConfig field
 ``--adam-eps``                          ``optim.adam_eps``
 ``--clip-grad``                         ``optim.clip_grad``
 ``--calculate-per-token-loss``          ``mode = "per_token"``
+``--tensor-model-parallel-size``        ``tp``
 the schedule flags                      ``schedule``, by
                                         :func:`~varbatch_kit.compat.slime.schedule_config_from_slime_args`
 ======================================  =======================================
@@ -397,7 +398,10 @@ def train_config_from_slime_args(flags: Any, base: TrainConfig | None = None) ->
     if any(given.get(d) is not None for d in SCHEDULE_DESTS if d in given):
         schedule = schedule_config_from_slime_args(
             namespace if not parsed else argparse.Namespace(**given))
+    tp = base.tp  # the schedule counted it in dp (GPUs / tp*pp*cp); the engine runs it too
+    if given.get("tensor_model_parallel_size") is not None:
+        tp = int(given["tensor_model_parallel_size"])
     try:
-        return replace(base, schedule=schedule, mode=mode, **sections)
+        return replace(base, schedule=schedule, mode=mode, tp=tp, **sections)
     except ValueError as e:
         raise ValueError(f"slime flags: {e}") from None
