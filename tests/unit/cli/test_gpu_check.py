@@ -128,7 +128,13 @@ def test_the_report_holds_the_measurements_and_the_skipped_parts(tmp_path):
     assert "rl_loop: skipped: not available in this version (varbatch_kit.train has no " \
            "rl_loop)" in report["skipped"]
     # what the engine was asked to do: dp 1, the steps asked for, on the device asked for
-    (_, cfg, rollouts), = [c for c in bench.calls if c[0] == "train"]
+    trains = [c for c in bench.calls if c[0] == "train"]
+    (_, cfg, rollouts) = trains[0]
+    if has_config_field("precision"):  # the same steps again in bf16
+        assert [c[1].precision for c in trains] == ["fp32", "bf16"]
+        assert parts["train_bf16"]["precision"] == "bf16"
+    else:
+        assert len(trains) == 1
     assert (cfg.world_size, cfg.run.max_steps, cfg.run.device, cfg.model.path) == (
         1, 2, "cpu", None)
     assert rollouts.num_rollouts == cfg.schedule.global_batch_size * 2
