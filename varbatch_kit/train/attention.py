@@ -55,6 +55,8 @@ import torch
 import torch.nn.functional as F
 from megatron.core.transformer.module import MegatronModule
 
+from varbatch_kit.train.cp_attention import cp_core_attention, current_share
+
 __all__ = ["PerSampleAttention", "local_layer_spec", "segment_attention"]
 
 
@@ -133,7 +135,8 @@ class PerSampleAttention(MegatronModule):
 
         if config.context_parallel_size != 1:
             raise ValueError(f"context_parallel_size={config.context_parallel_size}: "
-                             "PerSampleAttention needs 1 (CP is emulated at the loss level)")
+                             "PerSampleAttention needs 1 (the engine runs its own CP groups: "
+                             "train/cp_attention.py)")
         if config.tensor_model_parallel_size != 1:
             raise ValueError(f"tensor_model_parallel_size={config.tensor_model_parallel_size}: "
                              "PerSampleAttention supports 1")
@@ -178,7 +181,11 @@ class PerSampleAttention(MegatronModule):
         if query.dim() != 3:
             raise ValueError(f"packed query of shape {tuple(query.shape)}: the 'thd' format "
                              "gives [T, heads, head_dim]")
-        out = segment_attention(query, key, value, lengths, self.softmax_scale)
+        share = current_share()  # all-gather CP: this rank's zigzag share (train/cp_attention)
+        if share is not None:
+            out = cp_core_attention(query, key, value, share, self.softmax_scale)
+        else:
+            out = segment_attention(query, key, value, lengths, self.softmax_scale)
         return out.reshape(out.size(0), -1)  # [T, h*d]; megatron adds the batch dim of 1
 
 
