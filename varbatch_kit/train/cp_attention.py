@@ -30,38 +30,25 @@ The share layout, the group and the rank reach the attention through
 :func:`cp_share_active`, a context manager around one micro-batch's forward
 (a ``ContextVar``: nothing leaks past it).
 
-Fault injection (tests only): with :data:`FAULT_SWAP_CHUNKS` set to a CP rank
-(or the environment variable ``VARBATCH_KIT_CP_FAULT_SWAP_CHUNKS``), the K/V
-reassembly reads that rank's share with its two chunks in swapped order: a
-wrong exchange, which the CP invariance tests must catch.
+Fault injection (tests only): a share with ``swap_chunks_of=r``
+(``FaultConfig(cp_swap_chunks_rank=r)`` in a training run) reassembles K/V
+reading CP rank ``r``'s share with its two chunks in swapped order: a wrong
+exchange, which the CP invariance tests must catch.
 """
 
 from __future__ import annotations
 
 import contextlib
 import contextvars
-import os
 from dataclasses import dataclass
 from functools import cached_property
 
 import torch
 import torch.nn.functional as F
 
-__all__ = ["FAULT_SWAP_CHUNKS", "CPShare", "all_gather_rows", "cp_core_attention",
+__all__ = ["CPShare", "all_gather_rows", "cp_core_attention",
            "cp_response_logits", "cp_response_stats", "cp_share_active", "current_share",
            "zigzag_chunks"]
-
-#: fault injection for tests: the CP rank whose chunk order the K/V reassembly swaps (None: off)
-FAULT_SWAP_CHUNKS: int | None = None
-_FAULT_ENV = "VARBATCH_KIT_CP_FAULT_SWAP_CHUNKS"
-
-
-def _fault_rank() -> int | None:
-    if FAULT_SWAP_CHUNKS is not None:
-        return int(FAULT_SWAP_CHUNKS)
-    env = os.environ.get(_FAULT_ENV, "")
-    return int(env) if env.strip() else None
-
 
 Range = tuple[int, int]
 
@@ -87,7 +74,8 @@ class CPShare:
     ``lengths`` / ``prompt_lens``: the samples' full lengths and prompt lengths;
     ``slot_ranks[g]``: the CP rank of the group's ``g``-th process-group rank (the
     all-gather order; torch orders a group by world rank); ``group``: the process group
-    (None only in single-process use, ``size == 1``).
+    (None only in single-process use, ``size == 1``); ``swap_chunks_of``: fault injection
+    for tests (see the module docstring), None in real use.
     """
 
     group: object
@@ -96,6 +84,7 @@ class CPShare:
     lengths: tuple[int, ...]
     prompt_lens: tuple[int, ...]
     slot_ranks: tuple[int, ...]
+    swap_chunks_of: int | None = None
 
     # ---------------------------------------------------------------- layout
     def chunks(self, cp_rank: int | None = None) -> list[tuple[Range, Range]]:
@@ -131,7 +120,7 @@ class CPShare:
     @cached_property
     def kv_index(self) -> torch.Tensor:
         """For each full-row position, its row in the gathered ``[size * max_local]`` tensor."""
-        fault = _fault_rank()
+        fault = self.swap_chunks_of
         index = torch.empty(sum(self.lengths), dtype=torch.long)
         for slot, r in enumerate(self.slot_ranks):
             base = slot * self.max_local

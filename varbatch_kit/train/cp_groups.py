@@ -25,7 +25,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["CPRound", "cp_group_members", "cp_groups_for_run", "rank_rounds"]
+__all__ = ["CPRound", "cp_group", "cp_group_members", "cp_groups_for_run", "rank_rounds",
+           "share_for"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -82,3 +83,28 @@ def cp_groups_for_run(layout, steps) -> dict[tuple[int, ...], object]:
         if members not in groups:
             groups[members] = dist.new_group([layout.world_rank(r) for r in members])
     return groups
+
+
+def cp_group(members) -> object:
+    """The process group made by :func:`cp_groups_for_run` for these pool ranks."""
+    key = tuple(sorted(int(r) for r in members))
+    try:
+        return _cache["groups"][key]
+    except KeyError:
+        raise RuntimeError(f"no CP process group for pool ranks {key}: cp_groups_for_run "
+                           "makes a run's groups before its first step") from None
+
+
+def share_for(rnd: CPRound, batch, *, swap_chunks_of: int | None = None):
+    """The :class:`~varbatch_kit.train.cp_attention.CPShare` of ``batch`` this rank runs in
+    round ``rnd`` (None for degree 1: the whole row, no exchange); ``swap_chunks_of``:
+    ``FaultConfig.cp_swap_chunks_rank``, a fault injected for tests."""
+    from varbatch_kit.train.cp_attention import CPShare
+
+    if rnd.cp_size == 1:
+        return None
+    order = sorted(rnd.members)  # a group's ranks in torch's order (by world rank; tp = pp = 1)
+    return CPShare(group=cp_group(rnd.members), rank=rnd.cp_rank, size=rnd.cp_size,
+                   lengths=tuple(batch.lengths), prompt_lens=tuple(batch.prompt_lens),
+                   slot_ranks=tuple(rnd.members.index(r) for r in order),
+                   swap_chunks_of=swap_chunks_of)

@@ -141,6 +141,4 @@ class ParallelLayout:
             out.append(f"pp={self.pp}: pipeline parallelism is not built yet; use pp=1")
         if self.tp > 1:
             out.append(f"tp={self.tp}: tensor parallelism is not built yet; use tp=1")
-        if self.cp > 1 and self.cp_impl == "allgather":
-            out.append("cp_impl='allgather' is not built yet; use cp_impl='emulated'")
         return out

@@ -96,10 +96,11 @@ def train_step(cfg, mode, model, optimizer, step, rollouts, data, inputs: Policy
     from megatron.core.pipeline_parallel import get_forward_backward_func
     from megatron.core.utils import get_model_config
 
-    from varbatch_kit.core.placement import RankWork
     from varbatch_kit.report.cp import slice_flat_responses_for_cp
     from varbatch_kit.report.objective import policy_objective
     from varbatch_kit.train.batch import pack, response_logits, response_token_stats
+    from varbatch_kit.train.cp_attention import cp_response_logits, cp_response_stats
+    from varbatch_kit.train.cp_groups import CPRound, rank_rounds, share_for
     from varbatch_kit.train.timing import MicroBatchTimer, busy_and_straggler, gather_timings
 
     t0 = time.perf_counter()
@@ -112,7 +113,8 @@ def train_step(cfg, mode, model, optimizer, step, rollouts, data, inputs: Policy
     # pool_rank % cp; dynamic CP, the micro-batch of the group holding it (own degree and CP
     # rank), idle rounds skipped (ranks may then run different micro-batch counts; Megatron
     # divides by its own)
-    work = [w for w in step.rank_program(pool_rank) if not w.idle]
+    # (with the pool ranks of each micro-batch's CP group: all-gather CP runs on it)
+    work = rank_rounds(step, pool_rank)
     n_mb = len(work)
 
     # 1. step-wide normalisers over ALL samples of the step (before packing); dynamic CP: each
@@ -137,13 +139,16 @@ def train_step(cfg, mode, model, optimizer, step, rollouts, data, inputs: Policy
     # 2. this rank's micro-batches, packed, each with its (weight, cp_size, cp_rank); a rank
     # idle all step runs one zero-weight micro-batch so that it joins the gradient sync
     if not work:
-        work = [RankWork(step.micro_batches[0], 1, 0)]
+        work = [CPRound(step.micro_batches[0], 1, 0, (pool_rank,))]
     weight = 1.0 if n_mb else 0.0
-    batches = [
-        (pack([data.tokens[g] for g in w.samples], rollouts.prompt_len[w.samples], w.samples,
-              device=device), w.cp_size, w.cp_rank)
-        for w in work
-    ]
+    batches = []
+    for w in work:
+        b = pack([data.tokens[g] for g in w.samples], rollouts.prompt_len[w.samples], w.samples,
+                 device=device)
+        # all-gather CP: this rank's zigzag share of b and its group (None: the whole row)
+        share = (share_for(w, b, swap_chunks_of=cfg.faults.cp_swap_chunks_rank)
+                 if cfg.cp_impl == "allgather" else None)
+        batches.append((b, w.cp_size, w.cp_rank, share))
 
     options = cfg.loss.objective_options()
     keys = report_keys(cfg, inputs.rollout_log_probs is not None)
@@ -151,11 +156,13 @@ def train_step(cfg, mode, model, optimizer, step, rollouts, data, inputs: Policy
     def _f64(arrays, idx):
         return [torch.as_tensor(np.asarray(arrays[g], dtype=np.float64)).to(device) for g in idx]
 
-    def loss_func(batch, cp_size, cp_rank, logits):
+    def loss_func(batch, cp_size, cp_rank, share, logits):
         idx = [int(g) for g in batch.sample_indices]
-        stats = response_token_stats(logits, batch, at_response_rows=True,
-                                     temperature=cfg.loss.rollout_temperature,
-                                     entropy_grad=cfg.loss.entropy_coef != 0)
+        stat_kw = dict(temperature=cfg.loss.rollout_temperature,
+                       entropy_grad=cfg.loss.entropy_coef != 0)
+        # the full responses' values (all-gather CP: gathered from the group's shares)
+        stats = (response_token_stats(logits, batch, at_response_rows=True, **stat_kw)
+                 if share is None else cp_response_stats(logits, batch, share, **stat_kw))
         splits = list(batch.response_lens)
         adv = _f64(inputs.advantages, idx)
         # every term of slime's policy loss on the full responses (train/objective docs)
@@ -196,10 +203,12 @@ def train_step(cfg, mode, model, optimizer, step, rollouts, data, inputs: Policy
     timer = MicroBatchTimer(cuda=device.type == "cuda")  # fwd/bwd wall time per micro-batch
 
     def forward_step(data_iterator, model):
-        batch, cp_size, cp_rank = next(data_iterator)
+        batch, cp_size, cp_rank, share = next(data_iterator)
         timer.forward_start(batch.lengths)
-        logits = response_logits(model, batch)  # the output layer on response rows only
-        return logits, timer.wrap_loss(partial(loss_func, batch, cp_size, cp_rank))
+        # the output layer on response rows only (all-gather CP: on this rank's share)
+        logits = (response_logits(model, batch) if share is None
+                  else cp_response_logits(model, batch, share))
+        return logits, timer.wrap_loss(partial(loss_func, batch, cp_size, cp_rank, share))
 
     # 3. megatron-core's forward/backward schedule (no pipelining), DDP grad sync at the end
     model.zero_grad_buffer()
@@ -210,11 +219,13 @@ def train_step(cfg, mode, model, optimizer, step, rollouts, data, inputs: Policy
         data_iterator=iter(batches),
         model=[model],
         num_microbatches=len(batches),
-        seq_length=max(b.num_tokens for b, _, _ in batches),
+        seq_length=max(b.num_tokens for b, *_ in batches),
         micro_batch_size=1,
         forward_only=False,
     )
     timer.detach()
+    for rec, (_, cp_size, _, share) in zip(timer.records, batches):  # what this rank computed:
+        rec.update(cp_size=cp_size, cp_share=share is not None)  # its share, or the whole row
     if grads_out is not None:  # DDP has reduced them into main_grad (finalize_model_grads)
         from varbatch_kit.train.batch import unwrap_model
 

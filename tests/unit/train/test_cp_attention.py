@@ -23,9 +23,9 @@ LENGTHS = (7, 12, 3, 9)
 PROMPTS = (3, 4, 1, 8)
 
 
-def share(rank, size, group=None):
+def share(rank, size, group=None, fault=None):
     return CPShare(group=group, rank=rank, size=size, lengths=LENGTHS, prompt_lens=PROMPTS,
-                   slot_ranks=tuple(range(size)))
+                   slot_ranks=tuple(range(size)), swap_chunks_of=fault)
 
 
 @pytest.mark.parametrize("size", [1, 2, 3, 4])
@@ -69,7 +69,6 @@ def _worker(rank, size, port, fault, queue):
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=size)
     try:
-        cp_attention.FAULT_SWAP_CHUNKS = fault
         gen = torch.Generator().manual_seed(0)
         total = sum(LENGTHS)
         q, k, v = (torch.randn(total, h, 8, generator=gen, dtype=torch.float64)
@@ -79,7 +78,7 @@ def _worker(rank, size, port, fault, queue):
         ref = reference(*full)
         (ref * w).sum().backward()
 
-        s = share(rank, size, group=dist.group.WORLD)
+        s = share(rank, size, group=dist.group.WORLD, fault=fault)
         rows = s.local_row
         local = [t[rows].clone().requires_grad_() for t in (q, k, v)]
         out = cp_attention.cp_core_attention(*local, s, scale=0.3)
