@@ -173,6 +173,14 @@ class CPShare:
 
 
 # ------------------------------------------------------------------ the exchange
+def _gather(dist):  # torch 2.13 renames all_gather_into_tensor (deprecated there)
+    return getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
+
+def _scatter(dist):  # and reduce_scatter_tensor
+    return getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+
+
 class _AllGather(torch.autograd.Function):
     """All-gather along dim 0 over ``group`` (equal sizes); backward: reduce-scatter (sum)."""
 
@@ -183,7 +191,7 @@ class _AllGather(torch.autograd.Function):
         ctx.group, ctx.size = group, size
         x = x.contiguous()
         out = x.new_empty((size * x.size(0), *x.shape[1:]))
-        dist.all_gather_into_tensor(out, x, group=group)
+        _gather(dist)(out, x, group=group)
         return out
 
     @staticmethod
@@ -192,7 +200,7 @@ class _AllGather(torch.autograd.Function):
 
         grad = grad.contiguous()
         out = grad.new_empty((grad.size(0) // ctx.size, *grad.shape[1:]))
-        dist.reduce_scatter_tensor(out, grad, op=dist.ReduceOp.SUM, group=ctx.group)
+        _scatter(dist)(out, grad, op=dist.ReduceOp.SUM, group=ctx.group)
         return out, None, None
 
 
@@ -226,6 +234,24 @@ def cp_share_active(share: CPShare | None):
         _share.reset(token)
 
 
+def _lower_right_causal(q, k, v, *, scale: float, gqa: bool) -> torch.Tensor:
+    """Causal attention of the last ``m`` of ``n`` positions (``q``: ``[1, h, m, d]``, ``k`` and
+    ``v``: ``[1, g, n, d]``): query ``i`` sees keys ``j <= n - m + i``.
+
+    A dense ``[m, n]`` mask would cost ``m * n`` floats per layer (kept for the backward);
+    here the additive mask is a strided view of one ``m + n - 1`` vector: with the queries
+    in reverse order, reversed query ``i'`` sees key ``j`` iff ``i' + j <= n - 1``, so
+    ``mask[i', j] = g[i' + j]`` (strides ``(1, 1)``). torch's fused CPU kernel reads it as
+    is (no ``[m, n]`` copy, no ``[h, m, n]`` scores)."""
+    m, n = q.size(2), k.size(2)
+    g = torch.zeros(m + n - 1, dtype=q.dtype, device=q.device)
+    g[n:] = float("-inf")
+    mask = g.as_strided((m, n), (1, 1))
+    out = F.scaled_dot_product_attention(q.flip(2), k, v, attn_mask=mask, scale=scale,
+                                         enable_gqa=gqa)
+    return out.flip(2)
+
+
 def cp_core_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                       share: CPShare, scale: float) -> torch.Tensor:
     """Local queries ``[n, h, d]`` against the group's K/V (``[n, g, d]`` each, gathered);
@@ -250,10 +276,7 @@ def cp_core_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tenso
                 out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale,
                                                      enable_gqa=gqa)
             else:  # query at a + i sees keys j <= a + i
-                qpos = torch.arange(a, b, device=query.device)
-                mask = torch.arange(b, device=query.device)[None, :] <= qpos[:, None]
-                out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale,
-                                                     enable_gqa=gqa)
+                out = _lower_right_causal(q, k, v, scale=scale, gqa=gqa)
             outs.append(out[0].transpose(0, 1))
             base += b - a
     return torch.cat(outs, dim=0) if outs else query.new_zeros(query.shape)
