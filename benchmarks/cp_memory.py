@@ -89,7 +89,6 @@ class LiveBytes:
 
 def _worker(rank: int, size: int, port: int, kw: dict, queue) -> None:
     import numpy as np
-    import torch
     import torch.distributed as dist
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),

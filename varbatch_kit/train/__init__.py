@@ -10,8 +10,9 @@
 - :func:`run_many`: like :func:`compare`, returning the :class:`Run` objects.
 
 Devices: CUDA + NCCL when GPUs are present, else CPU + gloo through
-:mod:`varbatch_kit.train.cpu_shim`. Context parallelism is emulated at the
-loss level (see :mod:`varbatch_kit.train.step`).
+:mod:`varbatch_kit.train.cpu_shim`. Context parallelism runs all-gather style
+(:mod:`varbatch_kit.train.cp_attention`), or emulated at the loss level as the
+reference (see :mod:`varbatch_kit.train.step`).
 
 Needs the ``[train]`` extra (``pip install 'varbatch_kit[train]'``): importing
 this package without megatron-core raises an ``ImportError`` that says so.

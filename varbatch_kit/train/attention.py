@@ -38,6 +38,12 @@ the mask is ``True`` where attention is blocked, filled with -10000 before
 the softmax; no mask means causal), so a model built with this spec also
 runs the dense reference path.
 
+Under all-gather context parallelism (:mod:`.cp_attention`) the row is a CP
+rank's zigzag share and :func:`~varbatch_kit.train.cp_attention.current_share`
+is set around the forward: the packed path then runs
+:func:`~varbatch_kit.train.cp_attention.cp_core_attention` (K/V gathered over
+the CP group) instead of :func:`segment_attention`.
+
 ``torch.nn.attention.flex_attention`` with a document mask would be the other
 candidate; in torch 2.13 it has no backward on CPU (eager or compiled), so it
 cannot train here.

@@ -387,7 +387,8 @@ class TrainConfig:
     micro-batch's CP group; ``cp_impl="emulated"`` is the reference (every CP
     rank runs the full forward, loss and reports on its zigzag slice).
     Gradients are averaged over all dp*cp ranks. With ``cp_mode="dynamic"``
-    each micro-batch runs on its own CP group of the dp*cp pool. ``pp`` and ``vpp`` (the schedule's) and ``tp``
+    each micro-batch runs on its own CP group of the dp*cp pool. ``pp`` and
+    ``vpp`` (the schedule's) and ``tp``
     (here) complete the layout (:class:`~varbatch_kit.train.layout.ParallelLayout`):
     ``world_size = dp * cp * pp * tp``; a layout the engine cannot run is refused
     here, before any worker starts. ``cp_impl`` says how ``cp > 1`` runs

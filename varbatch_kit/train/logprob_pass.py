@@ -8,7 +8,8 @@ micro-batches packed under ``--log-probs-max-tokens-per-gpu``
 - each world rank runs, without gradients, the micro-batches of the log-prob
   schedule it holds as CP rank 0 (fixed CP: DP rank ``w // cp``'s micro-batches
   on ``w % cp == 0``; dynamic CP: the first rank of each micro-batch's group),
-  so every sample is computed exactly once (CP is emulated: the full forward
+  so every sample is computed exactly once (this forward-only pass does not
+  split a sample over its CP group, even under all-gather CP: the full forward
   runs on one rank);
 - the per-sample results are all-gathered, so every rank ends with the
   log-probs of every sample of the run's steps (what the loss and the

@@ -8,7 +8,7 @@ schedule, built once by the launcher (a worker builds no schedule). They train
 one after the other, each from the same seed, writing to its own output folder.
 
 The pieces: process setup (:mod:`.process`), one step (:mod:`.step`, which
-also describes the world layout and emulated / dynamic CP), checkpoint state
+also describes the world layout and all-gather / emulated / dynamic CP), checkpoint state
 (:mod:`.run_state`); this module holds the loop over the steps (:func:`train`)
 and the entry point (:func:`main`).
 """

@@ -6,19 +6,32 @@ World layout
 ``w % cp``. megatron-core is initialised with tensor = pipeline = context
 parallel size 1, so *its* data-parallel group is the whole world (DP x CP):
 Megatron DDP averages gradients over all ``dp * cp`` ranks, which is the
-gradient reduction CP needs. Context parallelism itself is **emulated**:
-megatron-core's context-parallel attention and packed ``thd`` batches need
-TransformerEngine, so every CP rank runs the full forward of its DP rank's
-micro-batch and computes the loss and the reported metrics on its own zigzag
-slice of every response (:mod:`varbatch_kit.report.cp`). Gradients, losses and
-reports are what real CP computes; the compute and memory savings are not.
+gradient reduction CP needs. megatron-core's context-parallel attention and
+packed ``thd`` batches need TransformerEngine, so the engine runs its own CP
+(``TrainConfig.cp_impl``):
+
+- ``"allgather"`` (the default, :mod:`.cp_attention`): each CP rank runs the
+  model on its zigzag share of the micro-batch only; core attention
+  all-gathers K/V over the micro-batch's CP group (:mod:`.cp_groups`, made
+  once per run); the response log-probs and entropies are all-gathered into
+  whole responses, so the loss function below runs unchanged and keeps the
+  rank's zigzag slice for its sums.
+- ``"emulated"`` (the reference): every CP rank runs the full forward of its
+  DP rank's micro-batch and computes the loss and the reported metrics on its
+  own zigzag slice of every response (:mod:`varbatch_kit.report.cp`).
+
+Both give the gradients, losses and reports of no CP; only the first saves
+compute and memory per rank.
 
 Dynamic CP (``ScheduleConfig(cp_mode="dynamic")``): the ``dp * cp`` ranks are
-one pool and world rank ``w`` runs ``step.rank_program(w)``: per round the
-micro-batch of the CP group holding it, sliced by that micro-batch's own degree
-and ``w``'s place in the group; idle rounds are skipped, so ranks run different
-micro-batch counts (the loss prescale uses the rank's own count, which Megatron
-divides by). The normalisers get each sample's degree; the per-token count is
+one pool and world rank ``w`` runs its rounds of the plan
+(:func:`~varbatch_kit.train.cp_groups.rank_rounds`, as ``step.rank_program(w)``):
+per round the micro-batch of the CP group holding it, run on that group with
+its own degree and ``w``'s place in the group; idle rounds are skipped, so
+ranks run different micro-batch counts (the loss prescale uses the rank's own
+count, which Megatron divides by); a rank idle all step runs one zero-weight
+micro-batch alone, to join the gradient sync. The normalisers get each
+sample's degree; the per-token count is
 ``n * K / c`` per rank (``K`` = lcm of the step's degrees), see
 :mod:`varbatch_kit.report`.
 

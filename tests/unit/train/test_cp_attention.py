@@ -118,3 +118,45 @@ def test_a_swapped_chunk_order_in_the_exchange_is_caught():
     """Fault injection: rank 1's two chunks reassembled in swapped order."""
     got = run_group(2, fault=1)
     assert max(max(d) for d in got.values()) > 1e-3, got
+
+
+def test_allgather_is_the_default_cp_and_runs():
+    from varbatch_kit.train import TrainConfig
+    from varbatch_kit.train.layout import ParallelLayout
+
+    cfg = TrainConfig().with_(dp=2, cp=2, cp_mode="dynamic")
+    assert cfg.cp_impl == "allgather"
+    assert cfg.layout.describe() == "dp2 cp2(allgather, dynamic) pp1 tp1"
+    assert ParallelLayout(cp=2).unsupported() == []
+    assert "cp_swap_chunks_rank" in repr(cfg.faults) and cfg.faults.cp_swap_chunks_rank is None
+
+
+def test_groups_and_rounds_come_from_the_plan():
+    import numpy as np
+
+    from varbatch_kit import Rollouts, ScheduleConfig, build_schedule
+    from varbatch_kit.train.cp_groups import cp_group_members, rank_rounds
+    from varbatch_kit.train.layout import ParallelLayout
+
+    resp = np.array([60, 6, 7, 8, 5, 9, 62, 6])
+    rollouts = Rollouts(np.full(8, 4), resp, np.arange(8), [np.ones(r, int) for r in resp])
+    sched = ScheduleConfig(dp=2, cp=2, cp_mode="dynamic", global_batch_size=4,
+                           max_tokens_per_gpu=40, packing="first_fit")
+    from varbatch_kit.train import TrainConfig
+
+    shape = TrainConfig().with_(num_layers=2, hidden_size=32, num_attention_heads=2,
+                                vocab_size=64).model_shape()
+    steps = build_schedule(rollouts, sched, model=shape).steps
+    lay = ParallelLayout(dp=2, cp=2, cp_mode="dynamic")
+    groups = cp_group_members(lay, steps)
+    used = {tuple(sorted(p.ranks)) for s in steps for p in s.placements if p.degree > 1}
+    assert groups and set(groups) == used and groups == sorted(groups, key=lambda g: (len(g), g))
+    for step in steps:
+        for rank in range(4):
+            want = [w for w in step.rank_program(rank) if not w.idle]
+            got = rank_rounds(step, rank)
+            assert [(w.samples.tolist(), w.cp_size, w.cp_rank) for w in want] == [
+                (r.samples.tolist(), r.cp_size, r.cp_rank) for r in got]
+            assert all(r.members[r.cp_rank] == rank and len(r.members) == r.cp_size for r in got)
+    fixed = ParallelLayout(dp=2, cp=2)
+    assert cp_group_members(fixed, []) == [(0, 1), (2, 3)]
