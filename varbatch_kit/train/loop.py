@@ -201,7 +201,7 @@ def train(cfg: TrainConfig, model_spec, steps: list, log_prob_steps: list, rollo
     if cfg.cp > 1 and cfg.cp_impl == "allgather":  # every CP group the steps use, made once
         from varbatch_kit.train.cp_groups import cp_groups_for_run
 
-        cp_groups_for_run(cfg.layout, steps)
+        cp_groups_for_run(cfg.layout, [*steps, *log_prob_steps])
     for number, step in enumerate(steps, start=1):
         if number <= start:
             continue  # trained before the checkpoint
