@@ -41,6 +41,8 @@ each writing ``build/bench/<name>.json``):
 - ``l`` **Log-prob memory** (``benchmarks/logprob_memory.py``): peak memory of the log-prob
   step (forward + backward) at a 152k vocabulary and 16k response tokens, the float64 path
   against the chunked one, with the tracker cross-checked against real RSS at a small size.
+- ``c`` **CP memory** (``benchmarks/cp_memory.py``): peak activation memory per rank of one
+  8k-token sample under all-gather CP at cp 1 / 2 / 4.
 
 Run ``python -m benchmarks.run`` (``--quick`` for a short run, ``--help``).
 The step-time model: H100, efficiency 0.45, 4 ms per micro-batch, pp 1.
@@ -316,7 +318,7 @@ def section_gap(count: int, time_limit_s: float) -> None:
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="small sizes, 30 gap instances")
-    ap.add_argument("--sections", default="12345mpdokl",
+    ap.add_argument("--sections", default="12345mpdoklc",
                     help="which sections to run, e.g. 12 or mp (see the module docstring)")
     ap.add_argument("--peer-packages", default=None, metavar="DIR",
                     help="section p: folder holding verl / areal / openrlhf (pip --target)")
@@ -349,7 +351,7 @@ def main(argv=None) -> None:
         section_packed_attention(quick=args.quick)
     quick = ["--quick"] if args.quick else []
     for key, name in (("m", "measured"), ("p", "peers"), ("d", "dynamic_cp"), ("o", "pp_order"),
-                      ("k", "checkpoint"), ("l", "logprob_memory")):
+                      ("k", "checkpoint"), ("l", "logprob_memory"), ("c", "cp_memory")):
         if key not in args.sections:
             continue
         import importlib

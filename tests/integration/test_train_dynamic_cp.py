@@ -3,9 +3,11 @@
 One torchrun launch of world size 4 trains, on rollouts where the dynamic
 planner really gives micro-batches different CP degrees: dp=4 cp=1 (the
 reference: without CP), dp=2 cp=2 fixed, and dp=2 cp=2 dynamic, in the
-per_rollout_mean and per_token modes (issue 14, item 2). CP is emulated at the
-loss level (every rank of a group runs the full forward, the loss and reports
-on its zigzag share of its micro-batch's own degree).
+per_rollout_mean and per_token modes (issue 14, item 2). CP runs all-gather
+style (each rank of a group runs the model on its zigzag share of its
+micro-batch's own degree, K/V all-gathered over the group). One more run
+injects a wrong K/V exchange (CP rank 1's chunks read swapped): its numbers
+must leave the reference.
 
 Two more configurations in the same launch take 2 rollouts per step: the
 dynamic plan then leaves two of the four ranks idle for the whole step (they
@@ -65,6 +67,10 @@ def test_dynamic_cp_trains_like_no_cp(tmp_path):
     configs += [TrainConfig().with_(schedule=s, mode="per_token", label=f"{k} gbs2",
                             **{**base, "save_params_at": (2,)})
                 for k, s in small.items()]
+    # fault injection in the same launch: the K/V exchange reads CP rank 1's chunks swapped
+    configs.append(TrainConfig().with_(schedule=schedules()["dp2 cp2 fixed"], mode="per_token",
+                                       label="dp2 cp2 fixed swapped", cp_swap_chunks_rank=1,
+                                       **base))
 
     # the plans really differ: the dynamic one gives micro-batches degrees 1 and 2
     dyn = build_schedule(rollouts, schedules()["dp2 cp2 dynamic"],
@@ -83,7 +89,7 @@ def test_dynamic_cp_trains_like_no_cp(tmp_path):
             "grad_norm_rel_diff", "param_rel_diff"]
     with pd.option_context("display.width", 250, "display.max_rows", 100):
         print(table[cols].to_string())
-    big = table[~table.label.str.endswith("gbs2")]
+    big = table[~table.label.str.endswith(("gbs2", "swapped"))]
     for mode in ("per_rollout_mean", "per_token"):
         t = big[big["mode"] == mode]
         assert t[t.config == t.reference]["label"].iloc[0] == f"dp4 cp1 {mode}"
@@ -100,8 +106,14 @@ def test_dynamic_cp_trains_like_no_cp(tmp_path):
         assert any(len(set(n)) > 1 or any(1 in c and 2 in c for c in cd)
                    for n, cd in zip(d["num_microbatches"], d["cp_degrees"]))
 
-    fixed, dynamic = runs[-2].steps, runs[-1].steps
+    fixed, dynamic = runs[-3].steps, runs[-2].steps
     assert (dynamic["step"] == [1, 2]).all()
     np.testing.assert_allclose(dynamic["loss"], fixed["loss"], rtol=1e-5)
     np.testing.assert_allclose(dynamic["grad_norm"], fixed["grad_norm"], rtol=1e-5)
-    assert param_rel_diff(runs[-1].params(2), runs[-2].params(2)) < 1e-5
+    assert param_rel_diff(runs[-2].params(2), runs[-3].params(2)) < 1e-5
+
+    # the invariance checks above catch a wrong K/V exchange (all-gather CP runs for real)
+    swapped = table[table.label == "dp2 cp2 fixed swapped"]
+    assert (swapped["cp_impl"] == "allgather").all() and not swapped["cp_emulated"].any()
+    assert np.maximum(swapped["loss_rel_diff"], swapped["param_rel_diff"]).max() > 1e-4, \
+        swapped[cols]

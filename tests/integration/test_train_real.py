@@ -3,7 +3,7 @@
 The objective is slime's, from slime's own command line (``SLIME_FLAGS``: GRPO with the
 asymmetric clip, the low_var_kl KL loss and the entropy bonus, through
 ``compat.slime.train_config_from_slime_args``), on slime's advantages from the rewards (the
-generated ``advantage`` column dropped). The layout matrix: dp {1, 2} x emulated cp {1, 2} x
+generated ``advantage`` column dropped). The layout matrix: dp {1, 2} x all-gather cp {1, 2} x
 packing {first_fit, balanced} for per_rollout_mean and per_token give the same step-1 and
 step-2 loss, every objective metric (pg_loss, pg_clipfrac, ppo_kl, entropy_loss, kl_loss),
 gradient norm and parameters (1e-5 relative); the naive micro-batch mean drifts. Step 2 is
@@ -163,7 +163,9 @@ def test_smollm2_layout_matrix(real_rollouts, smollm2_path):
     assert table[table.config == 0]["samples"].tolist() == [12, 12]
     step1 = table[table.step == 1]
     assert len({tuple(x) for x in step1["num_microbatches"]}) >= 3  # the layouts really differ
-    assert set(step1["cp_emulated"]) == {False, True}
+    # cp 2 ran all-gather CP for real (the default), none emulated
+    assert set(step1["cp"]) == {1, 2} and not step1["cp_emulated"].any()
+    assert set(step1[step1.cp == 2]["cp_impl"]) == {"allgather"}
     for mode in ("per_rollout_mean", "per_token"):
         t = table[table["mode"] == mode]
         assert t[t.config == t.reference]["label"].iloc[0] == "dp1 cp1 first_fit/strided " + mode

@@ -65,11 +65,13 @@ def test_reports_gradients_and_parameters_do_not_move_with_the_layout(tmp_path):
         print(table[table.step.isin([1, 3])][cols].to_string())
 
     # the data is what the acceptance asks for: multi-sample rollouts, variable step sizes,
-    # and layouts that really differ (micro-batch counts per rank, emulated CP)
+    # and layouts that really differ (micro-batch counts per rank, all-gather CP)
     assert table[table.config == 0]["samples"].tolist() == [8, 4, 12]
     step1 = table[table.step == 1]
     assert len({tuple(x) for x in step1["num_microbatches"]}) >= 4
-    assert set(step1["cp_emulated"]) == {False, True}
+    # cp 2 ran all-gather CP for real (the default), none emulated
+    assert set(step1["cp"]) == {1, 2} and not step1["cp_emulated"].any()
+    assert set(step1[step1.cp == 2]["cp_impl"]) == {"allgather"}
 
     for mode in ("per_rollout_mean", "per_token"):
         t = table[table["mode"] == mode]

@@ -11,7 +11,8 @@
 
 Devices (:mod:`varbatch_kit.train.devices`, docs/gpu.md): CUDA + NCCL when each node has a
 GPU per local rank, else CPU + gloo through :mod:`varbatch_kit.train.cpu_shim`. Context
-parallelism is emulated at the loss level (see :mod:`varbatch_kit.train.step`).
+parallelism runs all-gather style (:mod:`varbatch_kit.train.cp_attention`), or emulated at
+the loss level as the reference (see :mod:`varbatch_kit.train.step`).
 
 Needs the ``[train]`` extra (``pip install 'varbatch_kit[train]'``): importing
 this package without megatron-core raises an ``ImportError`` that says so.

@@ -38,6 +38,12 @@ the mask is ``True`` where attention is blocked, filled with -10000 before
 the softmax; no mask means causal), so a model built with this spec also
 runs the dense reference path.
 
+Under all-gather context parallelism (:mod:`.cp_attention`) the row is a CP
+rank's zigzag share and :func:`~varbatch_kit.train.cp_attention.current_share`
+is set around the forward: the packed path then runs
+:func:`~varbatch_kit.train.cp_attention.cp_core_attention` (K/V gathered over
+the CP group) instead of :func:`segment_attention`.
+
 ``torch.nn.attention.flex_attention`` with a document mask would be the other
 candidate; in torch 2.13 it has no backward on CPU (eager or compiled), so it
 cannot train here.
@@ -59,6 +65,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from megatron.core.transformer.module import MegatronModule
+
+from varbatch_kit.train.cp_attention import cp_core_attention, current_share
 
 __all__ = ["PerSampleAttention", "local_layer_spec", "segment_attention"]
 
@@ -138,7 +146,8 @@ class PerSampleAttention(MegatronModule):
 
         if config.context_parallel_size != 1:
             raise ValueError(f"context_parallel_size={config.context_parallel_size}: "
-                             "PerSampleAttention needs 1 (CP is emulated at the loss level)")
+                             "PerSampleAttention needs 1 (the engine runs its own CP groups: "
+                             "train/cp_attention.py)")
         dropout = config.attention_dropout if attention_dropout is None else attention_dropout
         if dropout:
             raise ValueError(f"attention_dropout={dropout}: PerSampleAttention has no dropout; "
@@ -186,7 +195,11 @@ class PerSampleAttention(MegatronModule):
         if query.dim() != 3:
             raise ValueError(f"packed query of shape {tuple(query.shape)}: the 'thd' format "
                              "gives [T, heads, head_dim]")
-        out = segment_attention(query, key, value, lengths, self.softmax_scale)
+        share = current_share()  # all-gather CP: this rank's zigzag share (train/cp_attention)
+        if share is not None:
+            out = cp_core_attention(query, key, value, share, self.softmax_scale)
+        else:
+            out = segment_attention(query, key, value, lengths, self.softmax_scale)
         return out.reshape(out.size(0), -1)  # [T, h*d]; megatron adds the batch dim of 1
 
 

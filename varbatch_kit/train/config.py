@@ -327,6 +327,9 @@ class FaultConfig:
     ``ckpt_after_model`` / ``ckpt_before_rename``: while writing the checkpoint
     after that step). ``disk_full_at_step``: that step's checkpoint is written
     under a 64 KiB file-size limit, so its writes fail like on a full disk.
+    ``cp_swap_chunks_rank`` (all-gather CP): every rank's K/V reassembly reads
+    that CP rank's share with its two zigzag chunks in swapped order, a wrong
+    exchange the CP invariance tests must catch.
     """
 
     fail_at_step: int | None = _f(None, "rank fail_rank raises at the start of this 1-based step")
@@ -335,11 +338,14 @@ class FaultConfig:
     kill_at: str | None = _f(None, f"'POINT:STEP', POINT one of {', '.join(KILL_POINTS)}")
     disk_full_at_step: int | None = _f(None, "the checkpoint after this step hits a 64 KiB "
                                              "file-size limit")
+    cp_swap_chunks_rank: int | None = _f(None, "all-gather CP: the K/V exchange reads this CP "
+                                               "rank's two chunks swapped (a wrong exchange)")
 
     def __post_init__(self) -> None:
         for name in ("fail_at_step", "hang_at_step", "disk_full_at_step"):
             need_int("faults", name, getattr(self, name), 1, optional=True)
         need_int("faults", "fail_rank", self.fail_rank, 0)
+        need_int("faults", "cp_swap_chunks_rank", self.cp_swap_chunks_rank, 0, optional=True)
         if self.kill_at is not None:
             point, _, step = str(self.kill_at).partition(":")
             if point not in KILL_POINTS or not step.isdigit() or int(step) < 1:
@@ -377,11 +383,14 @@ class TrainConfig:
 
     ``schedule``: a :class:`~varbatch_kit.ScheduleConfig` (dp, cp,
     global_batch_size in rollouts, micro_batch_size or max_tokens_per_gpu,
-    packing, distribution, cp_mode). ``cp > 1`` is *emulated* on CPU and
-    without TransformerEngine: every CP rank runs the full forward and computes
-    the loss and reports on its zigzag slice; gradients are averaged over all
-    dp*cp ranks. With ``cp_mode="dynamic"`` each micro-batch runs on its own CP
-    group of the dp*cp pool. ``pp`` and ``vpp`` (the schedule's) and ``tp``
+    packing, distribution, cp_mode). ``cp > 1`` runs all-gather context
+    parallelism by default (``cp_impl="allgather"``, :mod:`~varbatch_kit.train.cp_attention`):
+    each CP rank runs the model on its zigzag share, K/V all-gathered over the
+    micro-batch's CP group; ``cp_impl="emulated"`` is the reference (every CP
+    rank runs the full forward, loss and reports on its zigzag slice).
+    Gradients are averaged over all dp*cp ranks. With ``cp_mode="dynamic"``
+    each micro-batch runs on its own CP group of the dp*cp pool. ``pp`` and
+    ``vpp`` (the schedule's) and ``tp``
     (here) complete the layout (:class:`~varbatch_kit.train.layout.ParallelLayout`):
     ``world_size = dp * cp * pp * tp``; a layout the engine cannot run is refused
     here, before any worker starts. ``cp_impl`` says how ``cp > 1`` runs
@@ -411,7 +420,7 @@ class TrainConfig:
     precision: str = _f("fp32", "fp32, or bf16: megatron's bf16 (Float16Module) with fp32 main "
                                 "params and grads, grads reduced in fp32, loss and reports in "
                                 "fp32 or wider", choices=PRECISIONS)
-    cp_impl: str = _f("emulated", "how cp > 1 runs: allgather = each CP rank runs its zigzag "
+    cp_impl: str = _f("allgather", "how cp > 1 runs: allgather = each CP rank runs its zigzag "
                                   "share, K/V all-gathered; emulated = every CP rank runs the "
                                   "full forward, loss on its slice (the reference)",
                       choices=CP_IMPLS)

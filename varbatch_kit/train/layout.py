@@ -139,6 +139,4 @@ class ParallelLayout:
         # parts being built: each line goes when its engine path lands
         if self.pp > 1:
             out.append(f"pp={self.pp}: pipeline parallelism is not built yet; use pp=1")
-        if self.cp > 1 and self.cp_impl == "allgather":
-            out.append("cp_impl='allgather' is not built yet; use cp_impl='emulated'")
         return out

@@ -8,8 +8,11 @@ micro-batches packed under ``--log-probs-max-tokens-per-gpu``
 - each world rank runs, without gradients, the micro-batches of the log-prob
   schedule it holds as CP rank 0 (fixed CP: DP rank ``w // cp``'s micro-batches
   on ``w % cp == 0``; dynamic CP: the first rank of each micro-batch's group),
-  so every sample is computed exactly once (CP is emulated: the full forward
-  runs on one rank);
+  so every sample is computed exactly once (emulated CP: the full forward runs
+  on that rank; all-gather CP, ``cp_allgather=True``: every rank of the
+  micro-batch's CP group runs its zigzag share, as in training
+  (:mod:`.cp_attention`), and the group's CP rank 0 keeps the gathered
+  log-probs);
 - the per-sample results are all-gathered, so every rank ends with the
   log-probs of every sample of the run's steps (what the loss and the
   advantages read).
@@ -41,28 +44,39 @@ def log_probs_file(out_dir: Path, rollout_batch: int) -> Path:
     return Path(out_dir) / f"log_probs_batch{int(rollout_batch)}.pt"
 
 
-def _my_micro_batches(steps, rank: int) -> list[np.ndarray]:
+def _my_micro_batches(steps, rank: int, cp_allgather: bool = False) -> list:
+    """This rank's micro-batches of the pass, as :class:`~.cp_groups.CPRound`: those it holds
+    as CP rank 0 (emulated CP), or every one it takes part in (all-gather CP)."""
+    from varbatch_kit.train.cp_groups import CPRound, rank_rounds
+
     mine = []
     for step in steps:
+        if cp_allgather:
+            mine += rank_rounds(step, rank)
+            continue
         for work in step.rank_program(rank):
             if work.samples.size and work.cp_rank == 0:
-                mine.append(work.samples)
+                mine.append(CPRound(work.samples, 1, 0, (rank,)))
     return mine
 
 
 @torch.no_grad()
-def compute_log_probs(model, steps, rollouts, tokens, device, *,
-                      temperature: float = 1.0, layout=None) -> dict[int, np.ndarray]:
+def compute_log_probs(model, steps, rollouts, tokens, device, *, temperature: float = 1.0,
+                      layout=None, cp_allgather: bool = False) -> dict[int, np.ndarray]:
     """Log-probs (float64 per response token) of every sample of ``steps``, on every rank.
 
     ``steps``: the log-prob schedule's steps (or the training steps);
     ``tokens[i]``: sample ``i``'s prompt + response ids. ``layout`` (the run's
     :class:`~varbatch_kit.train.layout.ParallelLayout`; None: the world is the pool):
     a world rank runs the micro-batches of its pool rank, so the TP ranks of one
-    pool rank run the same ones, their logits vocab-parallel. Collective: every
-    rank of the world calls it.
+    pool rank run the same ones, their logits vocab-parallel. ``cp_allgather``:
+    micro-batches of degree > 1 run over their CP group (its process groups made
+    before, :func:`~varbatch_kit.train.cp_groups.cp_groups_for_run`). Collective:
+    every rank of the world calls it.
     """
     from varbatch_kit.train.batch import pack, response_logits, response_token_stats
+    from varbatch_kit.train.cp_attention import cp_response_logits, cp_response_stats
+    from varbatch_kit.train.cp_groups import share_for
     from varbatch_kit.train.tensor_parallel import vocab_shard
 
     was_training = model.training
@@ -71,13 +85,21 @@ def compute_log_probs(model, steps, rollouts, tokens, device, *,
     try:
         rank = dist.get_rank()
         pool_rank = rank if layout is None else layout.coords(rank).pool_rank
-        for samples in _my_micro_batches(steps, pool_rank):
+        for rnd in _my_micro_batches(steps, pool_rank, cp_allgather):
+            samples = rnd.samples
             batch = pack([tokens[g] for g in samples], rollouts.prompt_len[samples], samples,
                          device=device)
-            logits = response_logits(model, batch)
-            lp = response_token_stats(logits, batch, at_response_rows=True,
-                                      temperature=temperature,
-                                      **vocab_shard(logits))["logprob"].cpu().numpy()
+            share = share_for(rnd, batch)
+            if share is None:
+                logits = response_logits(model, batch)
+                stats = response_token_stats(logits, batch, at_response_rows=True,
+                                             temperature=temperature, **vocab_shard(logits))
+            else:
+                stats = cp_response_stats(cp_response_logits(model, batch, share), batch,
+                                          share, temperature=temperature)
+            if rnd.cp_rank:
+                continue  # the group's CP rank 0 keeps the micro-batch's log-probs
+            lp = stats["logprob"].cpu().numpy()
             for g, piece in zip(batch.sample_indices.tolist(),
                                 np.split(lp, np.cumsum(batch.response_lens)[:-1])):
                 mine[int(g)] = piece

@@ -8,7 +8,7 @@ schedule, built once by the launcher (a worker builds no schedule). They train
 one after the other, each from the same seed, writing to its own output folder.
 
 The pieces: process setup (:mod:`.process`), one step (:mod:`.step`, which
-also describes the world layout and emulated / dynamic CP), checkpoint state
+also describes the world layout and all-gather / emulated / dynamic CP), checkpoint state
 (:mod:`.run_state`); this module holds the loop over the steps (:func:`train`)
 and the entry point (:func:`main`).
 """
@@ -207,6 +207,10 @@ def train(cfg: TrainConfig, model_spec, steps: list, log_prob_steps: list, rollo
             "checkpoint_load_s": load_s,
         }
         write_atomic(out_dir / "meta.json", json.dumps(meta, indent=1).encode())
+    if cfg.cp > 1 and cfg.cp_impl == "allgather":  # every CP group the steps use, made once
+        from varbatch_kit.train.cp_groups import cp_groups_for_run
+
+        cp_groups_for_run(cfg.layout, [*steps, *log_prob_steps])
     for number, step in enumerate(steps, start=1):
         if number <= start:
             continue  # trained before the checkpoint

@@ -73,10 +73,13 @@ def prepare_policy_inputs(cfg, model, gpt, log_prob_steps, rollouts, data, devic
     loss = cfg.loss
     needs_ref = loss.use_kl_loss or loss.kl_coef > 0
     temperature = loss.rollout_temperature
+    # all-gather CP: the pass runs each micro-batch over its CP group too, as training does
+    cp_allgather = cfg.cp > 1 and cfg.cp_impl == "allgather"
 
     def run_pass() -> dict:
         old = compute_log_probs(model, log_prob_steps, rollouts, data.tokens, device,
-                                temperature=temperature, layout=cfg.layout)
+                                temperature=temperature, layout=cfg.layout,
+                                cp_allgather=cp_allgather)
         ref = None
         if needs_ref and rollout_batch == 0:
             ref = old  # the actor has not moved yet: it is the reference model
@@ -85,7 +88,8 @@ def prepare_policy_inputs(cfg, model, gpt, log_prob_steps, rollouts, data, devic
             _load(gpt, initial_state)
             try:
                 ref = compute_log_probs(model, log_prob_steps, rollouts, data.tokens, device,
-                                        temperature=temperature, layout=cfg.layout)
+                                        temperature=temperature, layout=cfg.layout,
+                                        cp_allgather=cp_allgather)
             finally:
                 _load(gpt, current)
         return {"old": old, "ref": ref}

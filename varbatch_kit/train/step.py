@@ -6,19 +6,32 @@ World layout
 ``w % cp``. megatron-core is initialised with tensor = pipeline = context
 parallel size 1, so *its* data-parallel group is the whole world (DP x CP):
 Megatron DDP averages gradients over all ``dp * cp`` ranks, which is the
-gradient reduction CP needs. Context parallelism itself is **emulated**:
-megatron-core's context-parallel attention and packed ``thd`` batches need
-TransformerEngine, so every CP rank runs the full forward of its DP rank's
-micro-batch and computes the loss and the reported metrics on its own zigzag
-slice of every response (:mod:`varbatch_kit.report.cp`). Gradients, losses and
-reports are what real CP computes; the compute and memory savings are not.
+gradient reduction CP needs. megatron-core's context-parallel attention and
+packed ``thd`` batches need TransformerEngine, so the engine runs its own CP
+(``TrainConfig.cp_impl``):
+
+- ``"allgather"`` (the default, :mod:`.cp_attention`): each CP rank runs the
+  model on its zigzag share of the micro-batch only; core attention
+  all-gathers K/V over the micro-batch's CP group (:mod:`.cp_groups`, made
+  once per run); the response log-probs and entropies are all-gathered into
+  whole responses, so the loss function below runs unchanged and keeps the
+  rank's zigzag slice for its sums.
+- ``"emulated"`` (the reference): every CP rank runs the full forward of its
+  DP rank's micro-batch and computes the loss and the reported metrics on its
+  own zigzag slice of every response (:mod:`varbatch_kit.report.cp`).
+
+Both give the gradients, losses and reports of no CP; only the first saves
+compute and memory per rank.
 
 Dynamic CP (``ScheduleConfig(cp_mode="dynamic")``): the ``dp * cp`` ranks are
-one pool and world rank ``w`` runs ``step.rank_program(w)``: per round the
-micro-batch of the CP group holding it, sliced by that micro-batch's own degree
-and ``w``'s place in the group; idle rounds are skipped, so ranks run different
-micro-batch counts (the loss prescale uses the rank's own count, which Megatron
-divides by). The normalisers get each sample's degree; the per-token count is
+one pool and world rank ``w`` runs its rounds of the plan
+(:func:`~varbatch_kit.train.cp_groups.rank_rounds`, as ``step.rank_program(w)``):
+per round the micro-batch of the CP group holding it, run on that group with
+its own degree and ``w``'s place in the group; idle rounds are skipped, so
+ranks run different micro-batch counts (the loss prescale uses the rank's own
+count, which Megatron divides by); a rank idle all step runs one zero-weight
+micro-batch alone, to join the gradient sync. The normalisers get each
+sample's degree; the per-token count is
 ``n * K / c`` per rank (``K`` = lcm of the step's degrees), see
 :mod:`varbatch_kit.report`.
 
@@ -96,10 +109,11 @@ def train_step(cfg, mode, model, optimizer, step, rollouts, data, inputs: Policy
     from megatron.core.pipeline_parallel import get_forward_backward_func
     from megatron.core.utils import get_model_config
 
-    from varbatch_kit.core.placement import RankWork
     from varbatch_kit.report.cp import slice_flat_responses_for_cp
     from varbatch_kit.report.objective import policy_objective
     from varbatch_kit.train.batch import pack, response_logits, response_token_stats
+    from varbatch_kit.train.cp_attention import cp_response_logits, cp_response_stats
+    from varbatch_kit.train.cp_groups import CPRound, rank_rounds, share_for
     from varbatch_kit.train.tensor_parallel import vocab_shard
     from varbatch_kit.train.timing import MicroBatchTimer, busy_and_straggler, gather_timings
 
@@ -113,7 +127,8 @@ def train_step(cfg, mode, model, optimizer, step, rollouts, data, inputs: Policy
     # pool_rank % cp; dynamic CP, the micro-batch of the group holding it (own degree and CP
     # rank), idle rounds skipped (ranks may then run different micro-batch counts; Megatron
     # divides by its own)
-    work = [w for w in step.rank_program(pool_rank) if not w.idle]
+    # (with the pool ranks of each micro-batch's CP group: all-gather CP runs on it)
+    work = rank_rounds(step, pool_rank)
     n_mb = len(work)
 
     # 1. step-wide normalisers over ALL samples of the step (before packing); dynamic CP: each
@@ -138,13 +153,16 @@ def train_step(cfg, mode, model, optimizer, step, rollouts, data, inputs: Policy
     # 2. this rank's micro-batches, packed, each with its (weight, cp_size, cp_rank); a rank
     # idle all step runs one zero-weight micro-batch so that it joins the gradient sync
     if not work:
-        work = [RankWork(step.micro_batches[0], 1, 0)]
+        work = [CPRound(step.micro_batches[0], 1, 0, (pool_rank,))]
     weight = 1.0 if n_mb else 0.0
-    batches = [
-        (pack([data.tokens[g] for g in w.samples], rollouts.prompt_len[w.samples], w.samples,
-              device=device), w.cp_size, w.cp_rank)
-        for w in work
-    ]
+    batches = []
+    for w in work:
+        b = pack([data.tokens[g] for g in w.samples], rollouts.prompt_len[w.samples], w.samples,
+                 device=device)
+        # all-gather CP: this rank's zigzag share of b and its group (None: the whole row)
+        share = (share_for(w, b, swap_chunks_of=cfg.faults.cp_swap_chunks_rank)
+                 if cfg.cp_impl == "allgather" else None)
+        batches.append((b, w.cp_size, w.cp_rank, share))
 
     options = cfg.loss.objective_options()
     keys = report_keys(cfg, inputs.rollout_log_probs is not None)
@@ -152,12 +170,15 @@ def train_step(cfg, mode, model, optimizer, step, rollouts, data, inputs: Policy
     def _f64(arrays, idx):
         return [torch.as_tensor(np.asarray(arrays[g], dtype=np.float64)).to(device) for g in idx]
 
-    def loss_func(batch, cp_size, cp_rank, logits):
+    def loss_func(batch, cp_size, cp_rank, share, logits):
         idx = [int(g) for g in batch.sample_indices]
-        stats = response_token_stats(logits, batch, at_response_rows=True,
-                                     temperature=cfg.loss.rollout_temperature,
-                                     entropy_grad=cfg.loss.entropy_coef != 0,
-                                     **vocab_shard(logits))  # tp > 1: vocab-parallel
+        stat_kw = dict(temperature=cfg.loss.rollout_temperature,
+                       entropy_grad=cfg.loss.entropy_coef != 0)
+        # the full responses' values (all-gather CP: gathered from the group's shares;
+        # tp > 1: vocab-parallel)
+        stats = (response_token_stats(logits, batch, at_response_rows=True, **stat_kw,
+                                      **vocab_shard(logits))
+                 if share is None else cp_response_stats(logits, batch, share, **stat_kw))
         splits = list(batch.response_lens)
         adv = _f64(inputs.advantages, idx)
         # every term of slime's policy loss on the full responses (train/objective docs)
@@ -198,10 +219,12 @@ def train_step(cfg, mode, model, optimizer, step, rollouts, data, inputs: Policy
     timer = MicroBatchTimer(cuda=device.type == "cuda")  # fwd/bwd wall time per micro-batch
 
     def forward_step(data_iterator, model):
-        batch, cp_size, cp_rank = next(data_iterator)
+        batch, cp_size, cp_rank, share = next(data_iterator)
         timer.forward_start(batch.lengths)
-        logits = response_logits(model, batch)  # the output layer on response rows only
-        return logits, timer.wrap_loss(partial(loss_func, batch, cp_size, cp_rank))
+        # the output layer on response rows only (all-gather CP: on this rank's share)
+        logits = (response_logits(model, batch) if share is None
+                  else cp_response_logits(model, batch, share))
+        return logits, timer.wrap_loss(partial(loss_func, batch, cp_size, cp_rank, share))
 
     # 3. megatron-core's forward/backward schedule (no pipelining), DDP grad sync at the end
     model.zero_grad_buffer()
@@ -212,11 +235,13 @@ def train_step(cfg, mode, model, optimizer, step, rollouts, data, inputs: Policy
         data_iterator=iter(batches),
         model=[model],
         num_microbatches=len(batches),
-        seq_length=max(b.num_tokens for b, _, _ in batches),
+        seq_length=max(b.num_tokens for b, *_ in batches),
         micro_batch_size=1,
         forward_only=False,
     )
     timer.detach()
+    for rec, (_, cp_size, _, share) in zip(timer.records, batches):  # what this rank computed:
+        rec.update(cp_size=cp_size, cp_share=share is not None)  # its share, or the whole row
     if grads_out is not None:  # DDP has reduced them into main_grad (finalize_model_grads)
         from varbatch_kit.train.batch import unwrap_model
         from varbatch_kit.train.tensor_parallel import gather_full_parameters
