@@ -52,36 +52,86 @@ def _my_micro_batches(steps, rank: int) -> list[np.ndarray]:
 
 @torch.no_grad()
 def compute_log_probs(model, steps, rollouts, tokens, device, *,
-                      temperature: float = 1.0) -> dict[int, np.ndarray]:
+                      temperature: float = 1.0, layout=None) -> dict[int, np.ndarray]:
     """Log-probs (float64 per response token) of every sample of ``steps``, on every rank.
 
     ``steps``: the log-prob schedule's steps (or the training steps);
     ``tokens[i]``: sample ``i``'s prompt + response ids. Collective: every rank
-    of the world calls it.
+    of the world calls it. ``layout`` (a :class:`~varbatch_kit.train.layout.ParallelLayout`):
+    each rank runs the micro-batches of its pool rank; with pipeline stages (``model`` a list
+    of chunks) through megatron's forward-only pipeline schedule, the log-probs coming out of
+    the last stage.
     """
     from varbatch_kit.train.batch import pack, response_logits, response_token_stats
 
-    was_training = model.training
-    model.eval()
+    models = model if isinstance(model, list) else [model]
+    rank = dist.get_rank()
+    pool_rank = rank if layout is None else layout.coords(rank).pool_rank
+    was_training = models[0].training
+    for m in models:
+        m.eval()
     mine: dict[int, np.ndarray] = {}
+
+    def keep(batch, lp) -> None:
+        for g, piece in zip(batch.sample_indices.tolist(),
+                            np.split(lp, np.cumsum(batch.response_lens)[:-1])):
+            mine[int(g)] = piece
+
     try:
-        for samples in _my_micro_batches(steps, dist.get_rank()):
-            batch = pack([tokens[g] for g in samples], rollouts.prompt_len[samples], samples,
-                         device=device)
+        batches = [pack([tokens[g] for g in samples], rollouts.prompt_len[samples], samples,
+                        device=device) for samples in _my_micro_batches(steps, pool_rank)]
+        if isinstance(model, list):
+            _pipelined(models, batches, keep, layout, temperature)
+        for batch in batches if not isinstance(model, list) else ():
             logits = response_logits(model, batch)
-            lp = response_token_stats(logits, batch, at_response_rows=True,
-                                      temperature=temperature)["logprob"].cpu().numpy()
-            for g, piece in zip(batch.sample_indices.tolist(),
-                                np.split(lp, np.cumsum(batch.response_lens)[:-1])):
-                mine[int(g)] = piece
+            keep(batch, response_token_stats(logits, batch, at_response_rows=True,
+                                             temperature=temperature)["logprob"].cpu().numpy())
     finally:
-        model.train(was_training)
+        for m in models:
+            m.train(was_training)
     gathered: list = [None] * dist.get_world_size()
     dist.all_gather_object(gathered, mine)
     out: dict[int, np.ndarray] = {}
     for part in gathered:
         out.update(part)
     return out
+
+
+def _pipelined(models, batches, keep, layout, temperature) -> None:
+    """The forward-only pipeline over ``batches`` (:mod:`.pipeline`); the last stage keeps
+    the log-probs. The interleaved schedule takes all micro-batches as one group of at least
+    ``pp``: a shorter list is padded with repeats (their results are the same values)."""
+    from megatron.core.utils import get_model_config
+
+    from varbatch_kit.train import pipeline
+    from varbatch_kit.train.batch import response_logits, response_token_stats
+
+    if not batches:
+        return
+    if len(models) > 1:
+        batches = batches + [batches[-1]] * max(0, layout.pp - len(batches))
+    config = get_model_config(models[0])
+    saved = config.microbatch_group_size_per_vp_stage
+    if len(models) > 1:
+        config.microbatch_group_size_per_vp_stage = len(batches)
+
+    def forward_step(data_iterator, model):
+        batch = next(data_iterator)
+        if not pipeline.is_post_process(model):
+            return model(batch.tokens, batch.position_ids, **batch.model_inputs()), None
+        logits = response_logits(model, batch)
+
+        def loss_func(out):
+            lp = response_token_stats(out, batch, at_response_rows=True,
+                                      temperature=temperature)["logprob"].cpu().numpy()
+            keep(batch, lp)
+            return torch.zeros((), device=out.device), {}
+        return logits, loss_func
+
+    try:
+        pipeline.forward_backward(models, batches, forward_step, forward_only=True)
+    finally:
+        config.microbatch_group_size_per_vp_stage = saved
 
 
 def load_or_compute(compute, path: Path, *, resumed: bool):

@@ -88,6 +88,12 @@ def plan_runs(configs: Sequence[TrainConfig], rollouts: Rollouts) -> list[Planne
         if cfg.model not in models:
             models[cfg.model] = resolve_model(cfg.model)
         model = models[cfg.model]
+        from varbatch_kit.train.pipeline import pipeline_problems
+
+        for problem in pipeline_problems(pp=cfg.pp, vpp=cfg.schedule.vpp,
+                                         mb_group=cfg.schedule.mb_group,
+                                         num_layers=model.num_layers):
+            raise ValueError(f"{problem} ({model.path or 'the toy GPT'})")
         _check_rollouts(cfg, model, rollouts)
         schedule = build_schedule(rollouts, cfg.schedule, model=model.shape)
         steps = list(schedule.steps[: cfg.run.max_steps] if cfg.run.max_steps

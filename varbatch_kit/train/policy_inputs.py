@@ -76,7 +76,7 @@ def prepare_policy_inputs(cfg, model, gpt, log_prob_steps, rollouts, data, devic
 
     def run_pass() -> dict:
         old = compute_log_probs(model, log_prob_steps, rollouts, data.tokens, device,
-                                temperature=temperature)
+                                temperature=temperature, layout=cfg.layout)
         ref = None
         if needs_ref and rollout_batch == 0:
             ref = old  # the actor has not moved yet: it is the reference model
@@ -85,7 +85,7 @@ def prepare_policy_inputs(cfg, model, gpt, log_prob_steps, rollouts, data, devic
             _load(gpt, initial_state)
             try:
                 ref = compute_log_probs(model, log_prob_steps, rollouts, data.tokens, device,
-                                        temperature=temperature)
+                                        temperature=temperature, layout=cfg.layout)
             finally:
                 _load(gpt, current)
         return {"old": old, "ref": ref}

@@ -193,49 +193,84 @@ def train_step(cfg, mode, model, optimizer, step, rollouts, data, inputs: Policy
                 torch.tensor(num_tokens, dtype=torch.int, device=device),
                 {"values": values})
 
-    timer = MicroBatchTimer(cuda=device.type == "cuda")  # fwd/bwd wall time per micro-batch
+    models = model if isinstance(model, list) else [model]
+    staged = cfg.pp > 1  # pipeline parallelism: megatron's 1F1B over model chunks
+    if staged:
+        from varbatch_kit.train import pipeline
+
+        timer = pipeline.StageTimer(cuda=device.type == "cuda")
+    else:
+        timer = MicroBatchTimer(cuda=device.type == "cuda")  # fwd/bwd wall time per micro-batch
 
     def forward_step(data_iterator, model):
         batch, cp_size, cp_rank = next(data_iterator)
+        if staged:
+            timer.lengths = list(batch.lengths)
+            if not pipeline.is_post_process(model):  # hidden states to the next stage
+                return (model(batch.tokens, batch.position_ids, **batch.model_inputs()),
+                        partial(loss_func, batch, cp_size, cp_rank))
+            logits = response_logits(model, batch)
+            return logits, partial(loss_func, batch, cp_size, cp_rank)
         timer.forward_start(batch.lengths)
         logits = response_logits(model, batch)  # the output layer on response rows only
         return logits, timer.wrap_loss(partial(loss_func, batch, cp_size, cp_rank))
 
-    # 3. megatron-core's forward/backward schedule (no pipelining), DDP grad sync at the end
-    model.zero_grad_buffer()
+    # 3. megatron-core's forward/backward schedule (no pipelining, or 1F1B over pp stages),
+    # DDP grad sync at the end
+    for m in models:
+        m.zero_grad_buffer()
     optimizer.zero_grad()
-    timer.attach(get_model_config(model))  # the last backward ends where the grad sync starts
-    outputs = get_forward_backward_func()(
-        forward_step_func=forward_step,
-        data_iterator=iter(batches),
-        model=[model],
-        num_microbatches=len(batches),
-        seq_length=max(b.num_tokens for b, _, _ in batches),
-        micro_batch_size=1,
-        forward_only=False,
-    )
-    timer.detach()
+    if staged:
+        outputs = pipeline.forward_backward(models, batches, forward_step, timer=timer)
+    else:
+        timer.attach(get_model_config(model))  # the last backward ends where the grad sync starts
+        outputs = get_forward_backward_func()(
+            forward_step_func=forward_step,
+            data_iterator=iter(batches),
+            model=[model],
+            num_microbatches=len(batches),
+            seq_length=max(b.num_tokens for b, _, _ in batches),
+            micro_batch_size=1,
+            forward_only=False,
+        )
+        timer.detach()
     if grads_out is not None:  # DDP has reduced them into main_grad (finalize_model_grads)
         from varbatch_kit.train.batch import unwrap_model
 
-        for name, p in unwrap_model(model).named_parameters():
-            g = getattr(p, "main_grad", None)
-            g = p.grad if g is None else g
-            grads_out[name] = torch.zeros_like(p, device="cpu") if g is None else (
-                g.detach().float().cpu().clone())
+        for m in models:
+            gpt = unwrap_model(m)
+            rename = getattr(gpt, "full_name_of", None) or (lambda n: n)
+            for name, p in gpt.named_parameters():
+                g = getattr(p, "main_grad", None)
+                g = p.grad if g is None else g
+                if rename(name) is not None:
+                    grads_out[rename(name)] = torch.zeros_like(p, device="cpu") if g is None \
+                        else g.detach().float().cpu().clone()
 
     # 4. optimizer step; grad_norm is the norm before clipping
     ok, grad_norm, _ = optimizer.step()
     wall = time.perf_counter() - t0
 
     # 5. report: sum micro-batch vectors, all-reduce over DP x CP, divide by the step divisor
-    report = reduce_step_report([o["values"] for o in outputs], keys=keys, mode=mode, norm=norm,
-                                cp_size=norm.reference_cp)
+    layout = cfg.layout
+    if layout.coords(rank).pp_rank == layout.pp - 1:  # the losses are on the last stage
+        report = reduce_step_report([o["values"] for o in outputs], keys=keys, mode=mode,
+                                    norm=norm, cp_size=norm.reference_cp)
+    else:
+        report = None
+    if staged:  # reduced on the last stage, as slime does, then handed to rank 0
+        report = pipeline.from_last_stage(report, layout)
     walls = torch.tensor([wall], dtype=torch.float64, device=device)
     gathered = [torch.zeros_like(walls) for _ in range(world)]
     dist.all_gather(gathered, walls)
     timings = gather_timings(timer.records)  # per world rank
     busy, straggler = busy_and_straggler(timings)
+    piped = {}
+    if staged:  # per world rank: the schedule's span and the stage's idle time in it
+        spans = [None] * world
+        dist.all_gather_object(spans, (timer.span_s, timer.idle_s))
+        piped = {"pipeline_span_s": [a for a, _ in spans],
+                 "pipeline_idle_s": [b for _, b in spans]}
 
     tokens = rollouts.total_len
     # fixed CP: per DP rank; dynamic CP: per world rank, the micro-batches it takes part in
@@ -268,6 +303,7 @@ def train_step(cfg, mode, model, optimizer, step, rollouts, data, inputs: Policy
         "micro_batch_timing": timings,
         "busy_s": busy,
         "straggler_s": straggler,
+        **piped,
     }
 
 

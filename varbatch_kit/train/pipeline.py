@@ -1,0 +1,485 @@
+"""Pipeline parallelism: a run's model split over ``pp`` stages (``vpp`` chunks each), trained
+with megatron-core's own 1F1B schedule.
+
+Layout (:class:`~varbatch_kit.train.layout.ParallelLayout`): world rank ``w`` is on stage
+``pp_rank``; every stage holds the same pool of ``dp * cp`` ranks, and pool rank ``r`` trains
+the micro-batches of ``step.rank_program(r)`` on every stage, in the schedule's
+``microbatch_order``.
+
+- **Layers** (:func:`stage_layers`): ``num_layers`` is cut into ``pp * vpp`` equal chunks;
+  chunk ``v`` of stage ``p`` holds the global layers ``(v * pp + p) * L .. + L`` (megatron's
+  interleaved numbering, ``L = num_layers / (pp * vpp)``); the embeddings are on the first
+  chunk of the first stage, the final norm and the output layer on the last chunk of the last
+  stage. With tied embeddings the last stage keeps a copy of the word embeddings as its output
+  layer; megatron all-reduces their gradients over the embedding group.
+- **Weights** (:func:`build_chunks`): every chunk starts from the dp 1 model's weights: the toy
+  GPT is built whole from the seed (exactly as dp 1 builds it) and each chunk takes its
+  layers; a Hugging Face checkpoint is read for the stage's layers only
+  (:func:`varbatch_kit.train.hf.megatron_state_dict` ``layers=``). :func:`stage_tensors` maps
+  the full model's names to a chunk's, :func:`full_name` back (saved parameters compare with
+  dp 1's by name).
+- **Schedule** (:func:`forward_backward`): ``get_forward_backward_func()`` picks megatron's
+  ``forward_backward_pipelining_without_interleaving`` (1F1B) or, with ``vpp > 1``,
+  ``..._with_interleaving`` (micro-batches in groups of ``mb_group`` per virtual stage);
+  ``variable_seq_lengths=True`` (packed rows of different lengths: p2p sends the shapes
+  first) and ``pipeline_dtype=float32``. Losses exist on the last stage only: the report is
+  reduced there over its DP group, as slime does, and handed to world rank 0
+  (:func:`from_last_stage`).
+- **Timing** (:class:`StageTimer`): every forward and backward of every chunk, timed around
+  megatron's ``forward_step`` / ``backward_step``; the rest of the schedule's span is the
+  stage's idle time (p2p waits: the bubble), which :mod:`benchmarks.pp_measured` reports.
+
+:func:`pipeline_problems` lists what cannot run (the layout check refuses it before any worker
+starts).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import time
+from functools import partial
+
+__all__ = ["StageTimer", "build_chunks", "forward_backward", "from_last_stage", "full_name",
+           "gather_full_params", "gather_grads", "pipeline_problems", "stage_layers", "stage_tensors"]
+
+_LAYER = re.compile(r"^decoder\.layers\.(\d+)\.")
+
+
+# --------------------------------------------------------------------------- pure parts
+def pipeline_problems(*, pp: int, vpp: int = 1, mb_group: int = 1,
+                      num_layers: int | None = None) -> list[str]:
+    """Why ``pp`` stages of ``vpp`` chunks cannot run (empty: they can).
+
+    ``num_layers`` (when known) must split into ``pp * vpp`` equal chunks; with ``vpp > 1``
+    megatron's interleaved schedule runs the micro-batches in groups of
+    ``microbatch_group_size_per_vp_stage`` (here ``mb_group``), which must be at least ``pp``;
+    the schedule then gives every rank a multiple of ``mb_group`` micro-batches.
+    """
+    out = []
+    if pp > 1 and num_layers is not None and num_layers % (pp * vpp):
+        out.append(f"num_layers={num_layers} does not split into pp*vpp={pp * vpp} equal "
+                   f"pipeline chunks: use a num_layers divisible by {pp * vpp}")
+    if pp > 1 and vpp > 1 and mb_group < pp:
+        out.append(f"mb_group={mb_group} with pp={pp}, vpp={vpp}: megatron's interleaved "
+                   f"schedule runs micro-batches in groups of mb_group per virtual stage, at "
+                   f"least pp; set mb_group >= {pp} (e.g. mb_group={pp})")
+    return out
+
+
+def stage_layers(num_layers: int, pp: int, vpp: int, pp_rank: int, vp_stage: int = 0) -> range:
+    """The global (0-based) layer indices of chunk ``vp_stage`` of stage ``pp_rank``."""
+    problems = pipeline_problems(pp=pp, vpp=vpp, mb_group=pp, num_layers=num_layers)
+    if problems:
+        raise ValueError(problems[0])
+    if not (0 <= pp_rank < pp and 0 <= vp_stage < vpp):
+        raise ValueError(f"pp_rank={pp_rank}, vp_stage={vp_stage}: give a stage in [0, {pp}) "
+                         f"and a chunk in [0, {vpp})")
+    per = num_layers // (pp * vpp)
+    start = (vp_stage * pp + pp_rank) * per
+    return range(start, start + per)
+
+
+def _chunk_flags(pp: int, vpp: int, pp_rank: int, vp_stage: int) -> tuple[bool, bool]:
+    """(holds the embeddings, holds the final norm and output layer)."""
+    return pp_rank == 0 and vp_stage == 0, pp_rank == pp - 1 and vp_stage == vpp - 1
+
+
+def stage_tensors(full: dict, layers: range, *, pre_process: bool, post_process: bool,
+                  tied: bool) -> dict:
+    """A chunk's parameters (its own names) from the full model's ``full`` (dp 1's names).
+
+    Layer ``i`` of ``layers`` becomes local layer ``i - layers.start``; the embeddings go to
+    the first chunk, the final norm and output layer to the last; with ``tied`` embeddings a
+    last chunk without the embeddings gets them as its output layer.
+    """
+    out = {}
+    for name, t in full.items():
+        m = _LAYER.match(name)
+        if m:
+            i = int(m.group(1))
+            if i in layers:
+                out[f"decoder.layers.{i - layers.start}.{name[m.end():]}"] = t
+        elif name.startswith("embedding."):
+            if pre_process:
+                out[name] = t
+        elif post_process:
+            out[name] = t
+    if tied and post_process and not pre_process:
+        out["output_layer.weight"] = full["embedding.word_embeddings.weight"]
+    return out
+
+
+def full_name(local: str, layers: range, *, pre_process: bool, tied: bool) -> str | None:
+    """The full model's name of a chunk parameter ``local`` (None: the tied output layer's
+    copy of the embeddings, which dp 1 does not have as a parameter of its own)."""
+    if tied and not pre_process and local == "output_layer.weight":
+        return None
+    m = _LAYER.match(local)
+    if m:
+        return f"decoder.layers.{int(m.group(1)) + layers.start}.{local[m.end():]}"
+    return local
+
+
+# --------------------------------------------------------------------------- the model
+class Chunks:
+    """One rank's model chunks (``GPTModel`` each) and where they sit in the full model."""
+
+    def __init__(self, chunks: list, layers: list[range], flags: list[tuple[bool, bool]],
+                 tied: bool):
+        import torch
+
+        self.chunks, self.layers, self.flags, self.tied = chunks, layers, flags, tied
+        #: the chunks as one module (``named_parameters`` / ``state_dict`` of the stage)
+        self.module = torch.nn.ModuleList(chunks)
+
+    def full_params(self) -> dict:
+        """This rank's parameters under the full model's names (CPU copies)."""
+        out = {}
+        for chunk, layers, (pre, _post) in zip(self.chunks, self.layers, self.flags):
+            for n, p in chunk.named_parameters():
+                name = full_name(n, layers, pre_process=pre, tied=self.tied)
+                if name is not None:
+                    out[name] = p.detach().cpu().clone()
+        return out
+
+    def full_name_of(self, chunk_index: int, local: str) -> str | None:
+        pre = self.flags[chunk_index][0]
+        return full_name(local, self.layers[chunk_index], pre_process=pre, tied=self.tied)
+
+
+@contextlib.contextmanager
+def _no_embedding_init_sync():
+    """Building a last chunk with tied embeddings: skip megatron's initial all-reduce of the
+    duplicate (its ``weight.data.cuda()`` fails on CPU); the loader writes the first stage's
+    tensor into both copies instead."""
+    from megatron.core.models.common.language_module.language_module import LanguageModule
+
+    saved = LanguageModule._is_in_embd_group
+    LanguageModule._is_in_embd_group = lambda self: False
+    try:
+        yield
+    finally:
+        LanguageModule._is_in_embd_group = saved
+
+
+def build_chunks(model_spec, layout, world_rank: int, *, max_seq_len: int,
+                 per_token_loss: bool = False, mb_group: int = 1) -> Chunks:
+    """This rank's model chunks, holding the dp 1 model's weights of their layers.
+
+    The toy GPT is built whole first, from the current torch RNG state (so its weights are
+    those dp 1 builds), and each chunk copies its share; a checkpoint's stage layers are read
+    from its files. Needs megatron's parallel state for ``layout``.
+    """
+    import dataclasses
+
+    import torch
+    from megatron.core import parallel_state
+
+    from varbatch_kit.train.model import build_gpt, transformer_config
+
+    pp, vpp = layout.pp, layout.vpp
+    n = model_spec.num_layers
+    problems = pipeline_problems(pp=pp, vpp=vpp, mb_group=max(mb_group, pp), num_layers=n)
+    if problems:
+        raise ValueError(problems[0])
+    pp_rank = layout.coords(world_rank).pp_rank
+    base = transformer_config(model_spec, per_token_loss=per_token_loss)
+    config = dataclasses.replace(
+        base, pipeline_model_parallel_size=pp,
+        virtual_pipeline_model_parallel_size=vpp if vpp > 1 else None,
+        microbatch_group_size_per_vp_stage=max(mb_group, pp) if vpp > 1 else None,
+        variable_seq_lengths=True, pipeline_dtype=torch.float32, perform_initialization=False,
+        moe_token_dispatcher_type="alltoall")  # no MoE; its default refuses variable lengths
+    full = None
+    tied = False
+    if model_spec.is_toy:  # the whole model from the seed, as dp 1 builds it
+        whole = build_gpt(model_spec, max_seq_len=max_seq_len, per_token_loss=per_token_loss)
+        full = {k: v.detach().clone() for k, v in whole.named_parameters()}
+        del whole
+    else:
+        tied = bool(model_spec.hf.tie_word_embeddings)
+    chunks, ranges, flags = [], [], []
+    for v in range(vpp):
+        if vpp > 1:
+            parallel_state.set_virtual_pipeline_model_parallel_rank(v)
+        layers = stage_layers(n, pp, vpp, pp_rank, v)
+        pre, post = _chunk_flags(pp, vpp, pp_rank, v)
+        with _no_embedding_init_sync():
+            chunk = build_gpt(model_spec, max_seq_len=max_seq_len, config=config,
+                              stage={"pre_process": pre, "post_process": post,
+                                     "vp_stage": v if vpp > 1 else None})
+        if full is not None:
+            sd = full
+        else:
+            from varbatch_kit.train import hf
+
+            sd = hf.megatron_state_dict(model_spec.hf, n, layers=layers)
+        _load(chunk, stage_tensors(sd, layers, pre_process=pre, post_process=post, tied=tied))
+        chunk.full_name_of = partial(full_name, layers=layers, pre_process=pre, tied=tied)
+        chunks.append(chunk)
+        ranges.append(layers)
+        flags.append((pre, post))
+    if vpp > 1:
+        parallel_state.set_virtual_pipeline_model_parallel_rank(0)
+    return Chunks(chunks, ranges, flags, tied)
+
+
+def _load(chunk, tensors: dict) -> None:
+    import torch
+
+    params = dict(chunk.named_parameters())
+    missing, extra = sorted(set(params) - set(tensors)), sorted(set(tensors) - set(params))
+    if missing or extra:
+        raise RuntimeError(f"pipeline chunk and its weights disagree: parameters without a "
+                           f"tensor {missing[:5]}, tensors without a parameter {extra[:5]}")
+    with torch.no_grad():
+        for name, t in tensors.items():
+            p = params[name]
+            if tuple(p.shape) != tuple(t.shape):
+                raise RuntimeError(f"{name}: chunk shape {list(p.shape)}, weights "
+                                   f"{list(t.shape)}")
+            p.copy_(t.to(device=p.device, dtype=p.dtype))
+
+
+# --------------------------------------------------------------------------- the schedule
+class StageTimer:
+    """Forward and backward wall time of every micro-batch on every chunk of one stage, and
+    the stage's idle time in the schedule (its span minus that work).
+
+    Inside :meth:`around` megatron's ``schedules.forward_step`` and ``backward_step`` (the
+    functions its pipelined schedules call per micro-batch and chunk) are wrapped; the span
+    runs from the schedule's start to the gradient finalisation (the DP all-reduce, not
+    counted). :attr:`records`: one ``{"lengths", "chunk", "fwd_s", "bwd_s"}`` per chunk
+    and micro-batch, in forward order; :attr:`idle_s`.
+    """
+
+    def __init__(self, clock=time.perf_counter, cuda: bool = False):
+        self._clock, self._cuda = clock, cuda
+        self.records: list[dict] = []
+        self.span_s = float("nan")
+        self.lengths: list[int] = []  # set by the forward_step_func of the micro-batch
+        self._by_output: dict[int, int] = {}
+        self._start = None
+        self._end = None
+
+    def _now(self) -> float:
+        if self._cuda:
+            import torch
+
+            torch.cuda.synchronize()
+        return self._clock()
+
+    @staticmethod
+    def _key(t) -> int:
+        return id(t[0] if isinstance(t, (list, tuple)) else t)
+
+    @property
+    def busy_s(self) -> float:
+        return float(sum(r["fwd_s"] + r["bwd_s"] for r in self.records))
+
+    @property
+    def idle_s(self) -> float:
+        return self.span_s - self.busy_s
+
+    def _end_span(self) -> None:
+        if self._end is None:
+            self._end = self._now()
+
+    @contextlib.contextmanager
+    def around(self, config, chunks: list):
+        from megatron.core.pipeline_parallel import schedules
+
+        fwd, bwd = schedules.forward_step, schedules.backward_step
+        finalize = config.finalize_model_grads_func
+        index = {id(c): k for k, c in enumerate(chunks)}
+
+        def timed_forward(forward_step_func, data_iterator, model, *args, **kwargs):
+            t0 = self._now()
+            out = fwd(forward_step_func, data_iterator, model, *args, **kwargs)
+            self.records.append({"lengths": list(self.lengths),
+                                 "chunk": index.get(id(model), 0),
+                                 "fwd_s": self._now() - t0, "bwd_s": 0.0})
+            self._by_output[self._key(out[0])] = len(self.records) - 1
+            return out
+
+        def timed_backward(input_tensor, output_tensor, *args, **kwargs):
+            t0 = self._now()
+            out = bwd(input_tensor, output_tensor, *args, **kwargs)
+            k = self._by_output.pop(self._key(output_tensor), None)
+            if k is not None:
+                self.records[k]["bwd_s"] += self._now() - t0
+            return out
+
+        def timed_finalize(*args, **kwargs):
+            self._end_span()
+            return finalize(*args, **kwargs)
+
+        schedules.forward_step, schedules.backward_step = timed_forward, timed_backward
+        if finalize is not None:
+            config.finalize_model_grads_func = timed_finalize
+        self._start, self._end = self._now(), None
+        try:
+            yield self
+        finally:
+            self._end_span()
+            self.span_s = self._end - self._start
+            schedules.forward_step, schedules.backward_step = fwd, bwd
+            config.finalize_model_grads_func = finalize
+
+
+def forward_backward(models: list, batches: list, forward_step, *, forward_only: bool = False,
+                     timer: StageTimer | None = None) -> list:
+    """megatron's pipelined schedule over ``batches`` (the rank's micro-batches, in training
+    order) on this rank's model chunks ``models``; the loss outputs (last stage only).
+
+    ``forward_step(data_iterator, model)`` is megatron's ``forward_step_func``; with several
+    chunks each reads the micro-batches from its own iterator over ``batches``.
+    """
+    from megatron.core.pipeline_parallel import get_forward_backward_func
+    from megatron.core.utils import get_model_config
+
+    config = get_model_config(models[0])
+    group = config.microbatch_group_size_per_vp_stage
+    if len(models) > 1 and len(batches) % group:
+        raise ValueError(f"{len(batches)} micro-batches on a rank: megatron's interleaved "
+                         f"schedule needs a multiple of mb_group={group} (the schedule "
+                         "aligns each step's count to dp * mb_group)")
+    data = [iter(batches) for _ in models] if len(models) > 1 else iter(batches)
+    kwargs = dict(forward_step_func=forward_step, data_iterator=data, model=models,
+                  num_microbatches=len(batches), seq_length=max(_tokens(b) for b in batches),
+                  micro_batch_size=1, forward_only=forward_only)
+    if len(models) > 1:  # interleaved: activations and gradients may share a pair of ranks
+        kwargs.update(_ordered_p2p(config))
+    if timer is None:
+        return get_forward_backward_func()(**kwargs)
+    with timer.around(config, [_unwrap(m) for m in models] + list(models)):
+        return get_forward_backward_func()(**kwargs)
+
+
+def _ordered_p2p(config) -> dict:
+    """``p2p_communicator`` and ``pg_collection`` for the interleaved schedule.
+
+    With variable sequence lengths megatron first exchanges every tensor's shape, in one
+    ``batch_isend_irecv`` of ``[send_prev, recv_prev, send_next, recv_next]`` on the pipeline
+    group. The interleaved schedule sends activations forward and gradients backward in the
+    same call, and with two stages a rank's previous and next stage are the same rank: the
+    two messages between one pair of ranks then meet the receives in the opposite order (the
+    shapes swap, and the tensors after them). :class:`_PairOrderedP2P` posts the shape
+    messages in the even/odd order megatron's own ``_p2p_ops`` uses for the tensors
+    (``batch_p2p_comm=False``), one direction on the world group: every message meets its
+    own receive.
+    """
+    from megatron.core import parallel_state
+    from megatron.core.process_groups_config import ProcessGroupCollection
+
+    config.batch_p2p_comm = False  # the tensors: megatron's even/odd _p2p_ops
+    pg = ProcessGroupCollection()
+    pg.tp = parallel_state.get_tensor_model_parallel_group()
+    pg.cp = parallel_state.get_context_parallel_group()
+    pg.embd = parallel_state.get_embedding_group(check_initialized=False)
+    pg.pos_embd = parallel_state.get_position_embedding_group(check_initialized=False)
+    pg.pp = parallel_state.get_pipeline_model_parallel_group()
+    pg.dp_cp = parallel_state.get_data_parallel_group(with_context_parallel=True,
+                                                      partial_data_parallel=False)
+    return {"p2p_communicator": _pair_ordered_class()(pp_group=pg.pp, config=config),
+            "pg_collection": pg}
+
+
+def _pair_ordered_class():
+    import torch
+    import torch.distributed as dist
+    from megatron.core.pipeline_parallel.p2p_communication import P2PCommunicator
+
+    class _PairOrderedP2P(P2PCommunicator):
+        """megatron's communicator, shapes exchanged in the even/odd order (see
+        :func:`_ordered_p2p`)."""
+
+        def _communicate_shapes(self, tensor_send_next, tensor_send_prev, recv_prev,
+                                recv_next):
+            group = self.pp_group
+            other = dist.group.WORLD if group.size() == 2 else group
+            even = group.rank() % 2 == 0
+
+            def shape(t):
+                return torch.tensor(t.size(), dtype=torch.int64)
+
+            recv_p = torch.empty((3,), dtype=torch.int64) if recv_prev else None
+            recv_n = torch.empty((3,), dtype=torch.int64) if recv_next else None
+            ops = []  # (function, tensor, peer, group), in megatron's _p2p_ops order
+            sn = (dist.isend, shape(tensor_send_next), self.next_rank) \
+                if tensor_send_next is not None else None
+            sp = (dist.isend, shape(tensor_send_prev), self.prev_rank) \
+                if tensor_send_prev is not None else None
+            rp = (dist.irecv, recv_p, self.prev_rank) if recv_p is not None else None
+            rn = (dist.irecv, recv_n, self.next_rank) if recv_n is not None else None
+            if even:  # sends on the pipeline group, receives on the other
+                order = [(sn, group), (rp, other), (sp, group), (rn, other)]
+            else:
+                order = [(rp, group), (sn, other), (rn, group), (sp, other)]
+            for op, g in order:
+                if op is not None:
+                    fn, t, peer = op
+                    ops.append(fn(t, peer, group=g))
+            for req in ops:
+                req.wait()
+            return (recv_p.tolist() if recv_p is not None else [0, 0, 0],
+                    recv_n.tolist() if recv_n is not None else [0, 0, 0])
+
+    return _PairOrderedP2P
+
+
+def _tokens(item) -> int:
+    batch = item[0] if isinstance(item, tuple) else item
+    return int(batch.num_tokens)
+
+
+def _unwrap(model):
+    while hasattr(model, "module"):
+        model = model.module
+    return model
+
+
+def is_post_process(model) -> bool:
+    """Whether a chunk (or its DDP wrapper) ends the model: its output is the logits."""
+    return bool(getattr(_unwrap(model), "post_process", True))
+
+
+def from_last_stage(obj, layout):
+    """``obj`` of world rank :attr:`ParallelLayout.last_stage_world_rank` on every rank (a
+    collective): the last stage's losses and report, handed to rank 0 which writes the step."""
+    import torch.distributed as dist
+
+    box = [obj]
+    dist.broadcast_object_list(box, src=layout.last_stage_world_rank)
+    return box[0]
+
+
+def gather_full_params(chunks: Chunks, layout) -> dict | None:
+    """Every stage's parameters under the full model's names, on world rank 0 (None
+    elsewhere); the stages' pool rank 0 / tp rank 0 copies (a collective)."""
+    import torch.distributed as dist
+
+    c = layout.coords(dist.get_rank())
+    mine = chunks.full_params() if c.pool_rank == 0 and c.tp_rank == 0 else {}
+    parts = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
+    dist.gather_object(mine, parts, dst=0)
+    if parts is None:
+        return None
+    out: dict = {}
+    for part in parts:
+        out.update(part)
+    return out
+
+
+def gather_grads(grads: dict, layout) -> dict | None:
+    """Every stage's gradients (full model names, :func:`full_name`) on world rank 0."""
+    import torch.distributed as dist
+
+    c = layout.coords(dist.get_rank())
+    mine = grads if c.pool_rank == 0 and c.tp_rank == 0 else {}
+    parts = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
+    dist.gather_object(mine, parts, dst=0)
+    if parts is None:
+        return None
+    return {k: v for part in parts for k, v in part.items()}
