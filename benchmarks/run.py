@@ -36,6 +36,8 @@ each writing ``build/bench/<name>.json``):
 - ``o`` **Pipeline order** (``benchmarks/pp_order.py``): the 1F1B bubble of each micro-batch
   order against arrival order.
 - ``k`` **Checkpoints** (``benchmarks/checkpoint.py``): time to save and load a checkpoint.
+- ``b`` **Measured pipeline order** (``benchmarks/pp_measured.py``): pp=2 CPU training per
+  micro-batch order, each stage's measured idle time next to the calibrated simulation's.
 
 Run ``python -m benchmarks.run`` (``--quick`` for a short run, ``--help``).
 The step-time model: H100, efficiency 0.45, 4 ms per micro-batch, pp 1.
@@ -311,7 +313,7 @@ def section_gap(count: int, time_limit_s: float) -> None:
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="small sizes, 30 gap instances")
-    ap.add_argument("--sections", default="12345mpdok",
+    ap.add_argument("--sections", default="12345mpdokb",
                     help="which sections to run, e.g. 12 or mp (see the module docstring)")
     ap.add_argument("--peer-packages", default=None, metavar="DIR",
                     help="section p: folder holding verl / areal / openrlhf (pip --target)")
@@ -344,7 +346,7 @@ def main(argv=None) -> None:
         section_packed_attention(quick=args.quick)
     quick = ["--quick"] if args.quick else []
     for key, name in (("m", "measured"), ("p", "peers"), ("d", "dynamic_cp"), ("o", "pp_order"),
-                      ("k", "checkpoint")):
+                      ("k", "checkpoint"), ("b", "pp_measured")):
         if key not in args.sections:
             continue
         import importlib
