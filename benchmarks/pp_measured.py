@@ -39,17 +39,19 @@ import numpy as np
 
 ORDERS = ("arrival", "small_ends", "min_bubble")
 OUT = Path("build/bench")
-FULL = {"rollouts": 96, "gbs": 24, "steps": 5, "cap": 1024, "median": 120.0,
+FULL = {"rollouts": 48, "gbs": 8, "steps": 6, "cap": 1024, "median": 120.0,
         "max_response": 900, "seed": 5}
-QUICK = {"rollouts": 48, "gbs": 24, "steps": 3, "cap": 1024, "median": 120.0,
+QUICK = {"rollouts": 18, "gbs": 6, "steps": 3, "cap": 1024, "median": 120.0,
          "max_response": 900, "seed": 5}
+GROUP = 4  # samples per rollout (a GRPO group)
 
 
 def make_rollouts(p: dict):
     """Many short samples, a few up to ~1k tokens: micro-batches of very different costs."""
     from varbatch_kit import Rollouts
 
-    return Rollouts.synthetic(p["rollouts"], prompt_len=(8, 32), response_len=p["median"],
+    return Rollouts.synthetic(p["rollouts"], samples_per_rollout=(GROUP, GROUP),
+                              prompt_len=(8, 32), response_len=p["median"],
                               response_sigma=1.2, max_response_len=p["max_response"],
                               seed=p["seed"])
 
@@ -68,6 +70,7 @@ def configs(p: dict):
 
     base = TrainConfig().with_(pp=2, global_batch_size=p["gbs"], max_tokens_per_gpu=p["cap"],
                                packing="first_fit", max_steps=p["steps"], threads_per_worker=1,
+                               n_samples_per_prompt=GROUP,
                                timeout_s=1800)
     return [base.with_(microbatch_order=o, label=o) for o in ORDERS]
 
@@ -128,13 +131,14 @@ def main(argv: list[str] | None = None) -> dict:
                       "sim_bubble_s": s["order"]["bubble_s"],
                       "sim_engine_bubble_s": s["engine"]["bubble_s"],
                       "sim_span_s": s["order"]["span_s"]})
-    print(f"pp=2 toy GPT on CPU, {p['rollouts']} rollouts, {p['steps']} steps of "
+    print(f"pp=2 toy GPT on CPU, {p['rollouts']} rollouts of {GROUP}, {p['steps']} steps of "
           f"{p['gbs']} (cap {p['cap']} tokens), first step warm-up; launch {wall:.0f} s")
-    head = (f"{'order':<11} {'measured idle s (stage 0 / 1)':>30} {'bubble s (0 / 1)':>20} "
+    head = (f"{'order':<11} {'mbs/step':>9} {'measured idle s (stage 0 / 1)':>30} {'bubble s (0 / 1)':>20} "
             f"{'span s':>7}   {'sim bubble s':>12} {'sim (engine order)':>18} {'sim span s':>10}")
     print(head)
     for r in table:
-        print(f"{r['order']:<11} {r['idle_s'][0]:>14.3f} / {r['idle_s'][1]:<13.3f} "
+        mbs = np.mean([m[0] for m in r["mbs_per_rank"][1:]])
+        print(f"{r['order']:<11} {mbs:>9.1f} {r['idle_s'][0]:>14.3f} / {r['idle_s'][1]:<13.3f} "
               f"{r['bubble_s'][0]:>9.3f} / {r['bubble_s'][1]:<8.3f} {r['span_s']:>7.3f}   "
               f"{r['sim_bubble_s']:>12.3f} {r['sim_engine_bubble_s']:>18.3f} "
               f"{r['sim_span_s']:>10.3f}")
