@@ -133,8 +133,9 @@ def main(argv: list[str] | None = None) -> dict:
                       "sim_span_s": s["order"]["span_s"]})
     print(f"pp=2 toy GPT on CPU, {p['rollouts']} rollouts of {GROUP}, {p['steps']} steps of "
           f"{p['gbs']} (cap {p['cap']} tokens), first step warm-up; launch {wall:.0f} s")
-    head = (f"{'order':<11} {'mbs/step':>9} {'measured idle s (stage 0 / 1)':>30} {'bubble s (0 / 1)':>20} "
-            f"{'span s':>7}   {'sim bubble s':>12} {'sim (engine order)':>18} {'sim span s':>10}")
+    head = (f"{'order':<11} {'mbs/step':>9} {'measured idle s (stage 0 / 1)':>30} "
+            f"{'bubble s (0 / 1)':>20} {'span s':>7}   {'sim bubble s':>12} "
+            f"{'sim (engine order)':>18} {'sim span s':>10}")
     print(head)
     for r in table:
         mbs = np.mean([m[0] for m in r["mbs_per_rank"][1:]])

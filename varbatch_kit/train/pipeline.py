@@ -40,8 +40,9 @@ import re
 import time
 from functools import partial
 
-__all__ = ["StageTimer", "build_chunks", "forward_backward", "from_last_stage", "full_name",
-           "gather_full_params", "gather_grads", "pipeline_problems", "stage_layers", "stage_tensors"]
+__all__ = ["Chunks", "StageTimer", "build_chunks", "forward_backward", "from_last_stage",
+           "full_name", "gather_full_params", "gather_grads", "is_post_process",
+           "pipeline_problems", "stage_layers", "stage_tensors"]
 
 _LAYER = re.compile(r"^decoder\.layers\.(\d+)\.")
 
