@@ -2,9 +2,15 @@
 
 World layout
 ------------
-``dp * cp`` processes. World rank ``w`` is DP rank ``w // cp`` and CP rank
-``w % cp``. megatron-core is initialised with tensor = pipeline = context
-parallel size 1, so *its* data-parallel group is the whole world (DP x CP):
+``dp * cp * pp * tp`` processes (:class:`~varbatch_kit.train.layout.ParallelLayout`);
+the schedule places micro-batches on the pool of ``dp * cp`` ranks, pool rank
+``r`` is DP rank ``r // cp`` and CP rank ``r % cp``, and every pipeline stage
+(and TP rank) holds a copy of the pool. With ``pp > 1`` the model is cut into
+stages (:mod:`varbatch_kit.train.pipeline`) and megatron-core's 1F1B schedule
+(interleaved with ``vpp > 1``) runs the pool rank's micro-batches through them;
+losses and reports exist on the last stage, are reduced over its DP group there
+and handed to world rank 0. megatron-core is initialised with context parallel
+size 1, so *its* data-parallel group at a stage is the whole pool (DP x CP):
 Megatron DDP averages gradients over all ``dp * cp`` ranks, which is the
 gradient reduction CP needs. Context parallelism itself is **emulated**:
 megatron-core's context-parallel attention and packed ``thd`` batches need
