@@ -11,6 +11,9 @@ schedule, one torch thread per rank) on a long-tailed batch, once per
 - ``small_ends`` (small micro-batches at both ends),
 - ``min_bubble`` (the shortest simulated 1F1B pipeline).
 
+Every order trains ``rounds`` times (3; 1 with ``--quick``), the orders in turn, in one
+launch; each step keeps its fastest round (other processes only ever add time).
+
 **Measured** (per stage, mean over the timed steps; the first step is warm-up): the engine
 times every forward and backward of every micro-batch on every stage
 (:class:`varbatch_kit.train.pipeline.StageTimer`, around megatron's
@@ -40,9 +43,9 @@ import numpy as np
 ORDERS = ("arrival", "small_ends", "min_bubble")
 OUT = Path("build/bench")
 FULL = {"rollouts": 48, "gbs": 8, "steps": 6, "cap": 1024, "median": 120.0,
-        "max_response": 900, "seed": 5}
+        "max_response": 900, "seed": 5, "rounds": 3}
 QUICK = {"rollouts": 18, "gbs": 6, "steps": 3, "cap": 1024, "median": 120.0,
-         "max_response": 900, "seed": 5}
+         "max_response": 900, "seed": 5, "rounds": 1}
 GROUP = 4  # samples per rollout (a GRPO group)
 
 
@@ -72,20 +75,31 @@ def configs(p: dict):
                                packing="first_fit", max_steps=p["steps"], threads_per_worker=1,
                                n_samples_per_prompt=GROUP,
                                timeout_s=1800)
-    return [base.with_(microbatch_order=o, label=o) for o in ORDERS]
+    # rounds: the orders in turn, again (a burst of load elsewhere does not hit one order only)
+    return [base.with_(microbatch_order=o, label=f"{o} #{k}")
+            for k in range(p["rounds"]) for o in ORDERS]
 
 
-def measured(run, skip: int = 1) -> dict:
+def measured(runs, skip: int = 1) -> dict:
     """Per stage: mean busy, idle (own span minus busy) and bubble (the step's span minus busy)
-    over the steps after ``skip``."""
-    rows = run.steps[run.steps["step"] > skip]
-    spans = np.array(rows["pipeline_span_s"].tolist(), dtype=float)  # [step, stage]
-    idle = np.array(rows["pipeline_idle_s"].tolist(), dtype=float)
+    over the steps after ``skip``; of each step, the round with the shortest span (other
+    processes only ever add time)."""
+    per_round = []
+    for run in runs:
+        rows = run.steps[run.steps["step"] > skip]
+        per_round.append((np.array(rows["pipeline_span_s"].tolist(), dtype=float),  # [step,
+                          np.array(rows["pipeline_idle_s"].tolist(), dtype=float)))  # stage]
+    spans_all = np.stack([s for s, _ in per_round])  # [round, step, stage]
+    idle_all = np.stack([i for _, i in per_round])
+    best = spans_all.max(axis=2).argmin(axis=0)  # per step: the round of the shortest span
+    steps = np.arange(spans_all.shape[1])
+    spans, idle = spans_all[best, steps], idle_all[best, steps]
     busy = spans - idle
     bubble = spans.max(axis=1, keepdims=True) - busy
     return {"busy_s": busy.mean(axis=0).tolist(), "idle_s": idle.mean(axis=0).tolist(),
-            "bubble_s": bubble.mean(axis=0).tolist(), "span_s": spans.max(axis=1).mean(),
-            "steps": int(len(rows))}
+            "bubble_s": bubble.mean(axis=0).tolist(), "span_s": float(spans.max(axis=1).mean()),
+            "steps": int(len(steps)), "rounds": len(runs),
+            "all_rounds_idle_s": idle_all.mean(axis=1).tolist()}
 
 
 def simulated(rollouts, cfg, model, skip: int = 1) -> dict:
@@ -124,15 +138,17 @@ def main(argv: list[str] | None = None) -> dict:
     runs = run_many(cfgs, rollouts, progress=False)
     wall = time.perf_counter() - t0
     table = []
-    for cfg, run in zip(cfgs, runs):
-        m, s = measured(run), simulated(rollouts, cfg, model)
-        mbs = run.steps["num_microbatches"].tolist()
+    for k, cfg in enumerate(cfgs[:len(ORDERS)]):
+        mine = runs[k::len(ORDERS)]  # this order's rounds
+        m, s = measured(mine), simulated(rollouts, cfg, model)
+        mbs = mine[0].steps["num_microbatches"].tolist()
         table.append({"order": cfg.schedule.microbatch_order, "mbs_per_rank": mbs, **m,
                       "sim_bubble_s": s["order"]["bubble_s"],
                       "sim_engine_bubble_s": s["engine"]["bubble_s"],
                       "sim_span_s": s["order"]["span_s"]})
     print(f"pp=2 toy GPT on CPU, {p['rollouts']} rollouts of {GROUP}, {p['steps']} steps of "
-          f"{p['gbs']} (cap {p['cap']} tokens), first step warm-up; launch {wall:.0f} s")
+          f"{p['gbs']} (cap {p['cap']} tokens), first step warm-up, {p['rounds']} round(s) per "
+          f"order (each step: its fastest round); launch {wall:.0f} s")
     head = (f"{'order':<11} {'mbs/step':>9} {'measured idle s (stage 0 / 1)':>30} "
             f"{'bubble s (0 / 1)':>20} {'span s':>7}   {'sim bubble s':>12} "
             f"{'sim (engine order)':>18} {'sim span s':>10}")
