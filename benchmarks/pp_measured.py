@@ -123,6 +123,21 @@ def simulated(rollouts, cfg, model, skip: int = 1) -> dict:
     return out
 
 
+def trained_in_order(run, rollouts, cfg) -> bool:
+    """Whether the engine's first stage ran every step's micro-batches in the schedule's order
+    (``microbatch_order``): the lengths its stage timer recorded, against the schedule's."""
+    from varbatch_kit import build_schedule
+
+    sched = build_schedule(rollouts, cfg.schedule, model=cfg.model_shape())
+    total = rollouts.total_len
+    for (_, row), step in zip(run.steps.iterrows(), sched.steps):
+        want = [[int(n) for n in total[w.samples]] for w in step.rank_program(0) if not w.idle]
+        got = [r["lengths"] for r in row["micro_batch_timing"][0] if r.get("chunk", 0) == 0]
+        if got != want:
+            return False
+    return True
+
+
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="fewer steps")
@@ -143,6 +158,7 @@ def main(argv: list[str] | None = None) -> dict:
         m, s = measured(mine), simulated(rollouts, cfg, model)
         mbs = mine[0].steps["num_microbatches"].tolist()
         table.append({"order": cfg.schedule.microbatch_order, "mbs_per_rank": mbs, **m,
+                      "trained_in_order": trained_in_order(mine[0], rollouts, cfg),
                       "sim_bubble_s": s["order"]["bubble_s"],
                       "sim_engine_bubble_s": s["engine"]["bubble_s"],
                       "sim_span_s": s["order"]["span_s"]})
@@ -151,14 +167,14 @@ def main(argv: list[str] | None = None) -> dict:
           f"order (each step: its fastest round); launch {wall:.0f} s")
     head = (f"{'order':<11} {'mbs/step':>9} {'measured idle s (stage 0 / 1)':>30} "
             f"{'bubble s (0 / 1)':>20} {'span s':>7}   {'sim bubble s':>12} "
-            f"{'sim (engine order)':>18} {'sim span s':>10}")
+            f"{'sim (engine order)':>18} {'sim span s':>10} {'in order':>8}")
     print(head)
     for r in table:
         mbs = np.mean([m[0] for m in r["mbs_per_rank"][1:]])
         print(f"{r['order']:<11} {mbs:>9.1f} {r['idle_s'][0]:>14.3f} / {r['idle_s'][1]:<13.3f} "
               f"{r['bubble_s'][0]:>9.3f} / {r['bubble_s'][1]:<8.3f} {r['span_s']:>7.3f}   "
               f"{r['sim_bubble_s']:>12.3f} {r['sim_engine_bubble_s']:>18.3f} "
-              f"{r['sim_span_s']:>10.3f}")
+              f"{r['sim_span_s']:>10.3f} {str(r['trained_in_order']):>8}")
     out = {"params": p, "launch_wall_s": wall, "cost_model": model.__dict__, "rows": table}
     OUT.mkdir(parents=True, exist_ok=True)
     (OUT / "pp_measured.json").write_text(json.dumps(out, indent=1, default=str) + "\n")

@@ -41,8 +41,8 @@ import time
 from functools import partial
 
 __all__ = ["Chunks", "StageTimer", "build_chunks", "forward_backward", "from_last_stage",
-           "full_name", "gather_full_params", "gather_grads", "is_post_process",
-           "pipeline_problems", "stage_layers", "stage_tensors"]
+           "full_name", "gather_full_params", "gather_grads", "interleaved_count_problem",
+           "is_post_process", "pipeline_problems", "stage_layers", "stage_tensors"]
 
 _LAYER = re.compile(r"^decoder\.layers\.(\d+)\.")
 
@@ -66,6 +66,22 @@ def pipeline_problems(*, pp: int, vpp: int = 1, mb_group: int = 1,
                    f"schedule runs micro-batches in groups of mb_group per virtual stage, at "
                    f"least pp; set mb_group >= {pp} (e.g. mb_group={pp})")
     return out
+
+
+def interleaved_count_problem(num_microbatches: int, group: int, pp: int) -> str | None:
+    """Why megatron-core 0.16.1's interleaved schedule refuses ``num_microbatches`` on a rank
+    with ``group`` micro-batches per virtual stage (None: it runs them): ``pp <= group <= M``
+    and ``M % group`` is 0 or at least ``pp``."""
+    m = int(num_microbatches)
+    if not pp <= group <= m:
+        return (f"{m} micro-batches on a rank with mb_group={group}, pp={pp}: megatron's "
+                f"interleaved schedule needs pp <= mb_group <= micro-batches per rank; lower "
+                f"mb_group (>= pp) or give each step more micro-batches")
+    if 0 < m % group < pp:
+        return (f"{m} micro-batches on a rank with mb_group={group}, pp={pp}: megatron's "
+                f"interleaved schedule needs the count modulo mb_group to be 0 or >= pp; the "
+                f"schedule aligns each step to dp * mb_group micro-batches")
+    return None
 
 
 def stage_layers(num_layers: int, pp: int, vpp: int, pp_rank: int, vp_stage: int = 0) -> range:
@@ -293,7 +309,7 @@ class StageTimer:
 
         fwd, bwd = schedules.forward_step, schedules.backward_step
         finalize = config.finalize_model_grads_func
-        index = {id(c): k for k, c in enumerate(chunks)}
+        index = {id(c): k for k, m in enumerate(chunks) for c in (m, _unwrap(m))}  # or DDP
 
         def timed_forward(forward_step_func, data_iterator, model, *args, **kwargs):
             t0 = self._now()
@@ -341,11 +357,12 @@ def forward_backward(models: list, batches: list, forward_step, *, forward_only:
     from megatron.core.utils import get_model_config
 
     config = get_model_config(models[0])
-    group = config.microbatch_group_size_per_vp_stage
-    if len(models) > 1 and len(batches) % group:
-        raise ValueError(f"{len(batches)} micro-batches on a rank: megatron's interleaved "
-                         f"schedule needs a multiple of mb_group={group} (the schedule "
-                         "aligns each step's count to dp * mb_group)")
+    if len(models) > 1:
+        problem = interleaved_count_problem(len(batches),
+                                            config.microbatch_group_size_per_vp_stage,
+                                            config.pipeline_model_parallel_size)
+        if problem:
+            raise ValueError(problem)
     data = [iter(batches) for _ in models] if len(models) > 1 else iter(batches)
     kwargs = dict(forward_step_func=forward_step, data_iterator=data, model=models,
                   num_microbatches=len(batches), seq_length=max(_tokens(b) for b in batches),
@@ -354,7 +371,7 @@ def forward_backward(models: list, batches: list, forward_step, *, forward_only:
         kwargs.update(_ordered_p2p(config))
     if timer is None:
         return get_forward_backward_func()(**kwargs)
-    with timer.around(config, [_unwrap(m) for m in models] + list(models)):
+    with timer.around(config, list(models)):
         return get_forward_backward_func()(**kwargs)
 
 

@@ -85,3 +85,12 @@ def test_what_the_pipeline_cannot_run_is_named():
         stage_layers(6, 2, 2, 0, 0)
     with pytest.raises(ValueError, match=r"pp_rank=2, vp_stage=0: give a stage in \[0, 2\)"):
         stage_layers(4, 2, 1, 2, 0)
+
+
+def test_megatrons_interleaved_micro_batch_rule():
+    from varbatch_kit.train.pipeline import interleaved_count_problem
+
+    assert interleaved_count_problem(4, 2, 2) is None
+    assert interleaved_count_problem(5, 3, 2) is None  # 5 % 3 = 2 >= pp
+    assert "needs pp <= mb_group <= micro-batches" in interleaved_count_problem(1, 2, 2)
+    assert "modulo mb_group to be 0 or >= pp" in interleaved_count_problem(5, 2, 2)
