@@ -98,12 +98,12 @@ def compute_log_probs(model, steps, rollouts, tokens, device, *,
 
 
 def _pipelined(models, batches, keep, layout, temperature) -> None:
-    """The forward-only pipeline over ``batches`` (:mod:`.pipeline`); the last stage keeps
+    """The forward-only pipeline over ``batches`` (:mod:`.pipeline_schedule`); the last stage keeps
     the log-probs. The interleaved schedule takes all micro-batches as one group of at least
     ``pp``: a shorter list is padded with repeats (their results are the same values)."""
     from megatron.core.utils import get_model_config
 
-    from varbatch_kit.train import pipeline
+    from varbatch_kit.train import pipeline_schedule
     from varbatch_kit.train.batch import response_logits, response_token_stats
 
     if not batches:
@@ -117,7 +117,7 @@ def _pipelined(models, batches, keep, layout, temperature) -> None:
 
     def forward_step(data_iterator, model):
         batch = next(data_iterator)
-        if not pipeline.is_post_process(model):
+        if not pipeline_schedule.is_post_process(model):
             return model(batch.tokens, batch.position_ids, **batch.model_inputs()), None
         logits = response_logits(model, batch)
 
@@ -129,7 +129,7 @@ def _pipelined(models, batches, keep, layout, temperature) -> None:
         return logits, loss_func
 
     try:
-        pipeline.forward_backward(models, batches, forward_step, forward_only=True)
+        pipeline_schedule.forward_backward(models, batches, forward_step, forward_only=True)
     finally:
         config.microbatch_group_size_per_vp_stage = saved
 

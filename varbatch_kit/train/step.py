@@ -202,9 +202,9 @@ def train_step(cfg, mode, model, optimizer, step, rollouts, data, inputs: Policy
     models = model if isinstance(model, list) else [model]
     staged = cfg.pp > 1  # pipeline parallelism: megatron's 1F1B over model chunks
     if staged:
-        from varbatch_kit.train import pipeline
+        from varbatch_kit.train import pipeline, pipeline_schedule
 
-        timer = pipeline.StageTimer(cuda=device.type == "cuda")
+        timer = pipeline_schedule.StageTimer(cuda=device.type == "cuda")
     else:
         timer = MicroBatchTimer(cuda=device.type == "cuda")  # fwd/bwd wall time per micro-batch
 
@@ -212,7 +212,7 @@ def train_step(cfg, mode, model, optimizer, step, rollouts, data, inputs: Policy
         batch, cp_size, cp_rank = next(data_iterator)
         if staged:
             timer.lengths = list(batch.lengths)
-            if not pipeline.is_post_process(model):  # hidden states to the next stage
+            if not pipeline_schedule.is_post_process(model):  # hidden states to the next stage
                 return (model(batch.tokens, batch.position_ids, **batch.model_inputs()),
                         partial(loss_func, batch, cp_size, cp_rank))
             logits = response_logits(model, batch)
@@ -227,7 +227,7 @@ def train_step(cfg, mode, model, optimizer, step, rollouts, data, inputs: Policy
         m.zero_grad_buffer()
     optimizer.zero_grad()
     if staged:
-        outputs = pipeline.forward_backward(models, batches, forward_step, timer=timer)
+        outputs = pipeline_schedule.forward_backward(models, batches, forward_step, timer=timer)
     else:
         timer.attach(get_model_config(model))  # the last backward ends where the grad sync starts
         outputs = get_forward_backward_func()(
