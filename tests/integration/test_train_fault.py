@@ -137,6 +137,31 @@ def test_killed_at_any_point_and_resumed_equals_the_uninterrupted_run_bitwise(tm
         run(cfg, synthetic_rollouts(seed=4), out_dir=root, progress=False, resume=True)
 
 
+def test_pipeline_stages_checkpoint_their_shards_and_resume(tmp_path, reference):
+    """pp 2: each stage's shard in the checkpoint; rank 1 (the last stage) killed in step 3,
+    resumed from step 2's shards, the run ends where the uninterrupted dp 2 run does."""
+    from varbatch_kit.train.checkpoint import load_checkpoint
+
+    rollouts = synthetic_rollouts()
+    cfg = BASE.with_(dp=1, pp=2, keep_last=4, label="pp2")
+    with pytest.raises(TrainingError, match="rank 1 was killed by SIGKILL"):
+        run(cfg.with_(kill_at="mid_step:3", fail_rank=1), rollouts, out_dir=tmp_path,
+            progress=False)
+    out = _run_dir(tmp_path)
+    assert _steps(out) == [1, 2]
+    ckpt = load_checkpoint(checkpoint_dirs(out / "checkpoints")[-1][1])
+    assert len(ckpt["optimizer"]["stages"]) == 2
+    stages = {k.split("/")[0] for k in ckpt["model"]}
+    assert stages == {"stage0", "stage1"}
+    assert "stage0/0.embedding.word_embeddings.weight" in ckpt["model"]
+    assert "stage1/0.output_layer.weight" in ckpt["model"]
+    resumed = run(cfg, rollouts, out_dir=tmp_path, progress=False, resume=True)
+    assert resumed.meta["resumed_from_step"] == 2 and _steps(out) == [1, 2, 3, 4]
+    for key in ("loss", "grad_norm", "lr"):
+        np.testing.assert_allclose(resumed.steps[key], reference.steps[key], rtol=1e-5)
+    assert param_rel_diff(resumed.params(4), reference.params(4)) < 1e-5
+
+
 def _copy_at_step_2(reference, root: Path) -> None:
     """The reference run's folder as it was when cut short after step 2's checkpoint."""
     out = root / reference.out_dir.name

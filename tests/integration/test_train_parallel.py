@@ -134,7 +134,7 @@ def test_toy_gpt_layout_matrix(tmp_path):
 
 def test_smollm2_layout_matrix(smollm2_path, tmp_path):
     rollouts = mixed_rollouts(long_len=(90, 110))
-    base = TrainConfig().with_(path=str(smollm2_path), num_layers=4, lr=1e-4, min_lr=1e-4,
+    base = TrainConfig().with_(path=str(smollm2_path), num_layers=4, lr=1e-5, min_lr=1e-5,
                                lr_decay_style="constant", n_samples_per_prompt=3,
                                save_params_at=(1, 2), max_steps=2, entropy_coef=0.01,
                                timeout_s=600)

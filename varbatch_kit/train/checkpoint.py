@@ -9,10 +9,13 @@ Format (one folder per checkpoint; docs/checkpoints.md)::
                        tracker), step, consumed rollouts / samples / LR increments
         meta.json      format, step, fingerprint, file sizes — written last
 
-The engine keeps every parameter and the optimizer state whole on every rank
-(tp = pp = 1, no distributed optimizer), and every rank holds the same
-values, so rank 0's copy *is* the state of the run, independent of dp and
-cp: a checkpoint can be resumed with another layout. A checkpoint is written
+Without pipeline stages the engine keeps every parameter and the optimizer
+state whole on every rank (no distributed optimizer), and every rank holds the
+same values, so rank 0's copy *is* the state of the run, independent of dp and
+cp: a checkpoint can be resumed with another layout. With ``pp > 1`` each stage
+has its own shard: ``model.pt`` holds ``stage{k}/NAME`` keys, ``optimizer.pt``
+``{"stages": [...]}`` (one megatron state dict per stage; rank 0 writes them
+all, :mod:`varbatch_kit.train.run_state`), and a resumed run keeps ``pp``. A checkpoint is written
 to ``.tmp-step_NNNNNN-PID``, every file and the folder fsynced, then renamed;
 only names ``step_NNNNNN`` holding a ``meta.json`` whose file sizes match are
 complete. Old checkpoints beyond ``keep_last`` are renamed to ``.trash-...``

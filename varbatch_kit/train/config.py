@@ -457,6 +457,15 @@ class TrainConfig:
             raise ValueError(f"checkpoint.save_every={self.checkpoint.save_every} with tp="
                              f"{self.tp}: checkpoints hold one rank's full state, not tensor-"
                              "parallel shards; use checkpoint.save_every=0 or tp=1")
+        from varbatch_kit.train.model_spec import TOY_DEFAULTS
+        from varbatch_kit.train.pipeline import pipeline_problems
+
+        layers = self.model.num_layers
+        if layers is None and self.model.path is None:
+            layers = TOY_DEFAULTS["num_layers"]
+        for problem in pipeline_problems(pp=self.schedule.pp, vpp=self.schedule.vpp,
+                                         mb_group=self.schedule.mb_group, num_layers=layers):
+            raise ValueError(problem)  # a checkpoint's own depth is checked once it is read
         if not self.faults.fail_rank < self.world_size:
             raise ValueError(f"faults.fail_rank={self.faults.fail_rank}: give a rank of the "
                              f"world of dp*cp*pp*tp={self.world_size}, in [0, {self.world_size})")

@@ -9,7 +9,8 @@ of :mod:`varbatch_kit.train` goes through:
   scalars in the optimizer and the grad-norm code),
 - the ``param.grad.type() == 'torch.cuda.FloatTensor'`` assertion in
   gradient clipping, and the CUDA type names by which the bf16 optimizer
-  (``Float16OptimizerWithFloat16Params``) sorts parameters.
+  (``Float16OptimizerWithFloat16Params``) sorts parameters,
+- ``torch.cuda.synchronize()`` after the pipeline's p2p exchanges (a no-op here).
 
 The shim does **not** touch the global ``torch`` module. Instead it gives each
 listed megatron-core module its own view of ``torch`` (:class:`_TorchOnCpu`)
@@ -54,6 +55,8 @@ PATCHED_MODULES: tuple[str, ...] = (
     "megatron.core.distributed.param_and_grad_buffer",  # grad buffers on current_device()
     "megatron.core.optimizer.optimizer",  # found_inf / scale scalars on device="cuda"
     "megatron.core.optimizer.clip_grads",  # grad-norm scratch tensors on device="cuda"
+    # pipeline p2p: shape / receive buffers on current_device(), torch.cuda.synchronize()
+    "megatron.core.pipeline_parallel.p2p_communication",
 )
 
 # (module, function name) -> replacement factory; the function is replaced in that module only.
@@ -103,6 +106,9 @@ class _CudaOnCpu:
 
     def is_available(self) -> bool:  # a CPU run on a GPU host: as on a CPU-only host
         return False
+
+    def synchronize(self, device: Any = None) -> None:
+        """Nothing to wait for: CPU ops (and gloo's p2p, once waited on) are synchronous."""
 
     def __getattr__(self, name: str) -> Any:
         return getattr(torch.cuda, name)

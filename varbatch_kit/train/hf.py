@@ -372,25 +372,33 @@ def _fused_qkv(q, k, v, groups: int):
     return torch.cat([qg, kg, vg], dim=1).reshape(-1, *q.shape[1:])
 
 
-def megatron_state_dict(spec: HFModelSpec, num_layers: int | None = None) -> dict[str, Any]:
+def megatron_state_dict(spec: HFModelSpec, num_layers: int | None = None, *,
+                        layers=None) -> dict[str, Any]:
     """The megatron-core (local spec) parameters of the first ``num_layers`` layers, float32.
 
     Keys are ``GPTModel.named_parameters()`` names; see the module docstring for the mapping.
+    ``layers`` (global layer indices, default all ``num_layers``): read and map only these
+    layers (a pipeline stage's, :mod:`varbatch_kit.train.pipeline`), keeping their global
+    numbers in the keys; the embeddings, final norm and output layer always come.
     """
     import torch
 
     n = spec.num_layers if num_layers is None else int(num_layers)
     if not 1 <= n <= spec.num_layers:
         raise ValueError(f"num_layers={n}: the checkpoint has {spec.num_layers} layers")
-    hf = _load_tensors(spec, hf_tensor_names(spec, n))
+    keep = range(n) if layers is None else sorted(int(i) for i in layers)
+    if any(not 0 <= i < n for i in keep):
+        raise ValueError(f"layers={list(keep)}: give layer indices in [0, {n})")
     p, g = spec.prefix, spec.num_query_groups
+    skip = tuple(f"{p}layers.{i}." for i in set(range(n)) - set(keep))
+    hf = _load_tensors(spec, [t for t in hf_tensor_names(spec, n) if not t.startswith(skip)])
     sd = {
         "embedding.word_embeddings.weight": hf[f"{p}embed_tokens.weight"],
         "decoder.final_layernorm.weight": hf[f"{p}norm.weight"],
     }
     if not spec.tie_word_embeddings:
         sd["output_layer.weight"] = hf["lm_head.weight"]
-    for i in range(n):
+    for i in keep:
         src, dst = f"{p}layers.{i}.", f"decoder.layers.{i}."
         att = src + "self_attn."
         sd[dst + "input_layernorm.weight"] = hf[src + "input_layernorm.weight"]

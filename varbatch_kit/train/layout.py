@@ -137,6 +137,4 @@ class ParallelLayout:
         if self.cp_mode == "dynamic" and self.pp > 1:
             out.append(f"cp_mode='dynamic' with pp={self.pp}: dynamic CP needs pp=1")
         # parts being built: each line goes when its engine path lands
-        if self.pp > 1:
-            out.append(f"pp={self.pp}: pipeline parallelism is not built yet; use pp=1")
         return out

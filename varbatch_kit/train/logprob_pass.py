@@ -69,26 +69,38 @@ def compute_log_probs(model, steps, rollouts, tokens, device, *, temperature: fl
     ``tokens[i]``: sample ``i``'s prompt + response ids. ``layout`` (the run's
     :class:`~varbatch_kit.train.layout.ParallelLayout`; None: the world is the pool):
     a world rank runs the micro-batches of its pool rank, so the TP ranks of one
-    pool rank run the same ones, their logits vocab-parallel. ``cp_allgather``:
-    micro-batches of degree > 1 run over their CP group (its process groups made
-    before, :func:`~varbatch_kit.train.cp_groups.cp_groups_for_run`). Collective:
-    every rank of the world calls it.
+    pool rank run the same ones, their logits vocab-parallel; with pipeline stages
+    (``model`` a list of chunks) through megatron's forward-only pipeline schedule,
+    the log-probs coming out of the last stage. ``cp_allgather``: micro-batches of
+    degree > 1 run over their CP group (its process groups made before,
+    :func:`~varbatch_kit.train.cp_groups.cp_groups_for_run`). Collective: every rank
+    of the world calls it.
     """
     from varbatch_kit.train.batch import pack, response_logits, response_token_stats
     from varbatch_kit.train.cp_attention import cp_response_logits, cp_response_stats
     from varbatch_kit.train.cp_groups import share_for
     from varbatch_kit.train.tensor_parallel import vocab_shard
 
-    was_training = model.training
-    model.eval()
+    models = model if isinstance(model, list) else [model]
+    rank = dist.get_rank()
+    pool_rank = rank if layout is None else layout.coords(rank).pool_rank
+    was_training = models[0].training
+    for m in models:
+        m.eval()
     mine: dict[int, np.ndarray] = {}
+
+    def keep(batch, lp) -> None:
+        for g, piece in zip(batch.sample_indices.tolist(),
+                            np.split(lp, np.cumsum(batch.response_lens)[:-1])):
+            mine[int(g)] = piece
+
     try:
-        rank = dist.get_rank()
-        pool_rank = rank if layout is None else layout.coords(rank).pool_rank
-        for rnd in _my_micro_batches(steps, pool_rank, cp_allgather):
-            samples = rnd.samples
-            batch = pack([tokens[g] for g in samples], rollouts.prompt_len[samples], samples,
-                         device=device)
+        rounds = _my_micro_batches(steps, pool_rank, cp_allgather)
+        batches = [pack([tokens[g] for g in rnd.samples], rollouts.prompt_len[rnd.samples],
+                        rnd.samples, device=device) for rnd in rounds]
+        if isinstance(model, list):  # pipeline stages (cp = 1 there)
+            _pipelined(models, batches, keep, layout, temperature)
+        for rnd, batch in zip(rounds, batches) if not isinstance(model, list) else ():
             share = share_for(rnd, batch)
             if share is None:
                 logits = response_logits(model, batch)
@@ -99,18 +111,54 @@ def compute_log_probs(model, steps, rollouts, tokens, device, *, temperature: fl
                                           share, temperature=temperature)
             if rnd.cp_rank:
                 continue  # the group's CP rank 0 keeps the micro-batch's log-probs
-            lp = stats["logprob"].cpu().numpy()
-            for g, piece in zip(batch.sample_indices.tolist(),
-                                np.split(lp, np.cumsum(batch.response_lens)[:-1])):
-                mine[int(g)] = piece
+            keep(batch, stats["logprob"].cpu().numpy())
     finally:
-        model.train(was_training)
+        for m in models:
+            m.train(was_training)
     gathered: list = [None] * dist.get_world_size()
     dist.all_gather_object(gathered, mine)
     out: dict[int, np.ndarray] = {}
     for part in gathered:
         out.update(part)
     return out
+
+
+def _pipelined(models, batches, keep, layout, temperature) -> None:
+    """The forward-only pipeline over ``batches`` (:mod:`.pipeline_schedule`); the last stage keeps
+    the log-probs. The interleaved schedule takes all micro-batches as one group of at least
+    ``pp``: a shorter list is padded with repeats (their results are the same values)."""
+    from megatron.core.utils import get_model_config
+
+    from varbatch_kit.train import pipeline_schedule
+    from varbatch_kit.train.batch import response_logits, response_token_stats
+    from varbatch_kit.train.tensor_parallel import vocab_shard
+
+    if not batches:
+        return
+    if len(models) > 1:
+        batches = batches + [batches[-1]] * max(0, layout.pp - len(batches))
+    config = get_model_config(models[0])
+    saved = config.microbatch_group_size_per_vp_stage
+    if len(models) > 1:
+        config.microbatch_group_size_per_vp_stage = len(batches)
+
+    def forward_step(data_iterator, model):
+        batch = next(data_iterator)
+        if not pipeline_schedule.is_post_process(model):
+            return model(batch.tokens, batch.position_ids, **batch.model_inputs()), None
+        logits = response_logits(model, batch)
+
+        def loss_func(out):
+            lp = response_token_stats(out, batch, at_response_rows=True, temperature=temperature,
+                                      **vocab_shard(out))["logprob"].cpu().numpy()
+            keep(batch, lp)
+            return torch.zeros((), device=out.device), {}
+        return logits, loss_func
+
+    try:
+        pipeline_schedule.forward_backward(models, batches, forward_step, forward_only=True)
+    finally:
+        config.microbatch_group_size_per_vp_stage = saved
 
 
 def load_or_compute(compute, path: Path, *, resumed: bool):

@@ -126,24 +126,37 @@ def train(cfg: TrainConfig, model_spec, steps: list, log_prob_steps: list, rollo
     torch.manual_seed(cfg.data.seed)
     model_parallel_cuda_manual_seed(cfg.data.seed, inference_rng_tracker=True,
                                     force_reset_rng=True)
-    gpt = build_gpt(model_spec, max_seq_len=max_seq_len,
-                    per_token_loss=mode.megatron_per_token_loss,
-                    precision=cfg.precision).to(device)
+    stage = None  # pp > 1: this rank's model chunks (train/pipeline.py)
+    if cfg.pp > 1:
+        from varbatch_kit.train.pipeline import build_chunks
+
+        stage = build_chunks(model_spec, cfg.layout, rank, max_seq_len=max_seq_len,
+                             per_token_loss=mode.megatron_per_token_loss,
+                             mb_group=cfg.schedule.mb_group, precision=cfg.precision)
+        chunks = [c.to(device) for c in stage.chunks]
+        gpt = stage.module  # the stage's chunks as one module (its state, its parameters)
+    else:
+        gpt = build_gpt(model_spec, max_seq_len=max_seq_len,
+                        per_token_loss=mode.megatron_per_token_loss,
+                        precision=cfg.precision).to(device)
+        chunks = [gpt]
     # bf16: megatron's Float16Module (bf16 parameters), gradients reduced in fp32 and an
     # optimizer with fp32 main parameters and gradients (train/model.py wrap_precision)
     bf16 = cfg.precision == "bf16"
-    model = DistributedDataParallel(
-        gpt.config, DistributedDataParallelConfig(grad_reduce_in_fp32=bf16),
-        wrap_precision(gpt, cfg.precision))
-    model.broadcast_params()
-    gpt.config.finalize_model_grads_func = finalize_model_grads
-    gpt.config.no_sync_func = model.no_sync
+    ddp = [DistributedDataParallel(c.config, DistributedDataParallelConfig(
+        grad_reduce_in_fp32=bf16), wrap_precision(c, cfg.precision)) for c in chunks]
+    for m in ddp:
+        m.broadcast_params()
+    config = chunks[0].config  # one config shared by the chunks
+    config.finalize_model_grads_func = finalize_model_grads
+    config.no_sync_func = ddp[0].no_sync if len(ddp) == 1 else [m.no_sync for m in ddp]
+    model = ddp[0] if stage is None else ddp
     optimizer = get_megatron_optimizer(
         OptimizerConfig(optimizer="adam", lr=opt.lr, min_lr=opt.min_lr,
                         weight_decay=opt.weight_decay, adam_beta1=opt.adam_beta1,
                         adam_beta2=opt.adam_beta2, adam_eps=opt.adam_eps,
                         clip_grad=opt.clip_grad, bf16=bf16),
-        [model],
+        ddp,
     )
     unit = cfg.lr_increment_unit()
     increments = [s.num_rollouts if unit == "rollouts" else s.num_samples for s in steps]
@@ -159,7 +172,8 @@ def train(cfg: TrainConfig, model_spec, steps: list, log_prob_steps: list, rollo
     start, consumed, load_s = 0, 0, None
     if resume_from is not None:
         t_load = time.perf_counter()
-        start, consumed = restore(resume_from, gpt, optimizer, scheduler)
+        start, consumed = restore(resume_from, gpt, optimizer, scheduler,
+                                  stage=cfg.layout.coords(rank).pp_rank if stage else None)
         load_s = time.perf_counter() - t_load
     # rollout batches of data.num_steps_per_rollout steps: before the first step of each, the
     # log-prob pass, the advantages and the rollout log-probs (train/policy_inputs.py)
@@ -183,7 +197,7 @@ def train(cfg: TrainConfig, model_spec, steps: list, log_prob_steps: list, rollo
         def _kill_in_forward(module, args):  # the first forward of the step: mid-step
             if current["step"] == kill[1]:
                 kill_self()
-        gpt.register_forward_pre_hook(_kill_in_forward)
+        chunks[0].register_forward_pre_hook(_kill_in_forward)
 
     def at(point: str, number: int) -> None:
         if kill is not None and kill == (point, number):
@@ -232,23 +246,35 @@ def train(cfg: TrainConfig, model_spec, steps: list, log_prob_steps: list, rollo
         consumed += increments[number - 1]
         record.update(step=number, lr_increment=increments[number - 1], lr_consumed=consumed,
                       lr_next=_lr_of(optimizer))
-        # the full tensors under tp 1's names (a collective over the TP group: every rank)
-        params = gather_full_parameters(gpt) if number in cfg.run.save_params_at else None
+        every = cfg.checkpoint.save_every
+        params = shards = None
+        if stage is not None:  # pp: the stages' parts, gathered to rank 0 (collectives)
+            from varbatch_kit.train.pipeline import gather_full_params, gather_grads
+            from varbatch_kit.train.run_state import gather_stage_shards
+
+            if number in cfg.run.save_params_at:
+                params = gather_full_params(stage, cfg.layout)
+            if grads is not None:
+                grads = gather_grads(grads, cfg.layout)
+            if every and number % every == 0:
+                shards = gather_stage_shards(gpt, optimizer, cfg.layout)
+        elif number in cfg.run.save_params_at:
+            # the full tensors under tp 1's names (a collective over the TP group: every rank)
+            params = gather_full_parameters(gpt)
         if rank == 0:
-            if params is not None:
+            if number in cfg.run.save_params_at:
                 torch.save(params, out_dir / f"params_step{number}.pt")
             if grads is not None:
                 torch.save(grads, out_dir / f"grads_step{number}.pt")
             # one whole line per step, one write + fsync (train/steplog.py)
             append_record(out_dir / "steps.jsonl", _ordered(record, cfg, device))
-            every = cfg.checkpoint.save_every
             if every and number % every == 0:
                 done = steps[:number]
                 counters = {"step": number, "lr_consumed": consumed,
                             "rollouts_consumed": int(sum(s.num_rollouts for s in done)),
                             "samples_consumed": int(sum(s.num_samples for s in done))}
                 save(cfg, out_dir, counters, gpt, optimizer, scheduler, fingerprint,
-                     hook=partial(_at_point, at, number))
+                     hook=partial(_at_point, at, number), shards=shards)
                 at("after_ckpt", number)
         if cfg.checkpoint.save_every and number % cfg.checkpoint.save_every == 0:
             # no rank starts the next step before rank 0's checkpoint is complete: a rank that

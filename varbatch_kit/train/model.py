@@ -135,8 +135,12 @@ def transformer_config(model: ResolvedModel, *, per_token_loss: bool = False,
 
 
 def build_gpt(model: ResolvedModel, *, max_seq_len: int, per_token_loss: bool = False,
-              precision: str = "fp32"):
+              precision: str = "fp32", config=None, stage: dict | None = None):
     """A ``GPTModel`` for ``model``, on the CPU.
+
+    ``config`` replaces :func:`transformer_config`'s; ``stage`` (``pre_process``,
+    ``post_process``, ``vp_stage``): one pipeline model chunk, built without
+    weights of its own (:mod:`varbatch_kit.train.pipeline` loads them).
 
     The toy model is initialised from the current torch CPU RNG state (call
     ``torch.manual_seed(seed)`` first for reproducible weights). A checkpoint
@@ -146,7 +150,9 @@ def build_gpt(model: ResolvedModel, *, max_seq_len: int, per_token_loss: bool = 
     """
     from megatron.core.models.gpt.gpt_model import GPTModel
 
-    config = transformer_config(model, per_token_loss=per_token_loss, precision=precision)
+    if config is None:
+        config = transformer_config(model, per_token_loss=per_token_loss, precision=precision)
+    stage = dict(stage or {})
     if model.is_toy:
         return GPTModel(
             config=config,
@@ -156,6 +162,7 @@ def build_gpt(model: ResolvedModel, *, max_seq_len: int, per_token_loss: bool = 
             position_embedding_type="learned_absolute",
             share_embeddings_and_output_weights=False,
             parallel_output=True,
+            **stage,
         )
     from varbatch_kit.train import hf, rope
 
@@ -174,9 +181,11 @@ def build_gpt(model: ResolvedModel, *, max_seq_len: int, per_token_loss: bool = 
         rotary_base=spec.rope_theta,
         share_embeddings_and_output_weights=spec.tie_word_embeddings,
         parallel_output=True,
+        **stage,
     )
     rope.attach_position_ids_rope(gpt, spec)
-    hf.load_hf_weights(gpt, spec, model.num_layers)
+    if not stage:
+        hf.load_hf_weights(gpt, spec, model.num_layers)
     return gpt
 
 

@@ -63,6 +63,21 @@ def _check_rollouts(cfg: TrainConfig, model: ResolvedModel, rollouts: Rollouts) 
     validate_rollout_data(rollouts, vocab_size=model.vocab_size, data=cfg.data, loss=cfg.loss)
 
 
+def _check_interleaved(cfg: TrainConfig, steps) -> None:
+    """With ``vpp > 1``: every rank's micro-batch count fits megatron's interleaved schedule."""
+    if cfg.schedule.vpp == 1 or cfg.pp == 1:
+        return
+    from varbatch_kit.train.pipeline import interleaved_count_problem
+
+    group = max(cfg.schedule.mb_group, cfg.pp)
+    for s in steps:
+        for r in range(cfg.layout.pool_size):
+            m = sum(1 for w in s.rank_program(r) if not w.idle)
+            problem = interleaved_count_problem(m, group, cfg.pp)
+            if problem:
+                raise ValueError(f"step {s.index + 1}, pool rank {r}: {problem}")
+
+
 def plan_runs(configs: Sequence[TrainConfig], rollouts: Rollouts) -> list[PlannedRun]:
     """One :class:`PlannedRun` per configuration, in order; ValueError for one that cannot
     train on ``rollouts`` (not a TrainConfig, bad rollouts, no step to train)."""
@@ -76,12 +91,19 @@ def plan_runs(configs: Sequence[TrainConfig], rollouts: Rollouts) -> list[Planne
             models[cfg.model] = resolve_model(cfg.model)
         model = models[cfg.model]
         check_tp_split(model, cfg.tp)  # heads, query groups, FFN, vocab divisible by tp
+        from varbatch_kit.train.pipeline import pipeline_problems
+
+        for problem in pipeline_problems(pp=cfg.pp, vpp=cfg.schedule.vpp,
+                                         mb_group=cfg.schedule.mb_group,
+                                         num_layers=model.num_layers):
+            raise ValueError(f"{problem} ({model.path or 'the toy GPT'})")
         _check_rollouts(cfg, model, rollouts)
         schedule = build_schedule(rollouts, cfg.schedule, model=model.shape)
         steps = list(schedule.steps[: cfg.run.max_steps] if cfg.run.max_steps
                      else schedule.steps)
         if cfg.faults.fail_at_step is None and not steps:
             raise ValueError("the schedule has no step to train")
+        _check_interleaved(cfg, steps)
         # the log-prob pass re-packs each DP rank's samples under its own cap (fixed CP only:
         # a dynamic-CP plan's log-prob pass runs on the training micro-batches)
         lp_steps = list(schedule.steps)

@@ -2,9 +2,15 @@
 
 World layout
 ------------
-``dp * cp`` processes. World rank ``w`` is DP rank ``w // cp`` and CP rank
-``w % cp``. megatron-core is initialised with tensor = pipeline = context
-parallel size 1, so *its* data-parallel group is the whole world (DP x CP):
+``dp * cp * pp * tp`` processes (:class:`~varbatch_kit.train.layout.ParallelLayout`);
+the schedule places micro-batches on the pool of ``dp * cp`` ranks, pool rank
+``r`` is DP rank ``r // cp`` and CP rank ``r % cp``, and every pipeline stage
+(and TP rank) holds a copy of the pool. With ``pp > 1`` the model is cut into
+stages (:mod:`varbatch_kit.train.pipeline`) and megatron-core's 1F1B schedule
+(interleaved with ``vpp > 1``) runs the pool rank's micro-batches through them;
+losses and reports exist on the last stage, are reduced over its DP group there
+and handed to world rank 0. megatron-core is initialised with context parallel
+size 1, so *its* data-parallel group at a stage is the whole pool (DP x CP):
 Megatron DDP averages gradients over all ``dp * cp`` ranks, which is the
 gradient reduction CP needs. megatron-core's context-parallel attention and
 packed ``thd`` batches need TransformerEngine, so the engine runs its own CP
@@ -216,56 +222,93 @@ def train_step(cfg, mode, model, optimizer, step, rollouts, data, inputs: Policy
                 torch.tensor(num_tokens, dtype=torch.int, device=device),
                 {"values": values})
 
-    timer = MicroBatchTimer(cuda=device.type == "cuda")  # fwd/bwd wall time per micro-batch
+    models = model if isinstance(model, list) else [model]
+    staged = cfg.pp > 1  # pipeline parallelism: megatron's 1F1B over model chunks
+    if staged:
+        from varbatch_kit.train import pipeline, pipeline_schedule
+
+        timer = pipeline_schedule.StageTimer(cuda=device.type == "cuda")
+    else:
+        timer = MicroBatchTimer(cuda=device.type == "cuda")  # fwd/bwd wall time per micro-batch
 
     def forward_step(data_iterator, model):
         batch, cp_size, cp_rank, share = next(data_iterator)
+        if staged:  # pipeline stages (cp = 1, no share)
+            timer.lengths = list(batch.lengths)
+            if not pipeline_schedule.is_post_process(model):  # hidden states to the next stage
+                return (model(batch.tokens, batch.position_ids, **batch.model_inputs()),
+                        partial(loss_func, batch, cp_size, cp_rank, share))
+            logits = response_logits(model, batch)
+            return logits, partial(loss_func, batch, cp_size, cp_rank, share)
         timer.forward_start(batch.lengths)
         # the output layer on response rows only (all-gather CP: on this rank's share)
         logits = (response_logits(model, batch) if share is None
                   else cp_response_logits(model, batch, share))
         return logits, timer.wrap_loss(partial(loss_func, batch, cp_size, cp_rank, share))
 
-    # 3. megatron-core's forward/backward schedule (no pipelining), DDP grad sync at the end
-    model.zero_grad_buffer()
+    # 3. megatron-core's forward/backward schedule (no pipelining, or 1F1B over pp stages),
+    # DDP grad sync at the end
+    for m in models:
+        m.zero_grad_buffer()
     optimizer.zero_grad()
-    timer.attach(get_model_config(model))  # the last backward ends where the grad sync starts
-    outputs = get_forward_backward_func()(
-        forward_step_func=forward_step,
-        data_iterator=iter(batches),
-        model=[model],
-        num_microbatches=len(batches),
-        seq_length=max(b.num_tokens for b, *_ in batches),
-        micro_batch_size=1,
-        forward_only=False,
-    )
-    timer.detach()
-    for rec, (_, cp_size, _, share) in zip(timer.records, batches):  # what this rank computed:
-        rec.update(cp_size=cp_size, cp_share=share is not None)  # its share, or the whole row
+    if staged:
+        outputs = pipeline_schedule.forward_backward(models, batches, forward_step, timer=timer)
+    else:
+        timer.attach(get_model_config(model))  # the last backward ends where the grad sync starts
+        outputs = get_forward_backward_func()(
+            forward_step_func=forward_step,
+            data_iterator=iter(batches),
+            model=[model],
+            num_microbatches=len(batches),
+            seq_length=max(b.num_tokens for b, *_ in batches),
+            micro_batch_size=1,
+            forward_only=False,
+        )
+        timer.detach()
+        for rec, (_, cp_size, _, share) in zip(timer.records, batches):  # what this rank
+            rec.update(cp_size=cp_size, cp_share=share is not None)  # computed: share or row
     if grads_out is not None:  # DDP has reduced them into main_grad (finalize_model_grads)
         from varbatch_kit.train.batch import unwrap_model
         from varbatch_kit.train.tensor_parallel import gather_full_parameters
 
-        local = {}
-        for name, p in unwrap_model(model).named_parameters():
-            g = getattr(p, "main_grad", None)
-            g = p.grad if g is None else g
-            local[name] = torch.zeros_like(p) if g is None else g.detach().float()
-        # full tensors under tp 1's names (a collective over the TP group)
-        grads_out.update(gather_full_parameters(unwrap_model(model), tensors=local))
+        for m in models:
+            gpt = unwrap_model(m)
+            rename = getattr(gpt, "full_name_of", None) or (lambda n: n)
+            local = {}
+            for name, p in gpt.named_parameters():
+                g = getattr(p, "main_grad", None)
+                g = p.grad if g is None else g
+                local[name] = torch.zeros_like(p) if g is None else g.detach().float()
+            # full tensors under tp 1's names (a collective over the TP group), then the
+            # full model's names (pipeline chunks)
+            for name, g in gather_full_parameters(gpt, tensors=local).items():
+                if rename(name) is not None:
+                    grads_out[rename(name)] = g
 
     # 4. optimizer step; grad_norm is the norm before clipping
     ok, grad_norm, _ = optimizer.step()
     wall = time.perf_counter() - t0
 
     # 5. report: sum micro-batch vectors, all-reduce over DP x CP, divide by the step divisor
-    report = reduce_step_report([o["values"] for o in outputs], keys=keys, mode=mode, norm=norm,
-                                cp_size=norm.reference_cp)
+    layout = cfg.layout
+    if layout.coords(rank).pp_rank == layout.pp - 1:  # the losses are on the last stage
+        report = reduce_step_report([o["values"] for o in outputs], keys=keys, mode=mode,
+                                    norm=norm, cp_size=norm.reference_cp)
+    else:
+        report = None
+    if staged:  # reduced on the last stage, as slime does, then handed to rank 0
+        report = pipeline.from_last_stage(report, layout)
     walls = torch.tensor([wall], dtype=torch.float64, device=device)
     gathered = [torch.zeros_like(walls) for _ in range(world)]
     dist.all_gather(gathered, walls)
     timings = gather_timings(timer.records)  # per world rank
     busy, straggler = busy_and_straggler(timings)
+    piped = {}
+    if staged:  # per world rank: the schedule's span and the stage's idle time in it
+        spans = [None] * world
+        dist.all_gather_object(spans, (timer.span_s, timer.idle_s))
+        piped = {"pipeline_span_s": [a for a, _ in spans],
+                 "pipeline_idle_s": [b for _, b in spans]}
 
     tokens = rollouts.total_len
     # fixed CP: per DP rank; dynamic CP: per world rank, the micro-batches it takes part in
@@ -298,6 +341,7 @@ def train_step(cfg, mode, model, optimizer, step, rollouts, data, inputs: Policy
         "micro_batch_timing": timings,
         "busy_s": busy,
         "straggler_s": straggler,
+        **piped,
     }
 
 

@@ -187,10 +187,19 @@ def test_a_schedule_flag_without_global_batch_size_is_an_error():
         train_config_from_slime_args("--micro-batch-size 2 --eps-clip 0.2", base=BASE)
 
 
-def test_pipeline_parallelism_from_the_flags_is_refused_by_the_engine():
-    with pytest.raises(ValueError, match="slime flags: pp=2: pipeline parallelism is not built yet"):
-        train_config_from_slime_args("--global-batch-size 4 --pipeline-model-parallel-size 2 "
-                                     "--actor-num-gpus-per-node 2", base=BASE)
+def test_pipeline_parallelism_from_the_flags_runs_or_is_refused_for_its_layers():
+    flags = "--global-batch-size 4 --pipeline-model-parallel-size 2 --actor-num-gpus-per-node 2"
+    # BASE's 3 layers cannot be cut into 2 equal stages: refused, naming the fix
+    with pytest.raises(ValueError, match=r"slime flags: num_layers=3 does not split into "
+                                         r"pp\*vpp=2 equal pipeline chunks"):
+        train_config_from_slime_args(flags, base=BASE)
+    cfg = train_config_from_slime_args(flags, base=BASE.with_(num_layers=4))
+    assert (cfg.schedule.pp, cfg.dp, cfg.world_size) == (2, 1, 2)
+    assert cfg.layout.describe() == "dp1 cp1 pp2 tp1"
+    vpp = train_config_from_slime_args(flags + " --virtual-pipeline-model-parallel-size 2",
+                                       base=BASE.with_(num_layers=4))
+    assert (vpp.schedule.pp, vpp.schedule.vpp, vpp.world_size) == (2, 2, 2)
+    assert vpp.schedule.mb_group >= 2  # megatron's interleaved groups hold >= pp micro-batches
 
 
 def test_tensor_parallelism_from_the_flags_reaches_the_engine():

@@ -116,11 +116,22 @@ def test_train_config_checks_what_spans_sub_configs():
     (dict(vpp=2), r"vpp=2 needs pipeline parallelism: set pp > 1 or vpp=1"),
     (dict(cp=2, tp=2), r"cp=2 with pp=1, tp=2: context parallelism runs with pp=1 and tp=1"),
     (dict(cp=2, pp=2), r"cp=2 with pp=2, tp=1: context parallelism runs with pp=1 and tp=1"),
+    # the toy GPT's 2 layers cannot fill 4 stages; 3 layers cannot be cut in 2 equal ones
+    (dict(pp=4), r"num_layers=2 does not split into pp\*vpp=4 equal pipeline chunks"),
+    (dict(pp=2, num_layers=3), r"num_layers=3 does not split into pp\*vpp=2"),
+    (dict(pp=2, vpp=2, num_layers=4), r"mb_group=1 with pp=2, vpp=2: .* set mb_group >= 2"),
 ])
 def test_layouts_the_engine_cannot_run_are_refused_not_ignored(changes, match):
     """Accepted and ignored would be a bug: refused in the constructor, before any worker."""
     with pytest.raises(ValueError, match=match):
         TrainConfig().with_(**changes)
+
+
+def test_pipeline_layouts_the_engine_runs_are_accepted():
+    pp2 = TrainConfig().with_(pp=2)
+    assert (pp2.world_size, pp2.layout.describe()) == (2, "dp1 cp1 pp2 tp1")
+    inter = TrainConfig().with_(dp=2, pp=2, vpp=2, mb_group=2, num_layers=4)
+    assert (inter.world_size, inter.layout.describe()) == (4, "dp2 cp1 pp2 vpp2 tp1")
 
 
 def test_the_layout_spans_the_schedule_and_tp():

@@ -60,6 +60,11 @@ def test_shim_patches_exactly_the_listed_names_and_not_global_torch(clean_shim, 
     assert view.empty(3, device=0).device.type == "cpu"
     assert view.tensor([1.0], device=torch.device("cuda")).device.type == "cpu"
     assert view.Tensor is torch.Tensor and view.distributed is torch.distributed
+    # pipeline p2p: its buffers on current_device() and its torch.cuda.synchronize()
+    p2p = importlib.import_module("megatron.core.pipeline_parallel.p2p_communication").torch
+    assert p2p.cuda.current_device() == torch.device("cpu")
+    assert p2p.cuda.synchronize() is None and p2p.empty(3, device=p2p.cuda.current_device(),
+                                                         dtype=torch.int64).numel() == 3
     # a module nobody listed keeps the real torch
     assert importlib.import_module("megatron.core.transformer.module").torch is torch
     cpu_shim.deactivate()

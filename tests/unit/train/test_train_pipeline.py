@@ -1,0 +1,96 @@
+"""Pipeline stages (varbatch_kit.train.pipeline): layers per chunk, names, refusals."""
+
+from __future__ import annotations
+
+import pytest
+
+from varbatch_kit.train.pipeline import full_name, pipeline_problems, stage_layers, stage_tensors
+
+
+@pytest.mark.parametrize("num_layers, pp, vpp, expect", [
+    (4, 2, 1, {(0, 0): [0, 1], (1, 0): [2, 3]}),
+    # interleaved: chunk v of stage p holds block v * pp + p
+    (4, 2, 2, {(0, 0): [0], (1, 0): [1], (0, 1): [2], (1, 1): [3]}),
+    (8, 2, 2, {(0, 0): [0, 1], (1, 0): [2, 3], (0, 1): [4, 5], (1, 1): [6, 7]}),
+    (6, 3, 1, {(0, 0): [0, 1], (1, 0): [2, 3], (2, 0): [4, 5]}),
+])
+def test_stage_layers_cut_the_model_in_megatrons_order(num_layers, pp, vpp, expect):
+    got = {(p, v): list(stage_layers(num_layers, pp, vpp, p, v))
+           for p in range(pp) for v in range(vpp)}
+    assert got == expect
+    assert sorted(i for r in got.values() for i in r) == list(range(num_layers))
+
+
+def test_stage_layers_match_megatrons_layer_offset():
+    import torch
+    from megatron.core.transformer.transformer_config import TransformerConfig
+    from megatron.core.transformer.transformer_layer import get_transformer_layer_offset
+
+    for pp, vpp in ((2, 1), (2, 2), (4, 2)):
+        cfg = TransformerConfig(num_layers=8, hidden_size=8, num_attention_heads=2,
+                                pipeline_model_parallel_size=pp, pipeline_dtype=torch.float32,
+                                virtual_pipeline_model_parallel_size=vpp if vpp > 1 else None)
+        for p in range(pp):
+            for v in range(vpp):
+                offset = get_transformer_layer_offset(cfg, vp_stage=v if vpp > 1 else None,
+                                                      pp_rank=p)
+                assert stage_layers(8, pp, vpp, p, v).start == offset, (pp, vpp, p, v)
+
+
+FULL = {
+    "embedding.word_embeddings.weight": "E", "embedding.position_embeddings.weight": "P",
+    **{f"decoder.layers.{i}.mlp.linear_fc1.weight": f"W{i}" for i in range(4)},
+    **{f"decoder.layers.{i}.input_layernorm.weight": f"N{i}" for i in range(4)},
+    "decoder.final_layernorm.weight": "F", "output_layer.weight": "O",
+}
+
+
+@pytest.mark.parametrize("pp, vpp", [(2, 1), (2, 2), (4, 1)])
+def test_chunk_names_map_to_the_full_models_and_back(pp, vpp):
+    seen = {}
+    for p in range(pp):
+        for v in range(vpp):
+            layers = stage_layers(4, pp, vpp, p, v)
+            pre, post = p == 0 and v == 0, p == pp - 1 and v == vpp - 1
+            local = stage_tensors(FULL, layers, pre_process=pre, post_process=post, tied=False)
+            # local layers count from 0 in every chunk
+            assert {n.split(".")[2] for n in local if n.startswith("decoder.layers.")} == {
+                str(i) for i in range(len(layers))}
+            assert ("embedding.word_embeddings.weight" in local) == pre
+            assert ("output_layer.weight" in local) == post
+            for n, t in local.items():
+                name = full_name(n, layers, pre_process=pre, tied=False)
+                assert name not in seen and FULL[name] == t
+                seen[name] = t
+    assert seen == FULL  # every parameter exactly once
+
+
+def test_tied_embeddings_give_the_last_stage_a_copy_not_saved_twice():
+    full = {k: v for k, v in FULL.items() if k != "output_layer.weight"}
+    last = stage_tensors(full, range(2, 4), pre_process=False, post_process=True, tied=True)
+    assert last["output_layer.weight"] == "E"  # the first stage's embeddings
+    assert full_name("output_layer.weight", range(2, 4), pre_process=False, tied=True) is None
+    assert full_name("decoder.layers.1.mlp.linear_fc1.weight", range(2, 4), pre_process=False,
+                     tied=True) == "decoder.layers.3.mlp.linear_fc1.weight"
+
+
+def test_what_the_pipeline_cannot_run_is_named():
+    assert pipeline_problems(pp=2, vpp=2, mb_group=2, num_layers=4) == []
+    assert pipeline_problems(pp=1, num_layers=3) == []
+    (msg,) = pipeline_problems(pp=2, num_layers=3)
+    assert msg.startswith("num_layers=3 does not split into pp*vpp=2 equal pipeline chunks")
+    (msg,) = pipeline_problems(pp=2, vpp=2, mb_group=1, num_layers=4)
+    assert msg.startswith("mb_group=1 with pp=2, vpp=2") and "set mb_group >= 2" in msg
+    with pytest.raises(ValueError, match=r"num_layers=6 does not split into pp\*vpp=4"):
+        stage_layers(6, 2, 2, 0, 0)
+    with pytest.raises(ValueError, match=r"pp_rank=2, vp_stage=0: give a stage in \[0, 2\)"):
+        stage_layers(4, 2, 1, 2, 0)
+
+
+def test_megatrons_interleaved_micro_batch_rule():
+    from varbatch_kit.train.pipeline import interleaved_count_problem
+
+    assert interleaved_count_problem(4, 2, 2) is None
+    assert interleaved_count_problem(5, 3, 2) is None  # 5 % 3 = 2 >= pp
+    assert "needs pp <= mb_group <= micro-batches" in interleaved_count_problem(1, 2, 2)
+    assert "modulo mb_group to be 0 or >= pp" in interleaved_count_problem(5, 2, 2)
