@@ -134,10 +134,14 @@ def test_toy_gpt_layout_matrix(tmp_path):
 
 def test_smollm2_layout_matrix(smollm2_path, tmp_path):
     rollouts = mixed_rollouts(long_len=(90, 110))
+    # no gradient clipping: on random tokens SmolLM2's gradient norm is 40-1400, so clipping
+    # is always active, and the fp32 rounding of the norm (summed per stage, per shard)
+    # moves the clip factor by an ulp, which Adam turns into 1e-5 at step 2; the toy matrix
+    # and tests/integration/test_train_real.py keep clipping on
     base = TrainConfig().with_(path=str(smollm2_path), num_layers=4, lr=1e-5, min_lr=1e-5,
                                lr_decay_style="constant", n_samples_per_prompt=3,
                                save_params_at=(1, 2), max_steps=2, entropy_coef=0.01,
-                               timeout_s=600)
+                               clip_grad=0.0, timeout_s=600)
     layouts, table, runs = matrix(base, rollouts, tmp_path, cap=64)
     check(layouts, table, runs, rollouts)
 
