@@ -18,7 +18,7 @@ import pandas as pd
 import pytest
 from _factories import TINY_GPT
 
-from varbatch_kit import Rollouts, ScheduleConfig, build_schedule
+from varbatch_kit import Rollouts, build_schedule
 from varbatch_kit.train import TrainConfig, compare
 from varbatch_kit.train.step import report_keys
 

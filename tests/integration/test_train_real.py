@@ -33,7 +33,7 @@ import torch
 from _paths import REPO
 from _smollm2 import CACHE, GEN
 
-from varbatch_kit import Rollouts, ScheduleConfig
+from varbatch_kit import ScheduleConfig
 from varbatch_kit.train import TrainConfig
 from varbatch_kit.train.experiment_cache import cached_compare
 

@@ -24,6 +24,7 @@ from varbatch_kit._extras import require
 
 require(__name__, "train", ("megatron.core",))
 
+from varbatch_kit.train.closed_loop import RLLoopResult, rl_loop  # noqa: E402
 from varbatch_kit.train.config import (  # noqa: E402  (after the extra's check)
     CheckpointConfig,
     DataConfig,
@@ -34,7 +35,6 @@ from varbatch_kit.train.config import (  # noqa: E402  (after the extra's check)
     RunConfig,
     TrainConfig,
 )
-from varbatch_kit.train.closed_loop import RLLoopResult, rl_loop  # noqa: E402
 from varbatch_kit.train.launch import compare, run, run_many  # noqa: E402
 from varbatch_kit.train.model_spec import ModelConfig  # noqa: E402
 from varbatch_kit.train.results import Run, param_rel_diff  # noqa: E402

@@ -31,10 +31,10 @@ from varbatch_kit.train.model_spec import (
     resolve_model,
 )
 
-__all__ = ["PRECISIONS", "ADVANTAGE_ESTIMATORS", "ADVANTAGE_GROUPINGS", "KILL_POINTS", "KL_LOSS_TYPES",
-           "TIS_FUNCTIONS", "SCHEDULE_FIELDS", "SUB_CONFIGS", "TOY_DEFAULTS", "CheckpointConfig",
-           "DataConfig", "FaultConfig", "LossConfig", "NodesConfig", "OptimConfig",
-           "RunConfig", "TrainConfig"]
+__all__ = ["ADVANTAGE_ESTIMATORS", "ADVANTAGE_GROUPINGS", "KILL_POINTS", "KL_LOSS_TYPES",
+           "PRECISIONS", "TIS_FUNCTIONS", "SCHEDULE_FIELDS", "SUB_CONFIGS", "TOY_DEFAULTS",
+           "CheckpointConfig", "DataConfig", "FaultConfig", "LossConfig", "NodesConfig",
+           "OptimConfig", "RunConfig", "TrainConfig"]
 
 # ScheduleConfig fields that TrainConfig.with_() routes to the schedule
 SCHEDULE_FIELDS = tuple(f.name for f in fields(ScheduleConfig) if f.init)

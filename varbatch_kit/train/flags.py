@@ -28,7 +28,8 @@ from varbatch_kit.train.config import SUB_CONFIGS, TrainConfig
 
 __all__ = ["add_config_flags", "config_kwargs", "flag_fields"]
 
-TOP_LEVEL = ("mode", "tp", "cp_impl", "precision")  # TrainConfig's own fields with a flag (schedule: its own)
+# TrainConfig's own fields that get a flag (the schedule has its own flags)
+TOP_LEVEL = ("mode", "tp", "cp_impl", "precision")
 
 
 def _scalar_type(tp: Any) -> tuple[Any, bool, bool]:
@@ -75,7 +76,8 @@ def add_config_flags(parser: argparse.ArgumentParser, *, groups: tuple[str, ...]
         group = dest.partition(".")[0] if "." in dest else "mode"
         if group not in titles:
             cls = SUB_CONFIGS.get(group)
-            doc = (cls.__doc__ or "").strip().splitlines()[0] if cls else "the report mode, tp, cp_impl and precision"
+            doc = ((cls.__doc__ or "").strip().splitlines()[0] if cls
+                   else "the report mode, tp, cp_impl and precision")
             doc = re.sub(r":\w+:`~?([^`]+)`", r"\1", doc.rstrip(".").replace("``", ""))
             titles[group] = parser.add_argument_group(f"{group}: {doc}")
         elem, optional, several = _scalar_type(tp)

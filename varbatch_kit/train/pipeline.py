@@ -255,9 +255,13 @@ def _load(chunk, tensors: dict) -> None:
     if missing or extra:
         raise RuntimeError(f"pipeline chunk and its weights disagree: parameters without a "
                            f"tensor {missing[:5]}, tensors without a parameter {extra[:5]}")
+    from varbatch_kit.train.tensor_parallel import tp_rank_shard
+
     with torch.no_grad():
         for name, t in tensors.items():
             p = params[name]
+            if tuple(p.shape) != tuple(t.shape):  # a checkpoint's full tensor: this TP shard
+                t = tp_rank_shard(t, p)
             if tuple(p.shape) != tuple(t.shape):
                 raise RuntimeError(f"{name}: chunk shape {list(p.shape)}, weights "
                                    f"{list(t.shape)}")

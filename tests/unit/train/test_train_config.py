@@ -309,8 +309,8 @@ def test_cli_flags_are_generated_from_the_config_fields_with_their_names():
     from varbatch_kit.train.flags import flag_fields
 
     flags = {flag for _, flag, _, _ in flag_fields()}
-    expected = {"--mode", "--tp", "--cp_impl", "--precision"} | {f"--{g}.{f}" for g, cls in SUB_CONFIGS.items()
-                             for f in cls.__dataclass_fields__}
+    expected = {"--mode", "--tp", "--cp_impl", "--precision"} | {
+        f"--{g}.{f}" for g, cls in SUB_CONFIGS.items() for f in cls.__dataclass_fields__}
     assert flags == expected
     help_text = _parser()._subparsers._group_actions[0].choices["train"].format_help()
     for flag in expected:
