@@ -6,13 +6,10 @@ only its own share;
 reports, gradients and logs meet through real all_reduce / all_gather_object.
 """
 
-import socket
-import time
 
 import pytest
-import torch
-import torch.multiprocessing as mp
 from _report_cases import emulated_gradient, mixed_case, relative_difference, report_gradient
+from _spawn import run_ranks
 
 from varbatch_kit.report import get_report_mode
 
@@ -21,30 +18,12 @@ pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(180)]
 WORKER_TIMEOUT_S = 120
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 def run_world(world: int, outdir) -> list[dict]:
     """Spawn ``world`` gloo ranks, wait with a deadline, return each rank's results."""
     from _report_dist_worker import run
 
-    ctx = mp.start_processes(
-        run, args=(world, free_port(), str(outdir)), nprocs=world, join=False, start_method="spawn"
-    )
-    deadline = time.monotonic() + WORKER_TIMEOUT_S
-    try:
-        while not ctx.join(timeout=0.5):
-            if time.monotonic() > deadline:
-                pytest.fail(f"{world} gloo workers did not finish within {WORKER_TIMEOUT_S} s")
-    finally:
-        for p in ctx.processes:  # only the processes this test started
-            if p.is_alive():
-                p.kill()
-                p.join(5)
-    return [torch.load(outdir / f"rank{r}.pt", weights_only=False) for r in range(world)]
+    return run_ranks(run, world, outdir, timeout_s=WORKER_TIMEOUT_S)
 
 
 @pytest.fixture(scope="module")

@@ -7,12 +7,10 @@ path in ``tests/unit/report/test_token_stats.py``): values, each rank's shard
 of the gradient, and the refusals of a shard gap and of a target no shard holds.
 """
 
-import socket
-import time
 
 import pytest
 import torch
-import torch.multiprocessing as mp
+from _spawn import run_ranks
 
 from varbatch_kit.report.objective.token_stats import chunked_token_stats
 
@@ -21,28 +19,11 @@ pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(120)]
 WORKER_TIMEOUT_S = 90
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 def test_two_vocab_shards_match_the_single_shard(tmp_path):
     import _token_stats_dist_worker as worker
 
-    ctx = mp.start_processes(worker.run, args=(2, free_port(), str(tmp_path)), nprocs=2,
-                             join=False, start_method="spawn")
-    deadline = time.monotonic() + WORKER_TIMEOUT_S
-    try:
-        while not ctx.join(timeout=0.5):
-            if time.monotonic() > deadline:
-                pytest.fail(f"2 gloo workers did not finish within {WORKER_TIMEOUT_S} s")
-    finally:
-        for p in ctx.processes:  # only the processes this test started
-            if p.is_alive():
-                p.kill()
-                p.join(5)
-    ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(2)]
+    ranks = run_ranks(worker.run, 2, tmp_path, timeout_s=WORKER_TIMEOUT_S)
 
     logits, targets, w_lp, w_ent = worker.case()
     x = logits.clone().requires_grad_(True)

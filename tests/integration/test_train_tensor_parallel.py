@@ -9,24 +9,17 @@ shards, the vocab-parallel log-probs and the gathered gradients of their sum
 equal tp 1's. One spawn of two processes (~30 s on a loaded 2-core machine).
 """
 
-import socket
-import time
 
 import numpy as np
 import pytest
 import torch
-import torch.multiprocessing as mp
 from _fake_hf import llama_like
+from _spawn import run_ranks
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(180)]
 
 WORKER_TIMEOUT_S = 150
 
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def qwen2_checkpoint(out):
@@ -53,19 +46,7 @@ def test_tp2_equals_tp1_for_the_toy_gpt_and_a_checkpoint(tmp_path):
     import _tp_dist_worker as worker
 
     hf_dir = qwen2_checkpoint(tmp_path / "qwen2")
-    ctx = mp.start_processes(worker.run, args=(2, free_port(), str(tmp_path), str(hf_dir)),
-                             nprocs=2, join=False, start_method="spawn")
-    deadline = time.monotonic() + WORKER_TIMEOUT_S
-    try:
-        while not ctx.join(timeout=0.5):
-            if time.monotonic() > deadline:
-                pytest.fail(f"2 gloo workers did not finish within {WORKER_TIMEOUT_S} s")
-    finally:
-        for p in ctx.processes:  # only the processes this test started
-            if p.is_alive():
-                p.kill()
-                p.join(5)
-    ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(2)]
+    ranks = run_ranks(worker.run, 2, tmp_path, str(hf_dir), timeout_s=WORKER_TIMEOUT_S)
     from varbatch_kit.train.hf import megatron_state_dict, read_hf_model
 
     hf_full = megatron_state_dict(read_hf_model(hf_dir))

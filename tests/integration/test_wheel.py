@@ -55,6 +55,7 @@ def test_wheel_carries_data_and_notebooks(wheel):
                    "varbatch_kit/notebooks/01_packing_explorer.ipynb",
                    "varbatch_kit/notebooks/04_metric_report_invariance.ipynb",
                    "varbatch_kit/notebooks/05_dynamic_cp.ipynb",
+                   "varbatch_kit/notebooks/06_rl_loop.ipynb",
                    "varbatch_kit/py.typed"):
         assert needed in names, needed
     assert not [n for n in names if n.startswith(("tests/", "benchmarks/", "scripts/"))]
@@ -185,7 +186,7 @@ def test_installed_wheel_works_outside_the_checkout(full_venv, tmp_path):
 
     exe = venv / "bin" / "varbatch-kit"
     copied = _run([exe, "notebooks", tmp_path / "nb"], cwd=tmp_path, env=env).split()
-    assert len(copied) == 5 and all(Path(p).is_file() for p in copied)
+    assert len(copied) == 6 and all(Path(p).is_file() for p in copied)
 
     assert "--notebooks" in _run([exe, "demo", "--help"], cwd=tmp_path, env=env)
     out = tmp_path / "demo_out"
