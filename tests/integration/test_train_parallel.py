@@ -144,6 +144,21 @@ def test_smollm2_layout_matrix(smollm2_path, tmp_path):
                                clip_grad=0.0, timeout_s=600)
     layouts, table, runs = matrix(base, rollouts, tmp_path, cap=64)
     check(layouts, table, runs, rollouts)
+    # the export of a pipelined run (its stages' parameters gathered under dp 1's names):
+    # transformers loads it and gives dp 1's export's logits (relative norm of the difference)
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    by_label = {r.config.name: r for r in runs}
+    logits = {}
+    for label in ("dp1 per_token", "pp2 vpp2 per_token"):
+        out = by_label[label].export_hf(tmp_path / "export" / label.replace(" ", "_"))
+        hf = AutoModelForCausalLM.from_pretrained(str(out), dtype=torch.float32).eval()
+        with torch.no_grad():
+            logits[label] = hf(torch.arange(5, 69)[None]).logits
+    a, b = logits["pp2 vpp2 per_token"], logits["dp1 per_token"]
+    rel = float((a - b).norm() / b.norm())  # the two runs' weights differ by ~1e-8 relative
+    assert rel < 1e-6, rel
 
 
 def test_smollm2_cannot_split_its_heads_over_two_tp_ranks(smollm2_path):
