@@ -93,10 +93,6 @@ class ParallelLayout:
         """The world rank at ``(pool_rank, tp_rank, pp_rank)``."""
         return int(tp_rank) + self.tp * (int(pool_rank) + self.pool_size * int(pp_rank))
 
-    def pool_world_ranks(self, tp_rank: int = 0, pp_rank: int = 0) -> list[int]:
-        """The world ranks of the pool at one ``(tp, pp)`` coordinate, in pool-rank order."""
-        return [self.world_rank(r, tp_rank, pp_rank) for r in range(self.pool_size)]
-
     @property
     def last_stage_world_rank(self) -> int:
         """The world rank of pool rank 0, TP rank 0 on the last pipeline stage (its losses)."""

@@ -17,7 +17,7 @@ def test_coordinates_by_hand():
     got = [(c.pool_rank, c.tp_rank, c.pp_rank) for c in map(lay.coords, range(8))]
     assert got == [(0, 0, 0), (0, 1, 0), (1, 0, 0), (1, 1, 0),
                    (0, 0, 1), (0, 1, 1), (1, 0, 1), (1, 1, 1)]
-    assert lay.pool_world_ranks(tp_rank=1, pp_rank=1) == [5, 7]
+    assert [lay.world_rank(r, tp_rank=1, pp_rank=1) for r in range(2)] == [5, 7]
     assert lay.last_stage_world_rank == 4
     with pytest.raises(ValueError, match=r"world_rank=8: give a rank in \[0, 8\)"):
         lay.coords(8)
