@@ -129,6 +129,7 @@ def test_toy_gpt_layout_matrix(tmp_path):
                                n_samples_per_prompt=3, save_params_at=(1, 2), max_steps=2,
                                entropy_coef=0.01, **TOY)
     layouts, table, runs = matrix(base, rollouts, tmp_path, cap=40)
+    assert set(layouts) == set(LAYOUTS)  # the toy GPT runs every layout: none left out
     check(layouts, table, runs, rollouts)
 
 
@@ -143,6 +144,8 @@ def test_smollm2_layout_matrix(smollm2_path, tmp_path):
                                save_params_at=(1, 2), max_steps=2, entropy_coef=0.01,
                                clip_grad=0.0, timeout_s=600)
     layouts, table, runs = matrix(base, rollouts, tmp_path, cap=64)
+    # only the tensor-parallel layouts are left out (9 heads, 3 key/value groups)
+    assert set(LAYOUTS) - set(layouts) == {"tp2", "tp2 pp2"}
     check(layouts, table, runs, rollouts)
     # the export of a pipelined run (its stages' parameters gathered under dp 1's names):
     # transformers loads it and gives dp 1's export's logits (relative norm of the difference)
