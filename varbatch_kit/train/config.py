@@ -42,8 +42,10 @@ SCHEDULE_FIELDS = tuple(f.name for f in fields(ScheduleConfig) if f.init)
 LR_DECAY_STYLES = ("constant", "linear", "cosine")
 LR_INCREMENTS = ("auto", "rollouts", "samples")
 DEVICES = ("auto", "cpu", "cuda")
-#: TrainConfig.precision: fp32 (the default, the reference of the invariance tests) or bf16
-PRECISIONS = ("fp32", "bf16")
+#: TrainConfig.precision: fp32 (the default), bf16, or fp64 (float64 parameters, optimizer,
+#: activations and reductions on the CPU: the reference of the layout-invariance matrices,
+#: whose differences sit ~1e-14 below fp32's; tests/integration/test_train_parallel.py)
+PRECISIONS = ("fp32", "bf16", "fp64")
 # where ``kill_at`` may SIGKILL a worker (see FaultConfig)
 KILL_POINTS = ("before_step", "mid_step", "after_step", "ckpt_after_model", "ckpt_before_rename",
                "after_ckpt")
@@ -330,6 +332,20 @@ class FaultConfig:
     ``cp_swap_chunks_rank`` (all-gather CP): every rank's K/V reassembly reads
     that CP rank's share with its two zigzag chunks in swapped order, a wrong
     exchange the CP invariance tests must catch.
+
+    Three more injected bugs, each one the layout-invariance matrix must catch
+    (``tests/integration/test_train_parallel.py``), each refused where it would
+    change nothing:
+
+    ``stale_loss_prescale``: the loss prescale of every step uses the micro-batch
+    count of the first step this rank trained (a count not refreshed); inert for
+    ``per_token`` (its prescale ignores the count).
+    ``cp_duplicate_token_counts`` (``per_token``, cp > 1): every CP rank's token
+    count is taken as distinct tokens, so the gradient and the reported
+    per-token metrics are divided by cp x N instead of N.
+    ``microbatch_denominators`` (modes with per-rollout denominators): each
+    micro-batch builds its samples' denominators over its own samples, not over
+    the step (a rollout split over micro-batches gets too small a denominator).
     """
 
     fail_at_step: int | None = _f(None, "rank fail_rank raises at the start of this 1-based step")
@@ -340,12 +356,20 @@ class FaultConfig:
                                              "file-size limit")
     cp_swap_chunks_rank: int | None = _f(None, "all-gather CP: the K/V exchange reads this CP "
                                                "rank's two chunks swapped (a wrong exchange)")
+    stale_loss_prescale: bool = _f(False, "the loss prescale uses the first step's micro-batch "
+                                          "count in every step (an injected bug)")
+    cp_duplicate_token_counts: bool = _f(False, "per_token, cp > 1: each CP rank's token count "
+                                                "counted as distinct tokens (an injected bug)")
+    microbatch_denominators: bool = _f(False, "per-rollout denominators built per micro-batch, "
+                                              "not per step (an injected bug)")
 
     def __post_init__(self) -> None:
         for name in ("fail_at_step", "hang_at_step", "disk_full_at_step"):
             need_int("faults", name, getattr(self, name), 1, optional=True)
         need_int("faults", "fail_rank", self.fail_rank, 0)
         need_int("faults", "cp_swap_chunks_rank", self.cp_swap_chunks_rank, 0, optional=True)
+        for name in ("stale_loss_prescale", "cp_duplicate_token_counts", "microbatch_denominators"):
+            need_bool("faults", name, getattr(self, name))
         if self.kill_at is not None:
             point, _, step = str(self.kill_at).partition(":")
             if point not in KILL_POINTS or not step.isdigit() or int(step) < 1:
@@ -417,9 +441,10 @@ class TrainConfig:
         "help": "the layout: a ScheduleConfig"})
     mode: str = _f("per_rollout_mean", "loss/report mode (varbatch_kit.report.REPORT_MODES)")
     tp: int = _f(1, "tensor-parallel size: megatron's column/row parallel layers over tp ranks")
-    precision: str = _f("fp32", "fp32, or bf16: megatron's bf16 (Float16Module) with fp32 main "
+    precision: str = _f("fp32", "fp32; bf16: megatron's bf16 (Float16Module) with fp32 main "
                                 "params and grads, grads reduced in fp32, loss and reports in "
-                                "fp32 or wider", choices=PRECISIONS)
+                                "fp32 or wider; fp64 (CPU only): everything in float64, the "
+                                "reference of the layout-invariance tests", choices=PRECISIONS)
     cp_impl: str = _f("allgather", "how cp > 1 runs: allgather = each CP rank runs its zigzag "
                                   "share, K/V all-gathered; emulated = every CP rank runs the "
                                   "full forward, loss on its slice (the reference)",
@@ -466,12 +491,32 @@ class TrainConfig:
         for problem in pipeline_problems(pp=self.schedule.pp, vpp=self.schedule.vpp,
                                          mb_group=self.schedule.mb_group, num_layers=layers):
             raise ValueError(problem)  # a checkpoint's own depth is checked once it is read
+        self._check_injected_bugs()
         if not self.faults.fail_rank < self.world_size:
             raise ValueError(f"faults.fail_rank={self.faults.fail_rank}: give a rank of the "
                              f"world of dp*cp*pp*tp={self.world_size}, in [0, {self.world_size})")
         if self.world_size % self.nodes.nnodes:
             raise ValueError(f"nodes.nnodes={self.nodes.nnodes} does not divide dp*cp*pp*tp="
                              f"{self.world_size}: every node starts world_size/nnodes workers")
+
+    def _check_injected_bugs(self) -> None:
+        """An injected bug that would change nothing in this run is refused: a fault test
+        that sets it wrong would test nothing."""
+        from varbatch_kit.report import get_report_mode
+
+        f, mode = self.faults, get_report_mode(self.mode)
+        if f.stale_loss_prescale and mode.megatron_per_token_loss:
+            raise ValueError(f"faults.stale_loss_prescale with mode={self.mode!r}: its loss "
+                             "prescale does not use the micro-batch count; use a mode such as "
+                             "'per_rollout_mean'")
+        if f.cp_duplicate_token_counts and not (mode.megatron_per_token_loss and self.cp > 1):
+            raise ValueError(f"faults.cp_duplicate_token_counts with mode={self.mode!r}, cp="
+                             f"{self.cp}: it acts on per_token's token count under cp > 1; use "
+                             "mode='per_token' and cp >= 2")
+        if f.microbatch_denominators and mode.denominators != "rollout":
+            raise ValueError(f"faults.microbatch_denominators with mode={self.mode!r}: its "
+                             "denominators do not depend on the other samples of the step; use "
+                             "a mode with per-rollout denominators such as 'per_rollout_mean'")
 
     # ----------------------------------------------------------------- derived
     @property
@@ -525,7 +570,7 @@ class TrainConfig:
         cp = f"cp{s.cp}" + ("" if len(s.cp_degrees) == 1 else f" {s.cp_mode}")
         more = "".join(f" {k}{v}" for k, v in (("pp", s.pp), ("vpp", s.vpp), ("tp", self.tp))
                        if v > 1)
-        more += " bf16" if self.precision == "bf16" else ""
+        more += "" if self.precision == "fp32" else f" {self.precision}"
         return f"dp{s.dp} {cp}{more} {s.packing}/{s.distribution} {self.mode}"
 
     def with_(self, **changes: Any) -> TrainConfig:

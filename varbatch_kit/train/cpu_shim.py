@@ -10,7 +10,11 @@ of :mod:`varbatch_kit.train` goes through:
 - the ``param.grad.type() == 'torch.cuda.FloatTensor'`` assertion in
   gradient clipping, and the CUDA type names by which the bf16 optimizer
   (``Float16OptimizerWithFloat16Params``) sorts parameters,
-- ``torch.cuda.synchronize()`` after the pipeline's p2p exchanges (a no-op here).
+- ``torch.cuda.synchronize()`` after the pipeline's p2p exchanges (a no-op here),
+- the grad norm of its local (no apex) L2-norm kernel, returned as a float32
+  CUDA tensor whatever the gradients' dtype: on the CPU float64 gradients
+  (``precision="fp64"``) keep a float64 norm; float32 ones go through
+  megatron-core's own function unchanged.
 
 The shim does **not** touch the global ``torch`` module. Instead it gives each
 listed megatron-core module its own view of ``torch`` (:class:`_TorchOnCpu`)
@@ -65,6 +69,8 @@ PATCHED_FUNCTIONS: tuple[tuple[str, str], ...] = (
     ("megatron.core.optimizer.optimizer", "clip_grad_by_total_norm_fp32"),
     # bf16: the mixed-precision optimizer sorts parameters by CUDA type names
     ("megatron.core.optimizer", "Float16OptimizerWithFloat16Params"),
+    # fp64: the local L2 norm rounds every grad norm to a float32 CUDA tensor
+    ("megatron.core.optimizer.clip_grads", "l2_norm_impl"),
 )
 
 _FACTORIES = frozenset({
@@ -138,8 +144,9 @@ def _clip_grad_by_total_norm_cpu(parameters, max_norm, total_norm, use_decoupled
     attr = "decoupled_grad" if use_decoupled_grad else "grad"
     grads = [getattr(p, attr).detach() for p in parameters if getattr(p, attr, None) is not None]
     for g in grads:
-        if g.dtype != torch.float32:
-            raise AssertionError(f"gradient clipping expects float32 gradients, got {g.dtype}")
+        if g.dtype not in (torch.float32, torch.float64):
+            raise AssertionError(f"gradient clipping expects float32 (or, precision='fp64', "
+                                 f"float64) gradients, got {g.dtype}")
     clip_coeff = max_norm / (total_norm + 1.0e-6)
     if clip_coeff < 1.0 and grads:
         torch._foreach_mul_(grads, clip_coeff)
@@ -195,12 +202,35 @@ def _float16_optimizer_on_cpu():
     return Float16OptimizerOnCpu
 
 
+def _l2_norm_keeping_float64():
+    """megatron-core's L2-norm kernel (``multi_tensor_applier``'s signature) in which float64
+    gradients give a float64 norm; float32 ones the kernel megatron-core chose, unchanged.
+
+    megatron-core's local kernel rounds the norm to float32, so under ``precision="fp64"`` the
+    grad norm, the clip factor and the reported ``grad_norm`` would carry float32 noise that
+    moves with the layout (the norm is summed per stage and per shard).
+    """
+    original = importlib.import_module("megatron.core.optimizer.clip_grads").l2_norm_impl
+
+    def l2_norm(chunk_size, noop_flag, tensor_lists, per_tensor, *args):
+        tensors = [t for group in tensor_lists for t in group]
+        if not any(t.dtype == torch.float64 for t in tensors):
+            return original(chunk_size, noop_flag, tensor_lists, per_tensor, *args)
+        if per_tensor:
+            raise NotImplementedError("per-tensor grad norms are not used by varbatch_kit")
+        norms = torch.stack([torch.linalg.vector_norm(t.double()) for t in tensors])
+        return torch.linalg.vector_norm(norms).reshape(1), None
+
+    return l2_norm
+
+
 _REPLACEMENTS: dict[str, Callable] = {
     "clip_grad_by_total_norm_fp32": _clip_grad_by_total_norm_cpu,
 }
 #: replacements built when the shim activates (they subclass megatron-core's classes)
 _LAZY_REPLACEMENTS: dict[str, Callable[[], Any]] = {
     "Float16OptimizerWithFloat16Params": _float16_optimizer_on_cpu,
+    "l2_norm_impl": _l2_norm_keeping_float64,
 }
 
 

@@ -117,6 +117,15 @@ def select_device(cfg) -> DeviceChoice:
     With :data:`PRETEND_CUDA_ENV` set and no real GPU, a choice of CUDA cannot run: a
     ValueError says so (the switch is for testing the CPU path of a GPU host).
     """
+    if cfg.precision == "fp64":  # the invariance reference: float64 end to end, on the CPU
+        if cfg.run.device == "cuda":
+            raise ValueError("run.device='cuda' with precision='fp64': float64 training is the "
+                             "CPU reference of the invariance tests; use device='cpu' or "
+                             "'auto', or precision='fp32' / 'bf16' on the GPU")
+        got = choose_device("cpu", gpus_per_node=local_gpu_count(), nnodes=cfg.nodes.nnodes,
+                            world_size=cfg.world_size)
+        return DeviceChoice(cfg.run.device, got.device, got.local_ranks, got.gpus_per_node,
+                            f"precision='fp64' runs on the CPU ({got.reason})")
     got = choose_device(cfg.run.device, gpus_per_node=local_gpu_count(),
                         nnodes=cfg.nodes.nnodes, world_size=cfg.world_size)
     if got.device == "cuda" and pretended_gpus() is not None:

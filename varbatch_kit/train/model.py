@@ -190,14 +190,19 @@ def build_gpt(model: ResolvedModel, *, max_seq_len: int, per_token_loss: bool = 
 
 
 def wrap_precision(gpt, precision: str = "fp32"):
-    """``gpt`` as the training step runs it: itself in fp32; under ``"bf16"`` megatron's
-    ``Float16Module`` (the parameters cast to bfloat16, the forward's input in bf16 and the
-    last stage's output back in float32), for megatron's mixed-precision optimizer, which
-    keeps fp32 main parameters and gradients."""
+    """``gpt`` as the training step runs it: itself in fp32; under ``"fp64"`` itself cast to
+    float64 in place (built and loaded in float32, so the cast is exact and every layout
+    starts from the same weights; megatron's DDP buffers, the optimizer and its states
+    then follow the parameters' dtype); under ``"bf16"`` megatron's ``Float16Module`` (the
+    parameters cast to bfloat16, the forward's input in bf16 and the last stage's output
+    back in float32), for megatron's mixed-precision optimizer, which keeps fp32 main
+    parameters and gradients."""
     if precision == "fp32":
         return gpt
+    if precision == "fp64":
+        return gpt.double()
     if precision != "bf16":
-        raise ValueError(f"precision={precision!r}: choose 'fp32' or 'bf16'")
+        raise ValueError(f"precision={precision!r}: choose 'fp32', 'bf16' or 'fp64'")
     from megatron.core.transformer.module import Float16Module
 
     return Float16Module(gpt.config, gpt)

@@ -210,8 +210,9 @@ def build_chunks(model_spec, layout, world_rank: int, *, max_seq_len: int,
         virtual_pipeline_model_parallel_size=vpp if vpp > 1 else None,
         microbatch_group_size_per_vp_stage=max(mb_group, pp) if vpp > 1 else None,
         variable_seq_lengths=True, perform_initialization=layout.tp > 1,  # TP: marks the splits
-        # the activations that cross stages: bf16 under bf16 (Float16Module's dtype)
-        pipeline_dtype=torch.bfloat16 if precision == "bf16" else torch.float32,
+        # the activations that cross stages: the parameters' dtype (Float16Module's under bf16)
+        pipeline_dtype={"bf16": torch.bfloat16, "fp64": torch.float64}.get(precision,
+                                                                        torch.float32),
         moe_token_dispatcher_type="alltoall")  # no MoE; its default refuses variable lengths
     full = None
     tied = False

@@ -79,6 +79,10 @@ __all__ = ["EXTRA_METRIC_KEYS", "PolicyInputs", "reduce_step_report", "report_ke
 #: the share the argmax predicts, and the mean advantage (all under the report mode)
 EXTRA_METRIC_KEYS = ("nll", "token_acc", "advantage")
 
+#: FaultConfig.stale_loss_prescale: the micro-batch count of the first step each run (by
+#: label) trained in this process, reused by every later step (the injected bug)
+_stale_counts: dict[str, int] = {}
+
 
 @dataclass(frozen=True, eq=False)
 class PolicyInputs:
@@ -153,8 +157,15 @@ def train_step(cfg, mode, model, optimizer, step, rollouts, data, inputs: Policy
         cp_size=step.sample_cp_sizes().tolist() if dynamic else cfg.cp,
         num_microbatches=step.num_rounds, dp_rank_of_sample=rank_of_sample,
     )
-    prescale = mode.loss_prescale(norm, num_microbatches=max(n_mb, 1), dp_size=cfg.dp,
+    faults = cfg.faults
+    counted = max(n_mb, 1)
+    if faults.stale_loss_prescale:  # injected bug: the first step's count, never refreshed
+        counted = _stale_counts.setdefault(cfg.name, counted)
+    prescale = mode.loss_prescale(norm, num_microbatches=counted, dp_size=cfg.dp,
                                   cp_size=cfg.cp)
+    report_cp = norm.reference_cp
+    if faults.cp_duplicate_token_counts:  # injected bug: the CP ranks' counts as distinct tokens
+        prescale, report_cp = prescale / norm.reference_cp, 1
 
     # 2. this rank's micro-batches, packed, each with its (weight, cp_size, cp_rank); a rank
     # idle all step runs one zero-weight micro-batch so that it joins the gradient sync
@@ -166,7 +177,7 @@ def train_step(cfg, mode, model, optimizer, step, rollouts, data, inputs: Policy
         b = pack([data.tokens[g] for g in w.samples], rollouts.prompt_len[w.samples], w.samples,
                  device=device)
         # all-gather CP: this rank's zigzag share of b and its group (None: the whole row)
-        share = (share_for(w, b, swap_chunks_of=cfg.faults.cp_swap_chunks_rank)
+        share = (share_for(w, b, swap_chunks_of=faults.cp_swap_chunks_rank)
                  if cfg.cp_impl == "allgather" else None)
         batches.append((b, w.cp_size, w.cp_rank, share))
 
@@ -203,7 +214,11 @@ def train_step(cfg, mode, model, optimizer, step, rollouts, data, inputs: Policy
             "total_lengths": list(batch.lengths),
             "response_lengths": list(batch.response_lens),
             "loss_masks": [masks[g].to(device) for g in idx],
-            "sample_denominators": norm.denominators_for([local_of[g] for g in idx]),
+            "sample_denominators": (
+                norm.denominators_for([local_of[g] for g in idx])
+                if not faults.microbatch_denominators  # injected bug: over this micro-batch
+                else mode.step_normalizers(rollouts.rollout_id[idx], [masks[g] for g in idx],
+                                           dp_size=cfg.dp).sample_denominators),
             "cp_rank": cp_rank,
             "cp_size": cp_size,
         }
@@ -278,7 +293,8 @@ def train_step(cfg, mode, model, optimizer, step, rollouts, data, inputs: Policy
             for name, p in gpt.named_parameters():
                 g = getattr(p, "main_grad", None)
                 g = p.grad if g is None else g
-                local[name] = torch.zeros_like(p) if g is None else g.detach().float()
+                local[name] = (torch.zeros_like(p) if g is None  # fp32 or wider (fp64 stays)
+                               else g.detach().to(torch.promote_types(g.dtype, torch.float32)))
             # full tensors under tp 1's names (a collective over the TP group), then the
             # full model's names (pipeline chunks)
             for name, g in gather_full_parameters(gpt, tensors=local).items():
@@ -293,7 +309,7 @@ def train_step(cfg, mode, model, optimizer, step, rollouts, data, inputs: Policy
     layout = cfg.layout
     if layout.coords(rank).pp_rank == layout.pp - 1:  # the losses are on the last stage
         report = reduce_step_report([o["values"] for o in outputs], keys=keys, mode=mode,
-                                    norm=norm, cp_size=norm.reference_cp)
+                                    norm=norm, cp_size=report_cp)
     else:
         report = None
     if staged:  # reduced on the last stage, as slime does, then handed to rank 0

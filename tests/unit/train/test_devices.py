@@ -139,3 +139,13 @@ def test_process_setup_follows_the_run_device_not_the_host(monkeypatch):
     with pytest.raises(ValueError, match="device='auto': give 'cpu' or 'cuda'"), \
             single_process("auto"):
         pass
+
+
+def test_fp64_is_the_cpu_reference_auto_picks_the_cpu_and_cuda_is_refused(monkeypatch):
+    monkeypatch.setenv(PRETEND_CUDA_ENV, "2")  # a GPU host: auto would otherwise take CUDA
+    got = select_device(_cfg(1, "auto").with_(precision="fp64"))
+    assert got.device == "cpu" and got.requested == "auto"
+    assert got.reason.startswith("precision='fp64' runs on the CPU")
+    with pytest.raises(ValueError, match=r"run.device='cuda' with precision='fp64'.*use "
+                                         r"device='cpu' or 'auto'"):
+        select_device(_cfg(1, "cuda").with_(precision="fp64"))

@@ -7,6 +7,7 @@ import argparse
 import builtins
 import inspect
 import pickle
+from dataclasses import fields
 from pathlib import Path
 
 import pytest
@@ -372,3 +373,36 @@ def test_save_grads_at_takes_1_based_steps_like_save_params_at():
     for bad in ((0,), ("x",), 3):
         with pytest.raises(ValueError, match=r"run\.save_grads_at=.*give 1-based steps"):
             RunConfig(save_grads_at=bad)
+
+
+@pytest.mark.parametrize("changes, match", [
+    (dict(stale_loss_prescale=True, mode="per_token"),
+     r"faults\.stale_loss_prescale with mode='per_token': its loss prescale does not use"),
+    (dict(cp_duplicate_token_counts=True, mode="per_token"),
+     r"faults\.cp_duplicate_token_counts with mode='per_token', cp=1: .*cp >= 2"),
+    (dict(cp_duplicate_token_counts=True, mode="per_rollout_mean", cp=2),
+     r"faults\.cp_duplicate_token_counts with mode='per_rollout_mean', cp=2"),
+    (dict(microbatch_denominators=True, mode="per_token"),
+     r"faults\.microbatch_denominators with mode='per_token': its denominators do not"),
+])
+def test_an_injected_bug_that_would_change_nothing_is_refused(changes, match):
+    changes = dict(changes)
+    fault = {k: changes.pop(k) for k in list(changes) if k in {f.name for f in fields(FaultConfig)}}
+    with pytest.raises(ValueError, match=match):
+        TrainConfig().with_(faults=FaultConfig(**fault), **changes)
+
+
+def test_injected_bugs_are_accepted_where_they_act_and_must_be_bools():
+    TrainConfig().with_(faults=FaultConfig(stale_loss_prescale=True, microbatch_denominators=True))
+    TrainConfig().with_(faults=FaultConfig(cp_duplicate_token_counts=True), mode="per_token",
+                        cp=2)
+    with pytest.raises(ValueError, match=r"faults\.stale_loss_prescale=1: give True or False"):
+        FaultConfig(stale_loss_prescale=1)
+
+
+def test_fp64_precision_is_accepted_and_named_in_the_label():
+    cfg = TrainConfig().with_(precision="fp64")
+    assert cfg.precision == "fp64" and cfg.name.startswith("dp1 cp1 fp64 ")
+    with pytest.raises(ValueError, match=r"precision='fp16': choose one of \('fp32', 'bf16', "
+                                         r"'fp64'\)"):
+        TrainConfig().with_(precision="fp16")

@@ -101,6 +101,33 @@ def test_shim_clip_replacement_scales_like_megatron():
     assert torch.allclose(ps[1].grad, torch.tensor([0.0, 0.8, 0.0]), atol=1e-6)
 
 
+def test_shim_clip_replacement_takes_float64_gradients():
+    p = torch.nn.Parameter(torch.zeros(2, dtype=torch.float64))
+    p.grad = torch.tensor([3.0, 4.0], dtype=torch.float64)
+    cpu_shim._clip_grad_by_total_norm_cpu([p], max_norm=1.0, total_norm=5.0)
+    assert p.grad.dtype == torch.float64
+    want = torch.tensor([3.0, 4.0], dtype=torch.float64) * (1.0 / (5.0 + 1e-6))  # megatron's eps
+    assert torch.allclose(p.grad, want, rtol=1e-15, atol=0)
+
+
+def test_shim_grad_norm_keeps_float64_and_leaves_float32_to_megatron():
+    import torch.distributed as dist
+    from megatron.core.optimizer import clip_grads
+
+    with single_process_megatron("cpu"):
+        assert cpu_shim.active()
+        # (1 + 2^-40) per entry: a float32 norm rounds the 2^-40 away, a float64 one keeps it
+        x = 1.0 + 2.0 ** -40
+        g64 = [torch.tensor([x, 0.0], dtype=torch.float64),
+               torch.tensor([0.0, x], dtype=torch.float64)]
+        norm = clip_grads.get_grad_norm_fp32(g64, grad_stats_parallel_group=dist.group.WORLD)
+        assert norm == pytest.approx((2 * x * x) ** 0.5, rel=1e-15)
+        assert norm != float(torch.tensor(norm, dtype=torch.float32))
+        g32 = [t.float() for t in g64]  # megatron-core's own kernel: a float32 norm
+        norm32 = clip_grads.get_grad_norm_fp32(g32, grad_stats_parallel_group=dist.group.WORLD)
+        assert norm32 == pytest.approx(2 ** 0.5, rel=1e-7) and norm32 != norm
+
+
 # --------------------------------------------------------------------------- packed batches
 def test_block_causal_mask_hand_example():
     m = block_causal_mask([2, 3])[0, 0]
