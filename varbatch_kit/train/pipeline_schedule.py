@@ -122,7 +122,8 @@ def forward_backward(models: list, batches: list, forward_step, *, forward_only:
     if len(models) > 1:
         problem = interleaved_count_problem(len(batches),
                                             config.microbatch_group_size_per_vp_stage,
-                                            config.pipeline_model_parallel_size)
+                                            config.pipeline_model_parallel_size,
+                                            vpp=len(models), forward_only=forward_only)
         if problem:
             raise ValueError(problem)
     data = [iter(batches) for _ in models] if len(models) > 1 else iter(batches)

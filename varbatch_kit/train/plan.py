@@ -73,7 +73,7 @@ def _check_interleaved(cfg: TrainConfig, steps) -> None:
     for s in steps:
         for r in range(cfg.layout.pool_size):
             m = sum(1 for w in s.rank_program(r) if not w.idle)
-            problem = interleaved_count_problem(m, group, cfg.pp)
+            problem = interleaved_count_problem(m, group, cfg.pp, vpp=cfg.schedule.vpp)
             if problem:
                 raise ValueError(f"step {s.index + 1}, pool rank {r}: {problem}")
 

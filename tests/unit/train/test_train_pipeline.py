@@ -94,3 +94,31 @@ def test_megatrons_interleaved_micro_batch_rule():
     assert interleaved_count_problem(5, 3, 2) is None  # 5 % 3 = 2 >= pp
     assert "needs pp <= mb_group <= micro-batches" in interleaved_count_problem(1, 2, 2)
     assert "modulo mb_group to be 0 or >= pp" in interleaved_count_problem(5, 2, 2)
+
+
+def test_an_interleaved_count_whose_stages_would_not_pair_up_is_refused():
+    """2 micro-batches, pp 2, vpp 2, group 2: stage 0 warms up all 4 virtual micro-batches,
+    stage 1 only 2, and training hung (a reproducer: the SmolLM2 matrix's short step 2)."""
+    from varbatch_kit.train.pipeline import interleaved_count_problem
+
+    got = interleaved_count_problem(2, 2, 2, vpp=2)
+    assert "keeps all 4 of stage 0's virtual micro-batches in its warm-up (4) but not the " \
+           "last stage's (2)" in got and "more than 2 micro-batches per step" in got
+    assert interleaved_count_problem(2, 2, 2, vpp=2, forward_only=True) is None  # all warm up
+    assert interleaved_count_problem(4, 2, 2, vpp=2) is None  # stage 0 reaches its 1F1B
+    assert interleaved_count_problem(3, 3, 3, vpp=2) is not None  # 4 + 3 >= 6 > 3
+    assert interleaved_count_problem(6, 3, 3, vpp=2) is None
+
+
+def test_run_refuses_the_hanging_interleaved_count_before_any_worker(tmp_path):
+    from varbatch_kit import Rollouts as R
+    from varbatch_kit.train import TrainConfig, run
+
+    rollouts = R.synthetic(8, prompt_len=4, response_len=4, seed=0)
+    cfg = TrainConfig().with_(pp=2, vpp=2, mb_group=2, num_layers=4, global_batch_size=8,
+                              n_samples_per_prompt=4,
+                              max_tokens_per_gpu=48, packing="first_fit")  # 2 per step
+    with pytest.raises(ValueError, match=r"step 1, pool rank 0: 2 micro-batches on a rank with "
+                                         r"mb_group=2, pp=2, vpp=2"):
+        run(cfg, rollouts, out_dir=tmp_path / "out", progress=False)
+    assert not (tmp_path / "out").exists()
