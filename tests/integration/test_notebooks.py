@@ -48,7 +48,7 @@ def _marked(nb) -> list:
 
 
 # the limits of a notebook's run, in s: generous safety nets (not speed checks) for a loaded
-# machine; notebook 04 trains the SmolLM2 layout matrix (19 runs) in one cell
+# machine; notebook 04 trains the SmolLM2 layout matrix (21 runs) in one cell
 CELL_TIMEOUT = {"04_metric_report_invariance": 1200}
 # ... the matrix test_train_real.py reads back from the experiment cache: under pytest-xdist both
 # run in one worker (one trains it, the other reads it; never one waiting on the other's lock)
