@@ -21,8 +21,10 @@ Both commands take the same options; ``compare`` accepts several values for
 every combination on the same rollouts and seed (static packings use
 ``--micro-batch-size``, token-capped ones ``--max-tokens-per-gpu``). The
 rollouts come from ``--trace`` (a file or a bundled trace name) or from the
-seeded synthetic generator. On CPU, context parallelism is emulated at the
-loss level (every CP rank runs the full forward). A bad option is a
+seeded synthetic generator. Context parallelism runs all-gather style by default
+(each CP rank computes its zigzag share, K/V all-gathered) on CPU and GPU alike;
+``--cp_impl emulated`` is the reference (every CP rank runs the full forward and keeps
+its slice). A bad option is a
 ``ValueError``: message on stderr, exit status 2.
 """
 
@@ -66,7 +68,7 @@ def _common(p: argparse.ArgumentParser, many: bool) -> None:
     s.add_argument("--dp", type=int, nargs=nargs, default=[1] if many else 1,
                    help="data-parallel size" + several)
     s.add_argument("--cp", type=int, nargs=nargs, default=[1] if many else 1,
-                   help="context-parallel size, emulated on CPU" + several)
+                   help="context-parallel size (all-gather CP unless --cp_impl emulated)" + several)
     s.add_argument("--global-batch-size", type=int, default=8, help="rollouts per step")
     s.add_argument("--micro-batch-size", type=int, default=None,
                    help="samples per micro-batch (static packing)")
@@ -202,7 +204,8 @@ def _train(args: argparse.Namespace) -> int:
     _print(result.steps, RUN_COLUMNS)
     if args.csv:
         result.steps.to_csv(args.csv, index=False)
-    note = " (CP emulated at the loss level)" if config.cp > 1 else ""
+    note = (" (emulated CP: every CP rank ran the full forward)"
+            if config.cp > 1 and config.cp_impl == "emulated" else "")
     print(f"# {config.name}{note}; reports in {result.jsonl_path}")
     return 0
 
@@ -220,6 +223,6 @@ def _compare(args: argparse.Namespace) -> int:
     _print(table, COMPARE_COLUMNS)
     if args.csv:
         table.to_csv(args.csv, index=False)
-    if any(c.cp > 1 for c in configs):
-        print("# cp > 1 is emulated at the loss level (full forward on every CP rank)")
+    if any(c.cp > 1 and c.cp_impl == "emulated" for c in configs):
+        print("# cp_impl=emulated: every CP rank ran the full forward and kept its slice")
     return 0

@@ -4,15 +4,15 @@
   report mode, and the sub-configs :class:`ModelConfig`, :class:`OptimConfig`,
   :class:`LossConfig`, :class:`DataConfig`, :class:`RunConfig`,
   :class:`CheckpointConfig`, :class:`NodesConfig`, :class:`FaultConfig`.
-- :func:`run`: train one configuration in ``dp * cp`` ``torchrun`` workers
+- :func:`run`: train one configuration in ``dp * cp * pp * tp`` ``torchrun`` workers
   (the caller stays single-process) → :class:`Run` with one report row per step.
 - :func:`compare`: several configurations on the same rollouts and seed → one table.
 - :func:`run_many`: like :func:`compare`, returning the :class:`Run` objects.
 
 Devices (:mod:`varbatch_kit.train.devices`, docs/gpu.md): CUDA + NCCL when each node has a
 GPU per local rank, else CPU + gloo through :mod:`varbatch_kit.train.cpu_shim`. Context
-parallelism runs all-gather style (:mod:`varbatch_kit.train.cp_attention`), or emulated at
-the loss level as the reference (see :mod:`varbatch_kit.train.step`).
+parallelism runs all-gather style (:mod:`varbatch_kit.train.cp_attention`); ``cp_impl="emulated"``
+is the reference, every CP rank running the full forward (see :mod:`varbatch_kit.train.step`).
 
 Needs the ``[train]`` extra (``pip install 'varbatch_kit[train]'``): importing
 this package without megatron-core raises an ``ImportError`` that says so.

@@ -297,7 +297,7 @@ class CheckpointConfig:
 class NodesConfig:
     """Several nodes: torchrun's c10d rendezvous, node 0 hosting its store."""
 
-    nnodes: int = _f(1, "nodes of the job; each starts dp*cp/nnodes workers")
+    nnodes: int = _f(1, "nodes of the job; each starts dp*cp*pp*tp/nnodes workers")
     node_rank: int = _f(0, "this launcher's node (0 hosts the rendezvous)")
     rdzv_endpoint: str | None = _f(None, "'host:port' of node 0, needed with nnodes > 1")
     rdzv_timeout_s: float = _f(300.0, "seconds a node waits for the others to join")

@@ -132,7 +132,8 @@ class EngineBench:
         from varbatch_kit.train.steplog import read_records
 
         if cfg.world_size != 1:
-            raise ValueError(f"dp*cp={cfg.world_size}: the bench trains one rank (dp=cp=1)")
+            raise ValueError(f"dp*cp*pp*tp={cfg.world_size}: the bench trains one rank "
+                             "(dp=cp=pp=tp=1)")
         plan = plan_runs([cfg], rollouts)[0]
         out = Path(tempfile.mkdtemp(prefix="varbatch_bench_"))
         try:

@@ -93,7 +93,7 @@ def choose_device(requested: str, *, gpus_per_node: int, nnodes: int,
     local = world_size // nnodes
     fits = gpus_per_node >= local
     have = f"{gpus_per_node} GPU{'s' if gpus_per_node != 1 else ''} per node"
-    need = (f"{local} local rank{'s' if local != 1 else ''} per node (dp*cp={world_size} "
+    need = (f"{local} local rank{'s' if local != 1 else ''} per node (dp*cp*pp*tp={world_size} "
             f"over nnodes={nnodes})")
 
     def choice(device: str, reason: str) -> DeviceChoice:
@@ -104,7 +104,7 @@ def choose_device(requested: str, *, gpus_per_node: int, nnodes: int,
     if requested == "cuda":
         if not fits:
             raise ValueError(f"run.device='cuda' but {have} for {need}; use device='cpu' or "
-                             "'auto', or fewer ranks per node (more nodes, smaller dp*cp)")
+                             "'auto', or fewer ranks per node (more nodes, a smaller world)")
         return choice("cuda", f"run.device='cuda': {have} for {need}")
     if fits and gpus_per_node > 0:
         return choice("cuda", f"run.device='auto': {have} for {need}")

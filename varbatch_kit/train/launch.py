@@ -2,7 +2,7 @@
 
 The caller (a notebook kernel) stays a single process. :func:`run` writes the
 rollouts and the config to a job folder, starts ``python -m
-torch.distributed.run --nproc_per_node=dp*cp/nnodes`` (one node: on a free
+torch.distributed.run --nproc_per_node=dp*cp*pp*tp/nnodes`` (one node: on a free
 local port), follows the JSON lines rank 0 writes (one per step) with a tqdm
 bar, and returns a :class:`Run` whose ``steps`` table holds them.
 
@@ -356,7 +356,7 @@ def run_many(configs: Sequence[TrainConfig], rollouts: Rollouts, *, out_dir=None
 
     Every model is resolved and every schedule built once, here, before any worker starts
     (:func:`~varbatch_kit.train.plan.plan_runs`); the workers receive the steps.
-    Configurations with the same world size (dp * cp), device, ``run.threads_per_worker``
+    Configurations with the same world size (dp * cp * pp * tp), device, ``run.threads_per_worker``
     and nodes share one torchrun launch. Run ``k`` lives in ``out_dir/runKK-<label>``.
 
     ``resume=True`` (needs ``out_dir``) continues every run from the newest complete
@@ -422,7 +422,7 @@ def run_many(configs: Sequence[TrainConfig], rollouts: Rollouts, *, out_dir=None
 
 def run(config: TrainConfig, rollouts: Rollouts, *, out_dir=None, progress: bool = True,
         resume: bool = False) -> Run:
-    """Train one configuration in ``dp * cp`` torchrun workers; return its per-step reports.
+    """Train one configuration in ``dp * cp * pp * tp`` torchrun workers; return its reports.
 
     Raises :class:`TrainingError` (with the failing rank's traceback) when a
     worker fails or ``config.run.timeout_s`` passes; no worker is left running.

@@ -36,7 +36,7 @@ from varbatch_kit.train.steplog import append_record, write_atomic
 __all__ = ["CP_NOTE", "Job", "main", "train"]
 
 CP_NOTE = (
-    "context parallelism is emulated at the loss level: every CP rank runs the full forward "
+    "emulated CP (cp_impl='emulated'): every CP rank runs the full forward "
     "and computes loss and reports on its zigzag slice; gradients are averaged over dp*cp ranks"
 )
 

@@ -44,14 +44,14 @@ def test_auto_falls_back_to_the_cpu_and_says_why():
     got = choose_device("auto", gpus_per_node=4, nnodes=2, world_size=16)
     assert got.device == "cpu"
     assert got.reason == ("run.device='auto' fell back to the CPU: 4 GPUs per node for 8 local "
-                          "ranks per node (dp*cp=16 over nnodes=2)")
+                          "ranks per node (dp*cp*pp*tp=16 over nnodes=2)")
     assert got.to_dict() == {"requested": "auto", "device": "cpu", "local_ranks": 8,
                              "gpus_per_node": 4, "reason": got.reason}
 
 
 def test_cuda_that_cannot_serve_the_layout_is_a_clear_error():
     with pytest.raises(ValueError, match=r"run.device='cuda' but 4 GPUs per node for 8 local "
-                                         r"ranks per node \(dp\*cp=16 over nnodes=2\)"):
+                                         r"ranks per node \(dp\*cp\*pp\*tp=16 over nnodes=2\)"):
         choose_device("cuda", gpus_per_node=4, nnodes=2, world_size=16)
     with pytest.raises(ValueError, match="0 GPUs per node for 1 local rank per node"):
         choose_device("cuda", gpus_per_node=0, nnodes=1, world_size=1)
@@ -107,7 +107,7 @@ def test_select_device_takes_the_decisions_of_a_gpu_host(monkeypatch):
     assert got.device == "cpu" and "fell back to the CPU: 1 GPU per node for 2 local" in got.reason
     assert select_device(_cfg(1, "cpu")).device == "cpu"  # a CPU run on a GPU host
     with pytest.raises(ValueError, match="1 GPU per node for 2 local ranks per node "
-                                         r"\(dp\*cp=4 over nnodes=2\)"):
+                                         r"\(dp\*cp\*pp\*tp=4 over nnodes=2\)"):
         select_device(_cfg(4, "cuda", nnodes=2))
     monkeypatch.setenv(PRETEND_CUDA_ENV, "2")
     if REAL_CUDA:
