@@ -132,7 +132,8 @@ def _finished_but_lingering(job_dir: Path, out_dirs: list[Path], state: dict, no
     return now - state.setdefault("since", now) > grace_s
 
 
-def _torchrun_failure(cfg: TrainConfig, log_text: str) -> tuple[str, int | None] | None:
+def _torchrun_failure(cfg: TrainConfig, log_text: str, *, traceback: bool = False
+                      ) -> tuple[str, int | None] | None:
     """A clear message for a failure without a worker traceback (rendezvous, killed rank)."""
     if "RendezvousTimeoutError" in log_text or "RendezvousClosedError" in log_text:
         n = cfg.nodes
@@ -148,6 +149,8 @@ def _torchrun_failure(cfg: TrainConfig, log_text: str) -> tuple[str, int | None]
     # torchrun stops the other ranks with SIGTERM once one failed; which of them it lists
     # first depends on timing (the machine's load), so a SIGTERM is named only when alone
     killed.sort(key=lambda rc: rc[1] == -signal.SIGTERM)
+    if traceback:  # a rank wrote a traceback: a SIGTERM is torchrun stopping the others
+        killed = [rc for rc in killed if rc[1] != -signal.SIGTERM]
     if killed:
         rank, code = killed[0]
         try:
@@ -258,7 +261,7 @@ def _launch(plans: list[PlannedRun], rollouts: Rollouts, device: str, job_dir: P
                         proc.wait(timeout=3)
                     except subprocess.TimeoutExpired:
                         pass
-                known = _torchrun_failure(c0, tail(log_path, 20000))
+                known = _torchrun_failure(c0, tail(log_path, 20000), traceback=bool(errors))
                 if known is not None and (not errors or known[1] is not None):
                     after = ("\nthen the other ranks failed, first:\n"
                              + errors[0].read_text(errors="replace")) if errors else ""

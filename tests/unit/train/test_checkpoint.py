@@ -263,3 +263,14 @@ def test_the_killed_rank_not_torchruns_sigterm_is_the_cause_in_either_order():
     alone = TORCHRUN_SUMMARY.replace("-9 (pid: 607)  (SIGKILL)", "-15 (pid: 607)  (SIGTERM)")
     msg, rank = _torchrun_failure(TrainConfig(), alone)
     assert rank == 1 and "rank 1 was killed by SIGTERM (exit code -15)" in msg
+
+
+def test_a_sigterm_is_not_the_cause_when_a_rank_wrote_a_traceback():
+    """torchrun SIGTERMs the other ranks once one raised; which it lists depends on load (a
+    fresh-clone run named rank 0's SIGTERM instead of rank 1's traceback)."""
+    from varbatch_kit.train.launch import _torchrun_failure
+
+    alone = TORCHRUN_SUMMARY.replace("-9", "-15")
+    assert _torchrun_failure(TrainConfig(), alone)[1] is not None
+    assert _torchrun_failure(TrainConfig(), alone, traceback=True) is None
+    assert _torchrun_failure(TrainConfig(), TORCHRUN_SUMMARY, traceback=True)[1] is not None
