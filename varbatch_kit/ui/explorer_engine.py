@@ -1,13 +1,13 @@
 """The engine under every explorer: controls → (debounced, cached, background) compute → figure.
 
-:class:`Explorer` holds the controls, a ``plotly`` ``FigureWidget`` updated in
-place, the summary line and the error box; a subclass says which controls it
-has (``_make_controls``), what a setting computes (``_compute``) and how the
-result is drawn (``_render``). What a compute depends on is a
-:class:`ComputeKey`: the :class:`~varbatch_kit.core.config.ScheduleConfig` the
-controls describe (``config()``, built from the config the user passed, so the
-fields no control shows are kept) plus any other named inputs (``_inputs()``);
-the cache is keyed on it. See :mod:`varbatch_kit.ui.widgets` for the
+:class:`Explorer` holds the controls, a ``plotly`` ``Figure`` updated in place (shown by
+:class:`~varbatch_kit.ui.figure_output.FigureOutput`), the summary line and the error
+box; a subclass says which controls it has (``_make_controls``), what a setting computes
+(``_compute``) and how the result is drawn (``_render``). What a compute depends on is a
+:class:`ComputeKey`: the :class:`~varbatch_kit.core.config.ScheduleConfig` the controls
+describe (``config()``, built from the config the user passed, so the fields no control
+shows are kept) plus any other named inputs (``_inputs()``); the cache is keyed on it.
+See :mod:`varbatch_kit.ui.widgets` for the
 behaviour users see (debouncing, caching, errors, CSS hooks).
 """
 
@@ -25,6 +25,8 @@ from typing import TYPE_CHECKING, Any
 
 import ipywidgets as W
 import plotly.graph_objects as go
+
+from varbatch_kit.ui.figure_output import FigureOutput
 
 if TYPE_CHECKING:
     from varbatch_kit.core.config import ScheduleConfig
@@ -91,8 +93,11 @@ class Explorer:
     ----------
     controls : dict[str, ipywidgets.Widget]
         The controls by name.
-    figure : plotly.graph_objects.FigureWidget
+    figure : plotly.graph_objects.Figure
         The figure, updated in place.
+    figure_output : FigureOutput
+        Shows :attr:`figure` (an ``ipywidgets.Output``, CSS class ``vbk-figure``),
+        redrawn after every update.
     summary : ipywidgets.HTML
         One summary line (CSS class ``vbk-summary``).
     error : ipywidgets.HTML
@@ -141,17 +146,15 @@ class Explorer:
         self.error.add_class("vbk-error")
         self.timing_label = W.HTML(value="")
         self.timing_label.add_class("vbk-timing")
-        # The first render goes into a plain Figure and the FigureWidget starts from it
-        # complete: edits sent to a FigureWidget before it has a view are partly lost when it
-        # is shown inside a box (plotly's anywidget front end resets the properties an edit
-        # leaves unchanged: bar names, the micro-batch bars' transparent fill, marker colours).
+        # a plain Figure edited in place, shown through an Output widget (figure_output.py
+        # says why not a FigureWidget)
         self.figure = go.Figure(self._skeleton())
         self._last_good: Any = None
         self.update()
-        self.figure = go.FigureWidget(self.figure)
-        self.figure.add_class("vbk-figure")
+        self.figure_output = FigureOutput(self.figure, "vbk-figure")
         self.widget = W.VBox(
-            [self._control_box(), self.summary, self.error, self.figure, self.timing_label],
+            [self._control_box(), self.summary, self.error, self.figure_output.widget,
+             self.timing_label],
             layout=W.Layout(width="100%"))
         self.widget.add_class("vbk-explorer")
         self.widget.add_class(f"vbk-{self.kind}")
@@ -228,6 +231,11 @@ class Explorer:
         self.timings = {"schedule_ms": timing.get("schedule_ms", 0.0),
                             "stats_ms": timing.get("stats_ms", 0.0),
                             "figure_ms": 1e3 * (t2 - t1), "total_ms": 1e3 * (t2 - t0)}
+        for out in self._figure_outputs():
+            out.redraw()
+        t3 = time.perf_counter()
+        self.timings["figure_ms"] += 1e3 * (t3 - t2)
+        self.timings["total_ms"] += 1e3 * (t3 - t2)
         self.history.append(dict(self.timings))
         computed = ("schedule and stats from cache" if timing.get("cached") else
                     "schedule {schedule_ms:.0f} ms · stats {stats_ms:.0f} ms")
@@ -235,6 +243,11 @@ class Explorer:
             f'<small style="color:#888">update: {computed} · figure {{figure_ms:.0f}} ms</small>'
             .format(**self.timings))
         return self.timings
+
+    def _figure_outputs(self) -> list[FigureOutput]:
+        """The figures' outputs to redraw after an update (none before the first one)."""
+        out = getattr(self, "figure_output", None)
+        return [out] if out is not None else []
 
     def _key(self) -> ComputeKey:
         """The cache key of the current controls (``ValueError`` if they describe no config)."""
@@ -382,7 +395,9 @@ class Explorer:
         """Close the widgets and stop the worker thread."""
         if self._executor is not None:
             self._executor.shutdown(wait=False, cancel_futures=True)
-        for w in [self.widget, self.figure, self.summary, self.error, self.timing_label,
+        for out in self._figure_outputs():
+            out.close()
+        for w in [self.widget, self.summary, self.error, self.timing_label,
                   *self.controls.values()]:
             w.close()
 

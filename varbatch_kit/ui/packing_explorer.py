@@ -40,6 +40,7 @@ from varbatch_kit.ui.explorer_controls import (
     _packing_is_dynamic,
 )
 from varbatch_kit.ui.explorer_engine import ComputeKey, Explorer, span
+from varbatch_kit.ui.figure_output import FigureOutput
 
 __all__ = ["PACKING_CONTROLS", "PackingExplorer"]
 
@@ -118,11 +119,11 @@ class PackingExplorer(Explorer):
         self._initial = config
         self._initial_step = step
         super().__init__(debounce_s=debounce_s, background=background)
-        first = getattr(self, "cp_figure", None)
-        self.cp_figure = go.FigureWidget(first if first is not None else go.Figure())
-        self.cp_figure.add_class("vbk-cp-figure")
+        if getattr(self, "cp_figure", None) is None:
+            self.cp_figure = go.Figure()
+        self.cp_output = FigureOutput(self.cp_figure, "vbk-cp-figure")
         children = list(self.widget.children)
-        children.insert(children.index(self.figure) + 1, self.cp_figure)
+        children.insert(children.index(self.figure_output.widget) + 1, self.cp_output.widget)
         self.widget.children = tuple(children)
 
     @property
@@ -311,11 +312,9 @@ class PackingExplorer(Explorer):
                              f"{span('vbk-cp-speedup', format(s['speedup'], '.2f'))}× faster")
         self.summary.value = " · ".join(parts)
 
-    def close(self) -> None:
-        """Close the widgets (the CP plan figure too) and stop the worker thread."""
-        if isinstance(getattr(self, "cp_figure", None), go.FigureWidget):
-            self.cp_figure.close()
-        super().close()
+    def _figure_outputs(self) -> list[FigureOutput]:
+        cp = getattr(self, "cp_output", None)
+        return super()._figure_outputs() + ([cp] if cp is not None else [])
 
     def snapshot_figures(self) -> list:
         """The packing figure and, with context parallelism (``cp > 1``: the packing

@@ -15,7 +15,7 @@ outside the plot area, clear of the subplot titles.
 Figures whose data change interactively (:func:`packing_figure`,
 :func:`balance_figure`) have a fixed set of traces whose arrays are computed
 by a matching ``*_traces`` function; the explorers in
-:mod:`varbatch_kit.ui.widgets` apply those dicts to a ``FigureWidget`` in place,
+:mod:`varbatch_kit.ui.widgets` apply those dicts to a ``Figure`` in place,
 so a 4k-sample step is four array traces, not thousands of small ones.
 
 Pictures

@@ -10,8 +10,10 @@ and says how they behave; the explorers themselves are
 :func:`packing_explorer` shows how one step is packed into micro-batches and
 spread over DP ranks; :func:`balance_explorer` shows the per-rank FLOPs and
 tokens of every step against their lower bound. Both draw on a
-``plotly.graph_objects.FigureWidget`` that is updated in place (the trace
-arrays are replaced, no figure is rebuilt).
+``plotly.graph_objects.Figure`` that is updated in place (the trace arrays
+are replaced) and shown in an ``ipywidgets.Output`` that is redrawn after
+each update (:mod:`varbatch_kit.ui.figure_output`: plotly's ``FigureWidget``
+stays empty when its front end loads slowly).
 
 Responsiveness
 --------------

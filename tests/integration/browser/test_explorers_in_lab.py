@@ -163,15 +163,34 @@ def _wait_or_fail(page, selector: str, predicate: str, what: str, timeout_ms=UPD
         s = explorer_state(page, selector)
         pytest.fail(f"{what} within {timeout_ms / 1000:.0f} s; the page shows: summary "
                     f"{s['summary']!r}, bars {s['figure']['bars']}, title "
-                    f"{s['figure']['title']!r}, error {s['error']}", pytrace=False)
+                    f"{s['figure']['title']!r}, error {s['error']}; page errors "
+                    f"{page.js_errors}; console warnings and errors {page.console_problems}",
+                    pytrace=False)
 
 
 # ------------------------------------------------------------------ the pages
+# anywidget's front end gives a widget model 2 s to load its module and then drops every
+# message of that model; under load plotly's FigureWidget (5 MB of module) missed it and
+# stayed an empty pair of axes (a fresh-clone CI run). The pages run with that deadline cut
+# to 1 ms for anywidget alone, as on the slowest machine: an explorer drawn through any
+# anywidget fails here every time instead of at random.
+ANYWIDGET_DEADLINE_MISSED_JS = """(() => {
+  const timeout = AbortSignal.timeout.bind(AbortSignal);
+  AbortSignal.timeout = (ms) =>
+    timeout(ms === 2000 && /anywidget/.test(new Error().stack || '') ? 1 : ms);
+})();"""
+
+
 def _new_page(browser):
     page = browser.new_page()
+    page.add_init_script(ANYWIDGET_DEADLINE_MISSED_JS)
     page.set_default_timeout(WAIT_MS)
     page.js_errors = []
     page.on("pageerror", lambda e: page.js_errors.append(str(e)))
+    # said in a failure's message: what the front end complained about
+    page.console_problems = []
+    page.on("console", lambda m: m.type in ("error", "warning")
+            and page.console_problems.append(f"{m.type}: {m.text[:300]}"))
     return page
 
 

@@ -121,8 +121,9 @@ def test_packing_explorer_toggles_fixed_and_dynamic_cp():
         dp=2, cp=2, global_batch_size=8, max_tokens_per_gpu=4096, packing="first_fit"))
     try:
         assert ex.controls["cp_mode"].value == "fixed"
-        assert ex.cp_figure in ex.widget.children
-        assert "vbk-cp-figure" in ex.cp_figure._dom_classes
+        assert ex.cp_output.widget in ex.widget.children
+        assert ex.cp_output.figure is ex.cp_figure
+        assert "vbk-cp-figure" in ex.cp_output.widget._dom_classes
         assert ex.state["cp_mode"] == "fixed" and set(ex.state["degrees"]) == {2}
         assert "fixed CP" in ex.cp_figure.layout.title.text
         fixed_bars = list(ex.figure.data[1].y)

@@ -143,7 +143,7 @@ def test_css_hooks_and_descriptions(explorer):
     assert "vbk-packing-explorer" in explorer.widget._dom_classes
     assert "vbk-summary" in explorer.summary._dom_classes
     assert "vbk-error" in explorer.error._dom_classes
-    assert "vbk-figure" in explorer.figure._dom_classes
+    assert "vbk-figure" in explorer.figure_output.widget._dom_classes
     assert list(explorer.controls) == list(PACKING_CONTROLS)
     for name, ctl in explorer.controls.items():
         assert ctl.description == PACKING_CONTROLS[name]

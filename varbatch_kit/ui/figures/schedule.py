@@ -260,7 +260,7 @@ def empty_packing_figure() -> go.Figure:
 
 
 def apply_traces(fig: go.Figure, data: dict[str, Any]) -> None:
-    """Write a ``*_traces`` dict into ``fig`` (a Figure or FigureWidget) in place.
+    """Write a ``*_traces`` dict into ``fig`` (a Figure) in place.
 
     ``fig`` must come from the matching ``empty_*_figure`` (same trace order).
     """
