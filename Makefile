@@ -89,14 +89,14 @@ wheel: $(STAMP)
 # pyproject.toml's [train] extra. About 24 MB.
 GPU_WHEELS := build/gpu-wheels
 GPU_WHEEL_PINS := megatron-core==0.16.1 transformers==5.24.0 safetensors==0.8.0 \
-  tokenizers==0.23.3 accelerate==1.15.0 gguf==0.19.0
+  tokenizers==0.23.3 accelerate==1.15.0 gguf==0.19.0 filelock==4.3.2
 gpu-wheels: $(STAMP)
 	rm -rf $(GPU_WHEELS) && mkdir -p $(GPU_WHEELS)
 	$(PY) -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
 	  --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
 	  --platform manylinux2014_x86_64 -d $(GPU_WHEELS) $(GPU_WHEEL_PINS)
 	$(PY) -m pip wheel -q --no-deps --no-build-isolation -w $(GPU_WHEELS) .
-	$(SHARED_CACHES) $(PY) -c "from varbatch_kit.train.device_bench import copy_smollm2_files; \
+	$(SHARED_CACHES) $(PY) -c "from varbatch_kit.train.measure.device_bench import copy_smollm2_files; \
 	  copy_smollm2_files('$(GPU_WHEELS)/smollm2')"
 	du -sh $(GPU_WHEELS)
 

@@ -4,12 +4,12 @@ Trains a few steps with ``save_every=1`` through the real launcher (torchrun,
 one CPU worker, gloo), reads the per-checkpoint timings rank 0 records in
 ``OUT/checkpoints.jsonl`` (``save_s``: state gathered on CPU, serialised,
 written, fsynced and renamed; ``write_s``: the part in
-:func:`varbatch_kit.train.checkpoint.save_checkpoint`), then cuts the run back
+:func:`varbatch_kit.train.runs.checkpoint.save_checkpoint`), then cuts the run back
 to its first checkpoint and resumes it: ``meta.json``'s ``checkpoint_load_s``
 is the time to read the files and restore model, optimizer, LR scheduler and
 RNG. Models: the default toy GPT, and SmolLM2-135M-Instruct truncated to its
 first 2 layers (the real-model configuration of the tests; skipped when the
-checkpoint cannot be materialised, see :mod:`varbatch_kit.train.smollm2`).
+checkpoint cannot be materialised, see :mod:`varbatch_kit.train.model.smollm2`).
 
 Run: ``python -m benchmarks.checkpoint`` (``--quick``: 2 steps instead of 4);
 writes ``build/bench/checkpoint.json``.
@@ -39,7 +39,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def _smollm2(models_dir: Path) -> str | None:
-    from varbatch_kit.train.smollm2 import SmolLM2Unavailable, smollm2_checkpoint
+    from varbatch_kit.train.model.smollm2 import SmolLM2Unavailable, smollm2_checkpoint
 
     try:
         return str(smollm2_checkpoint(models_dir))

@@ -5,8 +5,8 @@ rest response) on a small megatron-core GPT (``--layers`` layers of
 ``--hidden`` width, learned absolute positions, per-sample attention). For
 each CP degree ``c`` in ``--cps``, ``c`` forked gloo processes run one forward
 + backward of the training path: at ``c = 1`` the whole row
-(:func:`varbatch_kit.train.batch.response_logits`), at ``c > 1`` each rank its
-zigzag share (:mod:`varbatch_kit.train.cp_attention`: K/V all-gathered per
+(:func:`varbatch_kit.train.step.packed_batch.response_logits`), at ``c > 1`` each rank its
+zigzag share (:mod:`varbatch_kit.train.parallel.cp_attention`: K/V all-gathered per
 layer, the response values all-gathered for the loss), the loss on the rank's
 zigzag slice of the response's log-probs.
 
@@ -94,9 +94,10 @@ def _worker(rank: int, size: int, port: int, kw: dict, queue) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
                       WORLD_SIZE=str(size), LOCAL_RANK=str(rank))
     from varbatch_kit.report.cp import slice_flat_responses_for_cp
-    from varbatch_kit.train.batch import pack, response_logits, response_token_stats
-    from varbatch_kit.train.cp_attention import CPShare, cp_response_logits, cp_response_stats
-    from varbatch_kit.train.process import setup_process
+    from varbatch_kit.train.parallel.cp_attention import CPShare
+    from varbatch_kit.train.parallel.process_setup import setup_process
+    from varbatch_kit.train.step.cp_response import cp_response_logits, cp_response_stats
+    from varbatch_kit.train.step.packed_batch import pack, response_logits, response_token_stats
 
     try:
         device = setup_process("cpu", threads=1)
@@ -140,9 +141,9 @@ def _model(kw: dict, device):
     from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
 
     from varbatch_kit.train import ModelConfig
-    from varbatch_kit.train.attention import local_layer_spec
-    from varbatch_kit.train.model import transformer_config
-    from varbatch_kit.train.model_spec import resolve_model
+    from varbatch_kit.train.config.model_config import resolve_model
+    from varbatch_kit.train.model.attention import local_layer_spec
+    from varbatch_kit.train.model.gpt import transformer_config
 
     cfg = resolve_model(ModelConfig(num_layers=kw["layers"], hidden_size=kw["hidden"],
                                     num_attention_heads=kw["heads"], vocab_size=kw["vocab"]))
@@ -179,7 +180,7 @@ def measure(tokens: int = 8192, prompt: int = 1024, cps=(1, 2, 4), layers: int =
     """Rows of the table (see the module docstring)."""
     import megatron.core  # noqa: F401 - imported once in the parent, before the forks
 
-    import varbatch_kit.train.attention  # noqa: F401
+    import varbatch_kit.train.model.attention  # noqa: F401
 
     kw = dict(tokens=tokens, prompt=prompt, layers=layers, hidden=hidden, heads=heads,
               vocab=vocab, timeout_s=timeout_s)

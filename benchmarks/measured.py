@@ -11,7 +11,7 @@ distribution policies:
 - ``balanced + balanced`` (varbatch_kit's).
 
 The engine records every micro-batch's forward and backward time
-(:mod:`varbatch_kit.train.timing`). Every policy trains ``rounds`` times
+(:mod:`varbatch_kit.train.step.microbatch_timer`). Every policy trains ``rounds`` times
 (3; 2 with ``--quick``), the policies in turn, so that a burst of load
 elsewhere on the machine does not fall on one policy only; the first step of
 each run is warm-up and not timed.
@@ -19,7 +19,7 @@ each run is warm-up and not timed.
 - **Fit.** ``t = c0 + c1 sum L + c2 sum L^2`` on the runs' micro-batches
   (each micro-batch, trained once per round, keeps its fastest round), 25 %
   held out for R². A second model is fitted on a calibration sweep
-  (:mod:`varbatch_kit.train.calibrate`; not with ``--quick``) and judged on
+  (:mod:`varbatch_kit.train.measure.calibration`; not with ``--quick``) and judged on
   the runs' micro-batches: a model that never saw the training runs.
 - **Predict.** ``simulate(schedule, hardware=model)`` per policy, plus one
   fixed per-step overhead for everything the micro-batch model does not see
@@ -298,7 +298,7 @@ def main(argv=None) -> int:
     sweep_summary = None
     if args.sweep:
         from varbatch_kit.analysis.cost_model import r_squared
-        from varbatch_kit.train.calibrate import calibrate
+        from varbatch_kit.train.measure.calibration import calibrate
 
         cal = calibrate(cfgs[0], max_tokens=p["cap"], repeats=5, progress=False)
         models["sweep"] = cal.model

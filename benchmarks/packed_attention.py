@@ -8,7 +8,7 @@ on two paths with the same weights:
 
 - ``dense``: megatron's ``DotProductAttention`` with the ``[1, 1, T, T]``
   block-diagonal mask (``pack(..., attention="dense")``);
-- ``per_sample``: :class:`varbatch_kit.train.attention.PerSampleAttention`
+- ``per_sample``: :class:`varbatch_kit.train.model.attention.PerSampleAttention`
   with ``thd`` packed params (``pack(...)``, the training default).
 
 Median of ``--repeats`` timed runs after one warm-up; ``max_abs_dlogit`` is
@@ -44,7 +44,7 @@ COMPOSITIONS = (1, 8, 64)  # samples per micro-batch, equal lengths T / n
 
 def _setup() -> torch.device:
     """torch.distributed (gloo, world 1) and megatron's parallel state in this process."""
-    from varbatch_kit.train.process import setup_process
+    from varbatch_kit.train.parallel.process_setup import setup_process
 
     if not torch.distributed.is_initialized():
         with socket.socket() as s:
@@ -62,9 +62,9 @@ def _models(layers: int, hidden: int, heads: int, vocab: int, max_len: int, devi
     from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
 
     from varbatch_kit.train import ModelConfig
-    from varbatch_kit.train.attention import local_layer_spec
-    from varbatch_kit.train.model import transformer_config
-    from varbatch_kit.train.model_spec import resolve_model
+    from varbatch_kit.train.config.model_config import resolve_model
+    from varbatch_kit.train.model.attention import local_layer_spec
+    from varbatch_kit.train.model.gpt import transformer_config
 
     cfg = resolve_model(ModelConfig(num_layers=layers, hidden_size=hidden,
                                     num_attention_heads=heads, vocab_size=vocab))
@@ -98,7 +98,7 @@ def _sync(device) -> None:
 def measure(tokens: int = 8192, layers: int = 2, hidden: int = 256, heads: int = 4,
             vocab: int = 512, repeats: int = 3, compositions=COMPOSITIONS) -> list[dict]:
     """Rows of the benchmark table (see the module docstring)."""
-    from varbatch_kit.train.batch import pack
+    from varbatch_kit.train.step.packed_batch import pack
 
     device = _setup()
     models = _models(layers, hidden, heads, vocab, tokens, device)

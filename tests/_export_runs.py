@@ -18,9 +18,10 @@ def perturbed(state: dict, seed: int) -> dict:
 def run_folder(root, source, *, steps=3, params_at=(3,), ckpt_at=(), layers=2, model=True):
     """A run folder as the training loop leaves it (meta.json, steps.jsonl, params_stepN.pt,
     checkpoints/step_N), with weights that differ per step; returns it and those weights."""
-    from varbatch_kit.train.checkpoint import save_checkpoint
-    from varbatch_kit.train.hf import megatron_state_dict, read_hf_model
-    from varbatch_kit.train.steplog import append_record
+    from varbatch_kit.train.config.hf_checkpoint import read_hf_model
+    from varbatch_kit.train.model.hf_import import megatron_state_dict
+    from varbatch_kit.train.runs.checkpoint import save_checkpoint
+    from varbatch_kit.train.runs.step_log import append_record
 
     out = root / "run00-export"
     out.mkdir(parents=True)
@@ -43,7 +44,8 @@ def run_folder(root, source, *, steps=3, params_at=(3,), ckpt_at=(), layers=2, m
 
 
 def exported(out) -> dict:
-    from varbatch_kit.train.hf import megatron_state_dict, read_hf_model
+    from varbatch_kit.train.config.hf_checkpoint import read_hf_model
+    from varbatch_kit.train.model.hf_import import megatron_state_dict
 
     return megatron_state_dict(read_hf_model(out))
 

@@ -22,15 +22,15 @@ def _forward(spec, tp: int) -> dict:
     import torch.distributed as dist
     from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
 
-    from varbatch_kit.train.batch import pack, response_logits, response_token_stats
-    from varbatch_kit.train.layout import ParallelLayout
-    from varbatch_kit.train.model import build_gpt
-    from varbatch_kit.train.process import use_layout
-    from varbatch_kit.train.tensor_parallel import (
+    from varbatch_kit.train.config.parallel_layout import ParallelLayout
+    from varbatch_kit.train.model.gpt import build_gpt
+    from varbatch_kit.train.parallel.process_setup import use_layout
+    from varbatch_kit.train.parallel.tensor_parallel import (
         full_parameter_count,
         gather_full_parameters,
         vocab_shard,
     )
+    from varbatch_kit.train.step.packed_batch import pack, response_logits, response_token_stats
 
     use_layout(ParallelLayout(dp=2 // tp, tp=tp))
     torch.manual_seed(0)
@@ -58,8 +58,8 @@ def run(rank: int, world: int, port: int, out: str, hf_dir: str) -> None:
                       WORLD_SIZE=str(world))
     result: dict = {}
     try:
-        from varbatch_kit.train.model_spec import ModelConfig, resolve_model
-        from varbatch_kit.train.process import setup_process
+        from varbatch_kit.train.config.model_config import ModelConfig, resolve_model
+        from varbatch_kit.train.parallel.process_setup import setup_process
 
         setup_process("cpu")
         toy = resolve_model(ModelConfig(num_layers=2, hidden_size=32, num_attention_heads=4,

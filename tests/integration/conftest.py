@@ -14,7 +14,7 @@ from varbatch_kit import Rollouts
 @pytest.fixture(scope="session")
 def smollm2_path() -> Path:
     pytest.importorskip("transformers")
-    from varbatch_kit.train.smollm2 import SmolLM2Unavailable, smollm2_checkpoint
+    from varbatch_kit.train.model.smollm2 import SmolLM2Unavailable, smollm2_checkpoint
 
     try:
         return smollm2_checkpoint(REPO / "build" / "models")
@@ -26,8 +26,8 @@ def smollm2_path() -> Path:
 def real_rollouts(smollm2_path) -> Rollouts:
     """SmolLM2's generations, made once and cached as a JSONL trace (read back from it);
     notebook 04 section 5 asks the same cache for the same call."""
-    from varbatch_kit.train.experiment_cache import cached_rollouts
-    from varbatch_kit.train.generate import GenerationStats
+    from varbatch_kit.cli.experiment_cache import cached_rollouts
+    from varbatch_kit.train.rl.generate import GenerationStats
 
     stats = GenerationStats()
     r = cached_rollouts(smollm2_path, cache_dir=CACHE, stats=stats, device="cpu", **GEN)

@@ -36,7 +36,7 @@ MARK = "# NBVAL_CHECK_OUTPUT"
 # notebooks that start torchrun workers (the training engine)
 TRAINING = {"03_variable_gbs_training", "04_metric_report_invariance", "06_rl_loop"}
 # the caches the notebooks share with the tests: the SmolLM2 checkpoint (built once, as the
-# tests' fixtures build it) and the experiment cache (varbatch_kit.train.experiment_cache), where
+# tests' fixtures build it) and the experiment cache (varbatch_kit.cli.experiment_cache), where
 # notebook 04 section 5 and tests/integration/test_train_real.py find each other's SmolLM2
 # rollouts and layout matrix
 SHARED_CACHES = {"VARBATCH_KIT_MODELS": str(ROOT / "build" / "models"),

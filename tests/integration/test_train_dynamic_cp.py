@@ -24,7 +24,7 @@ from _factories import TINY_GPT as TINY
 
 from varbatch_kit import Rollouts, ScheduleConfig, build_schedule
 from varbatch_kit.train import TrainConfig, compare
-from varbatch_kit.train.results import param_rel_diff
+from varbatch_kit.train.runs.results import param_rel_diff
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(300)]
 

@@ -33,9 +33,9 @@ from varbatch_kit.train import (
     TrainingTimeout,
     run,
 )
-from varbatch_kit.train.checkpoint import checkpoint_dirs
-from varbatch_kit.train.results import param_rel_diff
-from varbatch_kit.train.supervise import _alive, job_processes
+from varbatch_kit.train.runs.checkpoint import checkpoint_dirs
+from varbatch_kit.train.runs.results import param_rel_diff
+from varbatch_kit.train.runs.supervise import _alive, job_processes
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(300)]
 
@@ -140,7 +140,7 @@ def test_killed_at_any_point_and_resumed_equals_the_uninterrupted_run_bitwise(tm
 def test_pipeline_stages_checkpoint_their_shards_and_resume(tmp_path, reference):
     """pp 2: each stage's shard in the checkpoint; rank 1 (the last stage) killed in step 3,
     resumed from step 2's shards, the run ends where the uninterrupted dp 2 run does."""
-    from varbatch_kit.train.checkpoint import load_checkpoint
+    from varbatch_kit.train.runs.checkpoint import load_checkpoint
 
     rollouts = synthetic_rollouts()
     cfg = BASE.with_(dp=1, pp=2, keep_last=4, label="pp2")

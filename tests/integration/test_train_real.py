@@ -22,7 +22,7 @@ initial model are all at work there. Runs of the same world size
 share one torchrun launch (:func:`varbatch_kit.train.compare`). The rollouts are generated
 once (SmolLM2-135M-Instruct, arithmetic questions, two turns per rollout) and cached as a
 trace under ``build/cache``; the table of the matrix is cached there too
-(:mod:`varbatch_kit.train.experiment_cache`, keyed by every input and the package source):
+(:mod:`varbatch_kit.cli.experiment_cache`, keyed by every input and the package source):
 notebook 04 section 5 runs the same matrix on the same rollouts, so whichever of the two runs
 first trains it and the other reads its table.
 
@@ -45,8 +45,8 @@ from _paths import REPO
 from _smollm2 import CACHE, GEN
 
 from varbatch_kit import ScheduleConfig, build_schedule
+from varbatch_kit.cli.experiment_cache import cached_compare
 from varbatch_kit.train import TrainConfig
-from varbatch_kit.train.experiment_cache import cached_compare
 
 # one pytest-xdist worker for this file and notebook 04 (they share the matrix's cached run)
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(900),
@@ -129,7 +129,7 @@ def test_notebook_04_runs_this_matrix_on_these_rollouts(tmp_path):
     (CPU), so whichever runs first computes them once: the same arguments, the same configs."""
     import nbformat
 
-    from varbatch_kit.train.generate import GenerationStats
+    from varbatch_kit.train.rl.generate import GenerationStats
 
     nb = nbformat.read(REPO / "notebooks" / "04_metric_report_invariance.ipynb", as_version=4)
     cells = {c.id: c.source for c in nb.cells}

@@ -13,8 +13,8 @@ import pandas as pd
 import pytest
 from _smollm2 import CACHE, RL_LOOP, RL_LOOP_CONFIG
 
+from varbatch_kit.cli.experiment_cache import cached_rl_loop
 from varbatch_kit.train import TrainConfig, rl_loop
-from varbatch_kit.train.experiment_cache import cached_rl_loop
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(600),
               pytest.mark.xdist_group("rl_loop")]

@@ -15,7 +15,7 @@ from _factories import TINY_GPT as TINY
 
 from varbatch_kit import Rollouts, ScheduleConfig, build_schedule
 from varbatch_kit.train import TrainConfig, TrainingError, TrainingTimeout, compare, run, run_many
-from varbatch_kit.train.supervise import _alive, job_processes
+from varbatch_kit.train.runs.supervise import _alive, job_processes
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(420)]
 
@@ -96,7 +96,8 @@ def test_reports_gradients_and_parameters_do_not_move_with_the_layout(tmp_path):
     assert (np.maximum(moved["loss_rel_diff"], moved["grad_norm_rel_diff"]) > 0.01).all(), naive
     assert (moved["grad_rel_diff"] > 0.01).all()  # the gradient's direction moves too
 
-    # micro-batch timing (train/timing.py) of the same launches: per world rank, one record per
+    # micro-batch timing (train/step/microbatch_timer.py) of the same launches: per world rank, one
+    # record per
     # micro-batch in training order, with its lengths; busy and straggler follow from them
     lengths = rollouts.total_len
     for r in runs:
@@ -234,7 +235,7 @@ def test_a_cpu_run_on_a_gpu_host_trains(tmp_path, monkeypatch):
     """VARBATCH_KIT_PRETEND_CUDA: the engine takes a GPU host's decisions (8 GPUs per node seen)
     while the run chose the CPU; the worker, which inherits the switch, trains on the CPU
     through the shim (the "auto" fallback and its reason: tests/unit/train/test_devices.py)."""
-    from varbatch_kit.train.devices import PRETEND_CUDA_ENV
+    from varbatch_kit.train.parallel.devices import PRETEND_CUDA_ENV
 
     monkeypatch.setenv(PRETEND_CUDA_ENV, "8")
     cfg = TrainConfig().with_(global_batch_size=4, max_tokens_per_gpu=32, max_steps=1,

@@ -47,7 +47,8 @@ def test_tp2_equals_tp1_for_the_toy_gpt_and_a_checkpoint(tmp_path):
 
     hf_dir = qwen2_checkpoint(tmp_path / "qwen2")
     ranks = run_ranks(worker.run, 2, tmp_path, str(hf_dir), timeout_s=WORKER_TIMEOUT_S)
-    from varbatch_kit.train.hf import megatron_state_dict, read_hf_model
+    from varbatch_kit.train.config.hf_checkpoint import read_hf_model
+    from varbatch_kit.train.model.hf_import import megatron_state_dict
 
     hf_full = megatron_state_dict(read_hf_model(hf_dir))
     for rank, got in enumerate(ranks):

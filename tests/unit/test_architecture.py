@@ -145,7 +145,8 @@ def test_the_doc_checker_sees_a_missing_module():
     assert "`checkpoint`" in rows["train"]
     rows["train"] = rows["train"].replace("`checkpoint`", "")
     assert _missing_from_doc(rows) == [
-        "varbatch_kit.train.checkpoint (varbatch_kit/train/checkpoint.py): not named in its row"]
+        "varbatch_kit.train.runs.checkpoint (varbatch_kit/train/runs/checkpoint.py): "
+        "not named in its row"]
 
 
 def test_layers_import_only_downwards():
@@ -338,3 +339,64 @@ def test_the_checker_sees_a_violation(tmp_path):
     f.write_text("def f():\n    from varbatch_kit.ui import viz\n    import plotly\n")
     assert ("varbatch_kit.ui.viz", 2) in _imports(f)
     assert ("plotly", 3) in _imports(f)
+
+
+# ------------------------------------------------------------ the engine's sub-packages
+#: ``varbatch_kit/train``'s sub-packages, bottom up: each may import only itself and those before
+TRAIN_STACK = ("config", "parallel", "model", "data", "step", "runs", "rl", "measure")
+#: libraries ``train/config`` (pure) must not import, even inside a function
+ENGINE_LIBRARIES = {"torch", "megatron", "transformers", "safetensors"}
+TRAIN = PKG / "train"
+
+
+def _train_violations(paths) -> list[str]:
+    out = []
+    for path in paths:
+        sub = path.relative_to(TRAIN).parts[0]
+        allowed = set(TRAIN_STACK[: TRAIN_STACK.index(sub) + 1])
+        for target, line in _imports(path):
+            parts = target.split(".")
+            if parts[:2] == ["varbatch_kit", "train"] and len(parts) > 2 \
+                    and parts[2] in TRAIN_STACK and parts[2] not in allowed:
+                out.append(f"{path.relative_to(PKG.parent)}:{line} ({sub}/) imports {target}")
+            if sub == "config" and parts[0] in ENGINE_LIBRARIES:
+                out.append(f"{path.relative_to(PKG.parent)}:{line} (config/ is pure) imports "
+                           f"{target}")
+    return out
+
+
+def test_train_is_only_sub_packages_stacked_upward():
+    top = sorted(p.name for p in TRAIN.glob("*.py") if p.name != "__init__.py")
+    assert top == [], f"modules at the top of varbatch_kit/train: {top}"
+    subs = sorted(p.name for p in TRAIN.iterdir() if (p / "__init__.py").is_file())
+    assert subs == sorted(TRAIN_STACK)
+    bad = _train_violations(p for p in TRAIN.rglob("*.py") if p.parent != TRAIN)
+    assert not bad, "\n".join(bad)
+
+
+def test_the_train_stack_checker_sees_an_upward_import_and_torch_in_config(tmp_path):
+    fake = TRAIN / "config" / "_probe_that_does_not_exist.py"
+    (tmp_path / "m.py").write_text("def f():\n    from varbatch_kit.train.step import train_step\n"
+                                   "    import torch\n")
+
+    class P(type(fake)):  # the probe's text, read from tmp_path, at a config/ path
+        def read_text(self, *a, **k):
+            return (tmp_path / "m.py").read_text()
+
+    bad = _train_violations([P(fake)])
+    assert any("(config/) imports varbatch_kit.train.step" in b for b in bad), bad
+    assert any("(config/ is pure) imports torch" in b for b in bad), bad
+
+
+def test_every_train_module_imports_by_its_dotted_name():
+    """``import varbatch_kit.train.<pkg>.<mod> as m`` works for every module: no sub-package
+    is shadowed by a public name of ``varbatch_kit.train`` (a ``run/`` package would be, by the
+    function ``run``); and ``varbatch_kit.train.run`` stays that function."""
+    import subprocess
+    import sys
+
+    pytest.importorskip("megatron.core")
+    names = sorted(_module_name(p) for p in TRAIN.rglob("*.py") if p.name != "__init__.py")
+    code = "\n".join(f"import {n} as _m" for n in names) + (
+        "\nimport varbatch_kit.train as t\nassert callable(t.run) and t.run.__name__ == 'run'\n")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=300)

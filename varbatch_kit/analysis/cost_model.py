@@ -19,7 +19,7 @@ measured ``(sum L, sum L^2, seconds)`` triples; :func:`fit_with_holdout`
 also holds some micro-batches out and reports their R² (:class:`CostFit`).
 The measurements come from a training run's step records
 (``micro_batch_timing``, :func:`micro_batch_rows`, :func:`fit_from_run`) or
-from a calibration sweep (:mod:`varbatch_kit.train.calibrate`).
+from a calibration sweep (:mod:`varbatch_kit.train.measure.calibration`).
 
 :func:`varbatch_kit.analysis.simulate.simulate` takes a
 :class:`MicroBatchCostModel` in place of a hardware profile. Pure: numpy only.

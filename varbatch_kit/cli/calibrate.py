@@ -12,7 +12,7 @@ Builds the training engine's model (the toy GPT, or ``--model.path DIR``; the
 per-sample packed attention, times forward and backward of micro-batches
 that vary ``sum L`` and ``sum L^2`` independently, fits
 ``t = c0 + c1 sum L + c2 sum L^2`` and reports R² on held-out random
-micro-batches (:mod:`varbatch_kit.train.calibrate`). The JSON loads with
+micro-batches (:mod:`varbatch_kit.train.measure.calibration`). The JSON loads with
 ``MicroBatchCostModel.load`` and goes to ``simulate(schedule, hardware=model)``.
 """
 
@@ -28,7 +28,7 @@ def add_parser(subparsers: Any) -> None:
     p = subparsers.add_parser("calibrate", help="fit the micro-batch cost model on this device",
                               description=__doc__.splitlines()[0],
                               formatter_class=argparse.RawDescriptionHelpFormatter)
-    from varbatch_kit.train.flags import add_config_flags
+    from varbatch_kit.train.config.cli_flags import add_config_flags
 
     add_config_flags(p, groups=("model",))  # --model.path, --model.num_layers, ...
     s = p.add_argument_group("sweep")
@@ -58,9 +58,13 @@ def add_parser(subparsers: Any) -> None:
 
 
 def _calibrate(args: argparse.Namespace) -> int:
-    from varbatch_kit.train.calibrate import calibrate, grid_compositions, random_compositions
-    from varbatch_kit.train.config import TrainConfig
-    from varbatch_kit.train.flags import config_kwargs
+    from varbatch_kit.train.config.cli_flags import config_kwargs
+    from varbatch_kit.train.config.train_config import TrainConfig
+    from varbatch_kit.train.measure.calibration import (
+        calibrate,
+        grid_compositions,
+        random_compositions,
+    )
 
     cfg = TrainConfig(**config_kwargs(args, groups=("model",)))
     grid = grid_compositions(args.max_tokens, budgets=args.budgets, splits=args.splits,

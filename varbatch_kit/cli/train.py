@@ -44,7 +44,7 @@ COMPARE_COLUMNS = ["config", "label", "step", "samples", "num_microbatches", "lo
 
 
 def _common(p: argparse.ArgumentParser, many: bool) -> None:
-    from varbatch_kit.train.flags import add_config_flags
+    from varbatch_kit.train.config.cli_flags import add_config_flags
 
     nargs = "+" if many else None
     several = " (several values: every combination)" if many else ""
@@ -130,11 +130,11 @@ def _as_list(v):
 
 def configs_from_args(args: argparse.Namespace):
     """Every combination of the (possibly multi-valued) layout and mode options; the other
-    training flags (generated from TrainConfig's fields, :mod:`varbatch_kit.train.flags`)
+    training flags (generated from TrainConfig's fields, :mod:`varbatch_kit.train.config.cli_flags`)
     fill its sub-configs."""
     from varbatch_kit.core.config import ScheduleConfig
-    from varbatch_kit.train.config import TrainConfig
-    from varbatch_kit.train.flags import config_kwargs
+    from varbatch_kit.train.config.cli_flags import config_kwargs
+    from varbatch_kit.train.config.train_config import TrainConfig
 
     packings = _as_list(args.packing) if args.packing else [None]
     configs = []

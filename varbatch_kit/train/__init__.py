@@ -9,10 +9,12 @@
 - :func:`compare`: several configurations on the same rollouts and seed → one table.
 - :func:`run_many`: like :func:`compare`, returning the :class:`Run` objects.
 
-Devices (:mod:`varbatch_kit.train.devices`, docs/gpu.md): CUDA + NCCL when each node has a
-GPU per local rank, else CPU + gloo through :mod:`varbatch_kit.train.cpu_shim`. Context
-parallelism runs all-gather style (:mod:`varbatch_kit.train.cp_attention`); ``cp_impl="emulated"``
-is the reference, every CP rank running the full forward (see :mod:`varbatch_kit.train.step`).
+Devices (:mod:`varbatch_kit.train.parallel.devices`, docs/gpu.md): CUDA + NCCL when each node has a
+GPU per local rank, else CPU + gloo through :mod:`varbatch_kit.train.parallel.cpu_shim`. Context
+parallelism runs all-gather style (:mod:`varbatch_kit.train.parallel.cp_attention`);
+``cp_impl="emulated"``
+is the reference, every CP rank running the full forward (see
+:mod:`varbatch_kit.train.step.train_step`).
 
 Needs the ``[train]`` extra (``pip install 'varbatch_kit[train]'``): importing
 this package without megatron-core raises an ``ImportError`` that says so.
@@ -24,8 +26,8 @@ from varbatch_kit._extras import require
 
 require(__name__, "train", ("megatron.core",))
 
-from varbatch_kit.train.closed_loop import RLLoopResult, rl_loop  # noqa: E402
-from varbatch_kit.train.config import (  # noqa: E402  (after the extra's check)
+from varbatch_kit.train.config.model_config import ModelConfig  # noqa: E402  (after the check)
+from varbatch_kit.train.config.train_config import (  # noqa: E402
     CheckpointConfig,
     DataConfig,
     FaultConfig,
@@ -35,10 +37,10 @@ from varbatch_kit.train.config import (  # noqa: E402  (after the extra's check)
     RunConfig,
     TrainConfig,
 )
-from varbatch_kit.train.launch import compare, run, run_many  # noqa: E402
-from varbatch_kit.train.model_spec import ModelConfig  # noqa: E402
-from varbatch_kit.train.results import Run, param_rel_diff  # noqa: E402
-from varbatch_kit.train.supervise import TrainingError, TrainingTimeout  # noqa: E402
+from varbatch_kit.train.rl.rl_loop import RLLoopResult, rl_loop  # noqa: E402
+from varbatch_kit.train.runs.launch import compare, run, run_many  # noqa: E402
+from varbatch_kit.train.runs.results import Run, param_rel_diff  # noqa: E402
+from varbatch_kit.train.runs.supervise import TrainingError, TrainingTimeout  # noqa: E402
 
 __all__ = [
     "CheckpointConfig",

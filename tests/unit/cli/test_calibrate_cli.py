@@ -8,7 +8,7 @@ import pytest
 
 from varbatch_kit.analysis.cost_model import MicroBatchCostModel
 from varbatch_kit.cli.main import main
-from varbatch_kit.train.calibrate import grid_compositions, random_compositions
+from varbatch_kit.train.measure.calibration import grid_compositions, random_compositions
 
 
 def test_compositions_vary_sum_l_and_sum_l_sq_independently():

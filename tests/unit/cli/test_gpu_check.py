@@ -221,7 +221,7 @@ def test_the_engine_bench_trains_on_the_cpu():
     """The measurement backend the GPU runs, here on the CPU with the toy GPT: per-step
     tokens and times from the training loop, tokens/s from the steps after the first."""
     from varbatch_kit.train import ModelConfig
-    from varbatch_kit.train.device_bench import EngineBench
+    from varbatch_kit.train.measure.device_bench import EngineBench
 
     cfg, rollouts, _ = gpu_check.check_plan(ModelConfig(), model="toy", steps=2, quick=True,
                                             device="cpu")

@@ -21,7 +21,7 @@ from varbatch_kit.compat.slime.train_flags import (
     UNSUPPORTED_TRAIN_FLAGS,
 )
 from varbatch_kit.core.config import ScheduleConfig
-from varbatch_kit.train.config import (
+from varbatch_kit.train.config.train_config import (
     DataConfig,
     LossConfig,
     ModelConfig,

@@ -30,7 +30,7 @@ def test_jsonl_dict_rewards_and_rollout_log_probs_train_with_reward_key(tmp_path
     """A JSONL trace's dict rewards stay dicts and its rollout_log_probs lists; the training
     data picks LossConfig.reward_key and keeps the log-probs."""
     from varbatch_kit.train import DataConfig, LossConfig
-    from varbatch_kit.train.data import make_training_data
+    from varbatch_kit.train.data.rollout_data import make_training_data
 
     rows = [{"prompt_len": 2, "response_len": 2, "rollout_id": 0, "tokens": [1, 2, 3, 4],
              "reward": {"acc": 1.0, "fmt": 0.5}, "rollout_log_probs": [-0.5, -1.0]},

@@ -444,8 +444,8 @@ def test_rollout_log_probs_and_dict_rewards_are_kept_and_train(tmp_path):
     """A dump's rollout_log_probs become a column (tensors as lists of float), dict rewards stay
     dicts; the training data reads both (reward_key picks the reward)."""
     from varbatch_kit.train import DataConfig, LossConfig
-    from varbatch_kit.train.advantages import token_advantages
-    from varbatch_kit.train.data import make_training_data
+    from varbatch_kit.train.data.rollout_advantages import token_advantages
+    from varbatch_kit.train.data.rollout_data import make_training_data
 
     samples = [sample(reward={"acc": 1.0, "fmt": 0.5}, rollout_log_probs=[-0.5, -1.0, -0.25]),
                sample(reward={"acc": 0.0, "fmt": 1.0},
@@ -489,7 +489,7 @@ def test_recorded_dump_with_rollout_log_probs_trains_with_them():
     assert all(d.get("rollout_log_probs") is not None for d in dumped)
     r = read_trace(GOLDEN / rec["dump"])
     from varbatch_kit.train import DataConfig, LossConfig
-    from varbatch_kit.train.data import make_training_data
+    from varbatch_kit.train.data.rollout_data import make_training_data
 
     d = make_training_data(r, vocab_size=1 << 20, seed=0, data=DataConfig(n_samples_per_prompt=2),
                            loss=LossConfig(use_tis=True, use_rollout_logprobs=True))

@@ -184,7 +184,7 @@ def test_a_resumed_run_must_keep_the_workload():
     # workload is refused, naming it; TrainConfig.with_ routes the field to the schedule
     pytest.importorskip("megatron.core")
     from varbatch_kit.train import TrainConfig
-    from varbatch_kit.train.checkpoint import _config_fields, check_resumable
+    from varbatch_kit.train.runs.checkpoint import _config_fields, check_resumable
 
     base = TrainConfig()
     cal = base.with_(workload=CPU)

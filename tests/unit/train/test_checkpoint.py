@@ -12,7 +12,7 @@ from _factories import synthetic_rollouts
 
 from varbatch_kit import Rollouts, ScheduleConfig
 from varbatch_kit.train import FaultConfig, NodesConfig, TrainConfig
-from varbatch_kit.train.checkpoint import (
+from varbatch_kit.train.runs.checkpoint import (
     CheckpointError,
     check_resumable,
     checkpoint_dirs,
@@ -21,9 +21,9 @@ from varbatch_kit.train.checkpoint import (
     load_checkpoint,
     save_checkpoint,
 )
-from varbatch_kit.train.plan import plan_runs
-from varbatch_kit.train.results import load_run
-from varbatch_kit.train.steplog import (
+from varbatch_kit.train.runs.plan import plan_runs
+from varbatch_kit.train.runs.results import load_run
+from varbatch_kit.train.runs.step_log import (
     TornLogWarning,
     append_record,
     read_records,
@@ -180,7 +180,7 @@ def test_config_kill_point_and_node_fields():
 
 
 def test_resume_without_a_checkpoint_starts_fresh_and_says_so(tmp_path):
-    from varbatch_kit.train.launch import _prepare_resume
+    from varbatch_kit.train.runs.launch import _prepare_resume
 
     r = synthetic_rollouts()
     cfg = TrainConfig(schedule=ScheduleConfig(global_batch_size=4, max_tokens_per_gpu=256))
@@ -213,7 +213,7 @@ def test_cli_resume_and_out_must_name_the_same_folder(tmp_path, capsys):
 
 TORCHRUN_SUMMARY = """torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
 ============================================================
-varbatch_kit.train.loop FAILED
+varbatch_kit.train.runs.worker FAILED
 ------------------------------------------------------------
 Failures:
 [1]:
@@ -237,7 +237,7 @@ Root Cause (first observed failure):
 
 def test_a_rank_killed_by_a_signal_is_named_as_the_cause():
     """torchrun (torch 2.13) may call the follow-up failure of rank 0 the root cause."""
-    from varbatch_kit.train.launch import _torchrun_failure
+    from varbatch_kit.train.runs.launch import _torchrun_failure
 
     msg, rank = _torchrun_failure(TrainConfig(), TORCHRUN_SUMMARY)
     assert rank == 1 and "rank 1 was killed by SIGKILL (exit code -9)" in msg
@@ -250,7 +250,7 @@ def test_a_rank_killed_by_a_signal_is_named_as_the_cause():
 
 def test_the_killed_rank_not_torchruns_sigterm_is_the_cause_in_either_order():
     """Under load torchrun may list rank 0, stopped by its own SIGTERM, before rank 1."""
-    from varbatch_kit.train.launch import _torchrun_failure
+    from varbatch_kit.train.runs.launch import _torchrun_failure
 
     loaded = (TORCHRUN_SUMMARY.replace("rank      : 1 (local_rank: 1)", "rank      : X")
               .replace("rank      : 0 (local_rank: 0)\n  exitcode  : 1 (pid: 606)",
@@ -268,7 +268,7 @@ def test_the_killed_rank_not_torchruns_sigterm_is_the_cause_in_either_order():
 def test_a_sigterm_is_not_the_cause_when_a_rank_wrote_a_traceback():
     """torchrun SIGTERMs the other ranks once one raised; which it lists depends on load (a
     fresh-clone run named rank 0's SIGTERM instead of rank 1's traceback)."""
-    from varbatch_kit.train.launch import _torchrun_failure
+    from varbatch_kit.train.runs.launch import _torchrun_failure
 
     alone = TORCHRUN_SUMMARY.replace("-9", "-15")
     assert _torchrun_failure(TrainConfig(), alone)[1] is not None

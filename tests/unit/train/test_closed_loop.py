@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from varbatch_kit.train.closed_loop import _sync_exact, weights_hash
+from varbatch_kit.train.rl.rl_loop import _sync_exact, weights_hash
 
 
 def test_the_hash_sees_every_bit_name_and_dtype_but_not_dict_order():

@@ -1,4 +1,4 @@
-"""All-gather CP attention (train/cp_attention.py) against full per-sample attention.
+"""All-gather CP attention (train/parallel/cp_attention.py) against full per-sample attention.
 
 The share layout is checked against report/cp.py's zigzag slicing (pure); the
 exchange runs on 2 and 3 forked gloo processes (a few hundred ms): outputs and
@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from varbatch_kit.report.cp import zigzag_slice
-from varbatch_kit.train.cp_attention import CPShare, zigzag_chunks
+from varbatch_kit.train.parallel.cp_attention import CPShare, zigzag_chunks
 
 LENGTHS = (7, 12, 3, 9)
 PROMPTS = (3, 4, 1, 8)
@@ -63,7 +63,7 @@ def reference(q, k, v):
 def _worker(rank, size, port, fault, queue):
     import torch.distributed as dist
 
-    from varbatch_kit.train import cp_attention
+    from varbatch_kit.train.parallel import cp_attention
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
@@ -122,7 +122,7 @@ def test_a_swapped_chunk_order_in_the_exchange_is_caught():
 
 def test_allgather_is_the_default_cp_and_runs():
     from varbatch_kit.train import TrainConfig
-    from varbatch_kit.train.layout import ParallelLayout
+    from varbatch_kit.train.config.parallel_layout import ParallelLayout
 
     cfg = TrainConfig().with_(dp=2, cp=2, cp_mode="dynamic")
     assert cfg.cp_impl == "allgather"
@@ -135,8 +135,8 @@ def test_groups_and_rounds_come_from_the_plan():
     import numpy as np
 
     from varbatch_kit import Rollouts, ScheduleConfig, build_schedule
-    from varbatch_kit.train.cp_groups import cp_group_members, rank_rounds
-    from varbatch_kit.train.layout import ParallelLayout
+    from varbatch_kit.train.config.parallel_layout import ParallelLayout
+    from varbatch_kit.train.parallel.cp_groups import cp_group_members, rank_rounds
 
     resp = np.array([60, 6, 7, 8, 5, 9, 62, 6])
     rollouts = Rollouts(np.full(8, 4), resp, np.arange(8), [np.ones(r, int) for r in resp])

@@ -1,4 +1,4 @@
-"""Device selection (train/devices.py): local ranks against the GPUs of a node, the
+"""Device selection (train/parallel/devices.py): local ranks against the GPUs of a node, the
 VARBATCH_KIT_PRETEND_CUDA switch, and the process setup that follows the run's device."""
 
 from __future__ import annotations
@@ -7,8 +7,9 @@ import pytest
 import torch
 
 from varbatch_kit import Rollouts, ScheduleConfig
-from varbatch_kit.train import NodesConfig, TrainConfig, cpu_shim, run
-from varbatch_kit.train.devices import (
+from varbatch_kit.train import NodesConfig, TrainConfig, run
+from varbatch_kit.train.parallel import cpu_shim
+from varbatch_kit.train.parallel.devices import (
     PRETEND_CUDA_ENV,
     choose_device,
     cuda_visible,
@@ -128,7 +129,7 @@ def test_run_refuses_an_impossible_cuda_layout_before_any_worker(monkeypatch, tm
 
 # --------------------------------------------------------------------- the process setup
 def test_process_setup_follows_the_run_device_not_the_host(monkeypatch):
-    from varbatch_kit.train.process import single_process
+    from varbatch_kit.train.parallel.process_setup import single_process
 
     monkeypatch.setenv(PRETEND_CUDA_ENV, "8")  # the engine sees a GPU host
     cpu_shim.deactivate()

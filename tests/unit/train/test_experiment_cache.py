@@ -1,4 +1,4 @@
-"""varbatch_kit.train.experiment_cache: one computation per set of inputs, never a stale one."""
+"""varbatch_kit.cli.experiment_cache: one computation per set of inputs, never a stale one."""
 
 from __future__ import annotations
 
@@ -8,11 +8,9 @@ import pytest
 pytest.importorskip("varbatch_kit.train")
 
 from varbatch_kit import Rollouts, ScheduleConfig  # noqa: E402
-from varbatch_kit.train import (
-    TrainConfig,  # noqa: E402
-    launch,  # noqa: E402
-)
-from varbatch_kit.train import experiment_cache as ec  # noqa: E402
+from varbatch_kit.cli import experiment_cache as ec  # noqa: E402
+from varbatch_kit.train import TrainConfig
+from varbatch_kit.train.runs import launch
 
 
 def _configs(lr=1e-3):

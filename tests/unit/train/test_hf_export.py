@@ -1,7 +1,7 @@
-"""The Hugging Face export (:mod:`varbatch_kit.train.hf_export`): megatron-core weights back
+"""The Hugging Face export (:mod:`varbatch_kit.train.model.hf_export`): megatron-core weights back
 to a ``transformers`` checkpoint, for every family the loader supports.
 
-- the mapping inverts :func:`~varbatch_kit.train.hf.megatron_state_dict` bitwise (tiny
+- the mapping inverts :func:`~varbatch_kit.train.model.hf_import.megatron_state_dict` bitwise (tiny
   random Llama / Qwen2 / Qwen3 / Mistral checkpoints, tied and untied, truncated too);
 - ``transformers.AutoModelForCausalLM.from_pretrained(export)`` gives the engine's logits
   (1e-5, fp32) after the engine's weights were changed, and loading the export back
@@ -24,7 +24,7 @@ from _fake_hf import TINY_FAMILIES, TINY_HF, tiny_hf_checkpoint
 from _megatron import single_process_megatron
 
 from varbatch_kit.train import ModelConfig
-from varbatch_kit.train.model_spec import resolve_model
+from varbatch_kit.train.config.model_config import resolve_model
 
 warnings.filterwarnings("ignore", message=".*Transformer Engine and Apex are not installed.*")
 pytestmark = [
@@ -66,8 +66,9 @@ def _load_safetensors(path):
 # --------------------------------------------------------------------------- the mapping
 @pytest.mark.parametrize("family", TINY_FAMILIES)
 def test_hf_state_dict_inverts_the_loader_bitwise(family, checkpoints):
-    from varbatch_kit.train.hf import megatron_state_dict, read_hf_model
-    from varbatch_kit.train.hf_export import hf_state_dict
+    from varbatch_kit.train.config.hf_checkpoint import read_hf_model
+    from varbatch_kit.train.model.hf_export import hf_state_dict
+    from varbatch_kit.train.model.hf_import import megatron_state_dict
 
     spec = read_hf_model(checkpoints[family])
     original = _load_safetensors(checkpoints[family])
@@ -81,8 +82,9 @@ def test_hf_state_dict_inverts_the_loader_bitwise(family, checkpoints):
 
 
 def test_hf_state_dict_names_what_does_not_fit(checkpoints):
-    from varbatch_kit.train.hf import megatron_state_dict, read_hf_model
-    from varbatch_kit.train.hf_export import hf_state_dict
+    from varbatch_kit.train.config.hf_checkpoint import read_hf_model
+    from varbatch_kit.train.model.hf_export import hf_state_dict
+    from varbatch_kit.train.model.hf_import import megatron_state_dict
 
     spec = read_hf_model(checkpoints["qwen3_qknorm"])
     sd = megatron_state_dict(spec)
@@ -105,7 +107,7 @@ def test_hf_state_dict_names_what_does_not_fit(checkpoints):
 
 # --------------------------------------------------------------------------- the export
 def _engine(path, num_layers=None):
-    from varbatch_kit.train.model import build_gpt
+    from varbatch_kit.train.model.gpt import build_gpt
 
     return build_gpt(resolve_model(ModelConfig(path=str(path), num_layers=num_layers)),
                      max_seq_len=64).eval()
@@ -122,8 +124,9 @@ def test_transformers_loads_the_export_with_the_engines_logits(family, checkpoin
     and the export read back by the loader is the engine's weights bitwise."""
     from transformers import AutoModelForCausalLM
 
-    from varbatch_kit.train.hf import load_hf_weights, megatron_state_dict, read_hf_model
-    from varbatch_kit.train.hf_export import export_hf
+    from varbatch_kit.train.config.hf_checkpoint import read_hf_model
+    from varbatch_kit.train.model.hf_export import export_hf
+    from varbatch_kit.train.model.hf_import import load_hf_weights, megatron_state_dict
 
     source = checkpoints[family]
     rng = np.random.default_rng(5)
@@ -164,8 +167,8 @@ def test_transformers_loads_the_export_with_the_engines_logits(family, checkpoin
 
 
 def test_export_writes_config_weights_and_the_tokenizer_files(checkpoints, tmp_path):
-    from varbatch_kit.train.hf import megatron_state_dict
-    from varbatch_kit.train.hf_export import export_hf
+    from varbatch_kit.train.model.hf_export import export_hf
+    from varbatch_kit.train.model.hf_import import megatron_state_dict
 
     source = checkpoints["qwen2_bias_tied"]
     model = resolve_model(ModelConfig(path=str(source)))
@@ -186,8 +189,8 @@ def test_export_writes_config_weights_and_the_tokenizer_files(checkpoints, tmp_p
 
 
 def test_export_refuses_what_it_cannot_or_must_not_write(checkpoints, tmp_path):
-    from varbatch_kit.train.hf import megatron_state_dict
-    from varbatch_kit.train.hf_export import export_hf
+    from varbatch_kit.train.model.hf_export import export_hf
+    from varbatch_kit.train.model.hf_import import megatron_state_dict
 
     toy = resolve_model(ModelConfig())
     with pytest.raises(ValueError, match=r"toy GPT.*model\.path"):
@@ -220,7 +223,7 @@ def test_export_refuses_what_it_cannot_or_must_not_write(checkpoints, tmp_path):
 # --------------------------------------------------------------------------- a run's weights
 def _run(folder, source, layers=2):
     from varbatch_kit.train import TrainConfig
-    from varbatch_kit.train.results import load_run
+    from varbatch_kit.train.runs.results import load_run
 
     cfg = TrainConfig(model=ModelConfig(path=None if source is None else str(source),
                                         num_layers=layers))

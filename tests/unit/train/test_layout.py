@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from varbatch_kit.train.layout import ParallelLayout
+from varbatch_kit.train.config.parallel_layout import ParallelLayout
 
 
 def test_coordinates_by_hand():

@@ -1,4 +1,5 @@
-"""Tensor parallelism's pure parts (varbatch_kit.train.tensor_parallel, attention per head shard).
+"""Tensor parallelism's pure parts (varbatch_kit.train.parallel.tensor_parallel, attention per head
+shard).
 
 How a full tensor splits over TP ranks (megatron's own rule, the Hugging Face
 loader's fused QKV and SwiGLU ``fc1``), the refusal of what cannot split, the
@@ -15,8 +16,8 @@ import torch
 from _fake_hf import fake_checkpoint, llama_like
 
 from varbatch_kit.train import ModelConfig, TrainConfig
-from varbatch_kit.train.model_spec import resolve_model
-from varbatch_kit.train.tensor_parallel import (
+from varbatch_kit.train.config.model_config import resolve_model
+from varbatch_kit.train.parallel.tensor_parallel import (
     check_tp_split,
     full_from_shards,
     full_parameter_count,
@@ -55,7 +56,7 @@ def test_shards_are_megatrons_cpu_initialisation_split(dim, stride, size):
 def test_the_fused_qkv_and_the_swiglu_fc1_split_by_query_group_and_by_half():
     """The loader's fused QKV (per KV group: its query heads, key, value) splits into whole
     query groups; [gate; up] with stride 2 gives rank r [gate_r; up_r]."""
-    from varbatch_kit.train.hf import _fused_qkv
+    from varbatch_kit.train.model.hf_import import _fused_qkv
 
     d, heads, groups, h = 2, 4, 2, 6
     q, k, v = torch.randn(heads * d, h), torch.randn(groups * d, h), torch.randn(groups * d, h)
@@ -116,7 +117,7 @@ def test_per_sample_attention_runs_on_its_head_shard():
     from megatron.core.packed_seq_params import PackedSeqParams
     from megatron.core.transformer.enums import AttnMaskType
 
-    from varbatch_kit.train.attention import PerSampleAttention
+    from varbatch_kit.train.model.attention import PerSampleAttention
 
     full = PerSampleAttention(_attention_config(1), 1, AttnMaskType.causal, "self")
     half = PerSampleAttention(_attention_config(2), 1, AttnMaskType.causal, "self")

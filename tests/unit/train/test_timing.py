@@ -4,7 +4,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from varbatch_kit.train.timing import MicroBatchTimer, busy_and_straggler
+from varbatch_kit.train.step.microbatch_timer import MicroBatchTimer, busy_and_straggler
 
 
 class Clock:

@@ -1,4 +1,4 @@
-"""slime's advantages on the engine's data (:mod:`varbatch_kit.train.advantages`).
+"""slime's advantages on the engine's data (:mod:`varbatch_kit.train.data.rollout_advantages`).
 
 Two kinds of checks: random batches against the slime-signature adapters of
 :mod:`varbatch_kit.compat.slime.objective` (``post_process_rewards`` +
@@ -23,14 +23,14 @@ from varbatch_kit import Rollouts
 from varbatch_kit.compat.slime import objective as so
 from varbatch_kit.report.objective import GROUP_NORMALIZED_ESTIMATORS
 from varbatch_kit.train import DataConfig, LossConfig
-from varbatch_kit.train.advantages import (
+from varbatch_kit.train.config.train_config import ADVANTAGE_ESTIMATORS
+from varbatch_kit.train.data.rollout_advantages import (
     default_rollout_batch_size,
     post_processed_rewards,
     reward_groups,
     token_advantages,
 )
-from varbatch_kit.train.config import ADVANTAGE_ESTIMATORS
-from varbatch_kit.train.data import make_training_data, validate_rollout_data
+from varbatch_kit.train.data.rollout_data import make_training_data, validate_rollout_data
 
 F32_EPS = 1e-6
 

@@ -1,4 +1,4 @@
-"""Per-sample packed attention (varbatch_kit.train.attention) against the dense block mask.
+"""Per-sample packed attention (varbatch_kit.train.model.attention) against the dense block mask.
 
 Single process (gloo, world 1). Two models, each built twice from the same
 weights: with megatron's own ``DotProductAttention`` and the dense
@@ -21,9 +21,10 @@ from _megatron import single_process_megatron
 from hypothesis import given
 from hypothesis import strategies as st
 
-from varbatch_kit.train import ModelConfig, cpu_shim
-from varbatch_kit.train.batch import block_causal_mask, pack, response_token_stats
-from varbatch_kit.train.model_spec import resolve_model
+from varbatch_kit.train import ModelConfig
+from varbatch_kit.train.config.model_config import resolve_model
+from varbatch_kit.train.parallel import cpu_shim
+from varbatch_kit.train.step.packed_batch import block_causal_mask, pack, response_token_stats
 
 warnings.filterwarnings("ignore", message=".*Transformer Engine and Apex are not installed.*")
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning", "ignore::DeprecationWarning")
@@ -53,7 +54,7 @@ def _reference_attention(q, k, v, lengths, scale):
        groups=st.sampled_from([1, 2, 4]), seed=st.integers(0, 2**16))
 def test_segment_attention_equals_the_dense_block_mask(lengths, groups, seed):
     """Any segment lengths (length 1 included), GQA: outputs and input gradients match."""
-    from varbatch_kit.train.attention import segment_attention
+    from varbatch_kit.train.model.attention import segment_attention
 
     g = torch.Generator().manual_seed(seed)
     total, heads, dim = sum(lengths), 4, 8
@@ -73,7 +74,7 @@ def test_segment_attention_equals_the_dense_block_mask(lengths, groups, seed):
 
 
 def test_segment_attention_checks_the_lengths():
-    from varbatch_kit.train.attention import segment_attention
+    from varbatch_kit.train.model.attention import segment_attention
 
     x = torch.zeros(5, 2, 4)
     with pytest.raises(ValueError, match="sum to 4"):
@@ -84,7 +85,7 @@ def test_segment_attention_checks_the_lengths():
 def test_pack_per_sample_path_has_boundaries_and_no_mask(monkeypatch):
     seqs = [np.array([5, 6, 7]), np.array([1, 2, 3, 4]), np.array([9, 9])]
     dense = pack(seqs, prompt_lens=[1, 2, 1], attention="dense")
-    import varbatch_kit.train.batch as batch_mod
+    import varbatch_kit.train.step.packed_batch as batch_mod
 
     def no_mask(*a, **k):
         raise AssertionError("the per-sample path built a [T, T] mask")
@@ -144,7 +145,7 @@ def _twin(build, device):
     """(per-sample model, dense reference model) with the same weights."""
     from megatron.core.transformer.dot_product_attention import DotProductAttention
 
-    from varbatch_kit.train.attention import PerSampleAttention
+    from varbatch_kit.train.model.attention import PerSampleAttention
 
     _seed(0)
     fast = build(True).to(device)
@@ -160,8 +161,8 @@ def _twin(build, device):
 def _toy(per_sample: bool):
     from megatron.core.models.gpt.gpt_model import GPTModel
 
-    from varbatch_kit.train.attention import local_layer_spec
-    from varbatch_kit.train.model import build_gpt, transformer_config
+    from varbatch_kit.train.model.attention import local_layer_spec
+    from varbatch_kit.train.model.gpt import build_gpt, transformer_config
 
     cfg = resolve_model(ModelConfig(num_layers=2, hidden_size=32, num_attention_heads=4,
                                     vocab_size=VOCAB))
@@ -177,7 +178,7 @@ def _rope_gqa(per_sample: bool):
     from megatron.core.models.gpt.gpt_model import GPTModel
     from megatron.core.transformer.transformer_config import TransformerConfig
 
-    from varbatch_kit.train.attention import local_layer_spec
+    from varbatch_kit.train.model.attention import local_layer_spec
 
     config = TransformerConfig(
         num_layers=2, hidden_size=48, num_attention_heads=6, num_query_groups=2,
@@ -293,8 +294,8 @@ def test_local_layer_spec_and_its_refusals(megatron_process):
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
     from megatron.core.transformer.dot_product_attention import DotProductAttention
 
-    from varbatch_kit.train.attention import PerSampleAttention, local_layer_spec
-    from varbatch_kit.train.model import transformer_config
+    from varbatch_kit.train.model.attention import PerSampleAttention, local_layer_spec
+    from varbatch_kit.train.model.gpt import transformer_config
 
     spec = local_layer_spec()
     assert spec.submodules.self_attention.submodules.core_attention is PerSampleAttention
@@ -328,7 +329,7 @@ def test_local_layer_spec_and_its_refusals(megatron_process):
 def test_response_logits_are_the_full_logits_at_response_rows(twin):
     """The engine's output layer on response rows only (:func:`response_logits`) gives the
     full forward's logits at those rows, and the same log-probs and gradients."""
-    from varbatch_kit.train.batch import response_logits
+    from varbatch_kit.train.step.packed_batch import response_logits
 
     name, fast, _, device = twin
     rng = np.random.default_rng(4)

@@ -26,8 +26,8 @@ from varbatch_kit.train import (
     RunConfig,
     TrainConfig,
 )
-from varbatch_kit.train.config import SUB_CONFIGS
-from varbatch_kit.train.model_spec import ResolvedModel, resolve_model
+from varbatch_kit.train.config.model_config import ResolvedModel, resolve_model
+from varbatch_kit.train.config.train_config import SUB_CONFIGS
 
 
 # --------------------------------------------------------------------------- sub-configs
@@ -209,7 +209,7 @@ def test_checkpoint_is_read_once_and_the_resolved_spec_needs_no_file(tmp_path, m
     assert (shape.num_layers, shape.num_query_groups, shape.kv_channels) == (1, 1, 4)
     assert shape.name == "llama (first 1 of 2 layers)"
     assert pickle.loads(pickle.dumps(spec)) == spec  # it travels to the workers in the job
-    from varbatch_kit.train.model import transformer_config
+    from varbatch_kit.train.model.gpt import transformer_config
 
     tc = transformer_config(spec)  # the model builder takes its options from the spec
     assert (tc.num_layers, tc.hidden_size, tc.num_query_groups, tc.ffn_hidden_size) == (
@@ -238,8 +238,8 @@ def _rollouts():
 
 def test_the_launcher_builds_each_schedule_once_and_the_workers_receive_it(tmp_path,
                                                                           monkeypatch):
-    from varbatch_kit.train import launch, plan
-    from varbatch_kit.train.loop import Job
+    from varbatch_kit.train.runs import launch, plan
+    from varbatch_kit.train.runs.worker import Job
 
     builds = []
     real = plan.build_schedule
@@ -266,7 +266,8 @@ def test_the_launcher_builds_each_schedule_once_and_the_workers_receive_it(tmp_p
         [s.rollout_ids.tolist() for s in p.steps] for p in plans]
     assert job.models == [p.model for p in plans] and job.configs == configs
     # the workers take the steps from the job: no schedule is built there
-    from varbatch_kit.train import loop, step
+    from varbatch_kit.train.runs import worker as loop
+    from varbatch_kit.train.step import train_step as step
 
     for module in (loop, step):
         assert "build_schedule" not in inspect.getsource(module)
@@ -275,7 +276,7 @@ def test_the_launcher_builds_each_schedule_once_and_the_workers_receive_it(tmp_p
 
 def test_run_many_plans_once_and_the_fingerprint_uses_the_same_steps(tmp_path, monkeypatch):
     """run_many: one build per config for validation, fingerprint and the job together."""
-    from varbatch_kit.train import launch, plan
+    from varbatch_kit.train.runs import launch, plan
 
     builds = []
     real = plan.build_schedule
@@ -307,7 +308,7 @@ def _parser():
 
 
 def test_cli_flags_are_generated_from_the_config_fields_with_their_names():
-    from varbatch_kit.train.flags import flag_fields
+    from varbatch_kit.train.config.cli_flags import flag_fields
 
     flags = {flag for _, flag, _, _ in flag_fields()}
     expected = {"--mode", "--tp", "--cp_impl", "--precision"} | {
@@ -360,7 +361,7 @@ def test_calibrate_cli_takes_the_model_flags(monkeypatch):
     p = argparse.ArgumentParser()
     cal_cli.add_parser(p.add_subparsers())
     a = p.parse_args(["calibrate", "--model.num_layers", "1", "--model.vocab_size", "32"])
-    from varbatch_kit.train.flags import config_kwargs
+    from varbatch_kit.train.config.cli_flags import config_kwargs
 
     assert TrainConfig(**config_kwargs(a, groups=("model",))).model == ModelConfig(
         num_layers=1, vocab_size=32)

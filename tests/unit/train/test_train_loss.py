@@ -10,7 +10,7 @@ import pytest
 
 from varbatch_kit import Rollouts
 from varbatch_kit.train import DataConfig, LossConfig
-from varbatch_kit.train.data import (
+from varbatch_kit.train.data.rollout_data import (
     RolloutData,
     ToyData,
     has_tokens,
@@ -18,7 +18,7 @@ from varbatch_kit.train.data import (
     rollout_training_data,
     validate_rollout_data,
 )
-from varbatch_kit.train.generate import group_advantages
+from varbatch_kit.train.rl.generate import group_advantages
 
 
 # --------------------------------------------------------------------------- advantages

@@ -1,10 +1,11 @@
-"""Pipeline stages (varbatch_kit.train.pipeline): layers per chunk, names, refusals."""
+"""Pipeline stages (varbatch_kit.train.model.pipeline_stages): layers per chunk, names, refusals."""
 
 from __future__ import annotations
 
 import pytest
 
-from varbatch_kit.train.pipeline import full_name, pipeline_problems, stage_layers, stage_tensors
+from varbatch_kit.train.config.pipeline_checks import pipeline_problems
+from varbatch_kit.train.model.pipeline_stages import full_name, stage_layers, stage_tensors
 
 
 @pytest.mark.parametrize("num_layers, pp, vpp, expect", [
@@ -88,7 +89,7 @@ def test_what_the_pipeline_cannot_run_is_named():
 
 
 def test_megatrons_interleaved_micro_batch_rule():
-    from varbatch_kit.train.pipeline import interleaved_count_problem
+    from varbatch_kit.train.config.pipeline_checks import interleaved_count_problem
 
     assert interleaved_count_problem(4, 2, 2) is None
     assert interleaved_count_problem(5, 3, 2) is None  # 5 % 3 = 2 >= pp
@@ -99,7 +100,7 @@ def test_megatrons_interleaved_micro_batch_rule():
 def test_an_interleaved_count_whose_stages_would_not_pair_up_is_refused():
     """2 micro-batches, pp 2, vpp 2, group 2: stage 0 warms up all 4 virtual micro-batches,
     stage 1 only 2, and training hung (a reproducer: the SmolLM2 matrix's short step 2)."""
-    from varbatch_kit.train.pipeline import interleaved_count_problem
+    from varbatch_kit.train.config.pipeline_checks import interleaved_count_problem
 
     got = interleaved_count_problem(2, 2, 2, vpp=2)
     assert "keeps all 4 of stage 0's virtual micro-batches in its warm-up (4) but not the " \

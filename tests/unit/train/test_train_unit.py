@@ -12,12 +12,13 @@ import torch
 from _megatron import single_process_megatron
 
 from varbatch_kit import Rollouts, ScheduleConfig
-from varbatch_kit.train import ModelConfig, TrainConfig, cpu_shim
-from varbatch_kit.train.advantages import token_advantages
-from varbatch_kit.train.batch import block_causal_mask, pack, response_token_stats
-from varbatch_kit.train.config import DataConfig, LossConfig
-from varbatch_kit.train.data import make_toy_data
-from varbatch_kit.train.model_spec import resolve_model
+from varbatch_kit.train import ModelConfig, TrainConfig
+from varbatch_kit.train.config.model_config import resolve_model
+from varbatch_kit.train.config.train_config import DataConfig, LossConfig
+from varbatch_kit.train.data.rollout_advantages import token_advantages
+from varbatch_kit.train.data.rollout_data import make_toy_data
+from varbatch_kit.train.parallel import cpu_shim
+from varbatch_kit.train.step.packed_batch import block_causal_mask, pack, response_token_stats
 
 warnings.filterwarnings("ignore", message=".*Transformer Engine and Apex are not installed.*")
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning", "ignore::DeprecationWarning")
@@ -36,7 +37,7 @@ def test_shim_patches_exactly_the_listed_names_and_not_global_torch(clean_shim, 
                                                                     host):
     import importlib
 
-    from varbatch_kit.train.devices import PRETEND_CUDA_ENV
+    from varbatch_kit.train.parallel.devices import PRETEND_CUDA_ENV
 
     if host == "a GPU host":  # the engine sees 8 GPUs; the run still chose the CPU
         monkeypatch.setenv(PRETEND_CUDA_ENV, "8")
@@ -188,7 +189,7 @@ def test_packed_losses_equal_each_sample_alone(megatron_single_process):
     """Packing is real: per-sample log-probs of a packed row == running each sample alone."""
     from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
 
-    from varbatch_kit.train.model import build_gpt
+    from varbatch_kit.train.model.gpt import build_gpt
 
     device = megatron_single_process
     cfg = resolve_model(ModelConfig(num_layers=2, hidden_size=32, num_attention_heads=4,
@@ -376,7 +377,7 @@ def test_cli_batching_is_core_configs_decision_in_flag_words():
 
 
 def test_schedule_fields_routed_by_with_are_the_init_fields():
-    from varbatch_kit.train.config import SCHEDULE_FIELDS
+    from varbatch_kit.train.config.train_config import SCHEDULE_FIELDS
 
     assert "defaulted" not in SCHEDULE_FIELDS  # derived by ScheduleConfig, not settable
     assert {"dp", "cp", "packing", "distribution", "max_tokens_per_gpu"} <= set(SCHEDULE_FIELDS)

@@ -125,7 +125,7 @@ from varbatch_kit.compat.slime.flags import (
 )
 
 if TYPE_CHECKING:
-    from varbatch_kit.train.config import TrainConfig
+    from varbatch_kit.train.config.train_config import TrainConfig
 
 __all__ = ["SLIME_ADVANTAGE_ESTIMATORS", "TIS_FUNCTION_PATHS", "TRAIN_FLAGS",
            "UNSUPPORTED_TRAIN_FLAGS", "MappedFlag", "UnsupportedFlag",
@@ -361,7 +361,7 @@ def train_config_from_slime_args(flags: Any, base: TrainConfig | None = None) ->
     ``ValueError`` naming the flag, and flags the training config does not read
     are listed in one warning.
     """
-    from varbatch_kit.train.config import TrainConfig  # needs the [train] extra
+    from varbatch_kit.train.config.train_config import TrainConfig  # needs the [train] extra
 
     if base is None:
         base = TrainConfig()

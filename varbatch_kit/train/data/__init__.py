@@ -1,0 +1,2 @@
+"""A run's data: rollout columns and tokens, advantages.
+"""

@@ -1,0 +1,2 @@
+"""Measurement: per-micro-batch calibration and the device benchmark.
+"""

@@ -1,0 +1,208 @@
+"""The GPT: megatron-core ``GPTModel`` with the local (non-TransformerEngine) layer spec.
+
+Two kinds, chosen by the run's model (a
+:class:`~varbatch_kit.train.config.model_config.ResolvedModel`, read once by
+:func:`~varbatch_kit.train.config.model_config.resolve_model`):
+
+- the tiny toy GPT (``ModelConfig(path=None)``): LayerNorm, GeLU MLP, learned absolute
+  positions, random initial weights from the torch CPU RNG;
+- a Hugging Face checkpoint (``ModelConfig(path=DIR)``, Llama / Qwen2 / Qwen3 / Mistral):
+  RMSNorm, SwiGLU, rotary embeddings with the config's ``rope_theta``,
+  grouped-query attention, tied or untied embeddings, Qwen2's q/k/v biases,
+  Qwen3's QK-norm, and the checkpoint's weights (the first ``num_layers``
+  layers), see :mod:`varbatch_kit.train.config.hf_checkpoint`.
+
+Both take their layer spec from :func:`layer_spec`. Requires megatron-core's
+parallel state to be initialised (the training loop does it). On CPU,
+activate :mod:`varbatch_kit.train.parallel.cpu_shim` first.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+import torch
+
+from varbatch_kit.train.config.model_config import ResolvedModel
+
+__all__ = ["build_gpt", "layer_spec", "transformer_config", "wrap_precision"]
+
+
+def layer_spec(*, normalization: str = "LayerNorm", qk_layernorm: bool = False):
+    """The transformer layer spec of every model built here (the one place that picks it).
+
+    ``varbatch_kit.train.model.attention.local_layer_spec`` (per-sample core
+    attention) when that module exists, else megatron-core's
+    ``get_gpt_layer_local_spec``; both without TransformerEngine.
+    """
+    if importlib.util.find_spec("varbatch_kit.train.model.attention") is not None:
+        from varbatch_kit.train.model.attention import local_layer_spec
+    else:  # pragma: no cover - the plain megatron spec, dense-mask attention
+        from megatron.core.models.gpt.gpt_layer_specs import (
+            get_gpt_layer_local_spec as local_layer_spec,
+        )
+    return local_layer_spec(normalization=normalization, qk_layernorm=qk_layernorm)
+
+
+def _check(model) -> None:
+    if not isinstance(model, ResolvedModel):
+        raise ValueError(  # noqa: TRY004 - user errors are ValueError (docs/architecture.md)
+            f"model={type(model).__name__}: give a ResolvedModel "
+            "(varbatch_kit.train.config.model_config.resolve_model(ModelConfig(...)))")
+
+
+def _tp_size() -> int:
+    """megatron's tensor-parallel size (1 before its parallel state is initialised)."""
+    from megatron.core import parallel_state
+
+    if not parallel_state.model_parallel_is_initialized():
+        return 1
+    return parallel_state.get_tensor_model_parallel_world_size()
+
+
+def _common(per_token_loss: bool, precision: str = "fp32") -> dict:
+    """TransformerConfig settings shared by both kinds: deterministic, built in float32 on
+    CPU too (``precision="bf16"`` sets megatron's ``bf16``: :func:`wrap_precision` then
+    casts the built model, whose weights were made or loaded in float32); the
+    tensor-parallel size of megatron's parallel state (the run's layout)."""
+    return dict(
+        bf16=precision == "bf16",
+        tensor_model_parallel_size=_tp_size(),
+        sequence_parallel=False,
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+        params_dtype=torch.float32,
+        use_cpu_initialization=True,
+        calculate_per_token_loss=per_token_loss,
+        bias_dropout_fusion=False,
+        masked_softmax_fusion=False,
+        gradient_accumulation_fusion=False,
+        apply_rope_fusion=False,
+        persist_layer_norm=False,
+    )
+
+
+def transformer_config(model: ResolvedModel, *, per_token_loss: bool = False,
+                       precision: str = "fp32"):
+    """The megatron-core ``TransformerConfig`` of ``model``.
+
+    No dropout (training must be deterministic and layout-independent), float32,
+    CPU initialisation (so the initial weights are the same on CPU and GPU for a
+    given seed, and under every tensor-parallel size: megatron draws the full
+    master weight and keeps this rank's shard, :mod:`~varbatch_kit.train.parallel.tensor_parallel`).
+    ``per_token_loss`` sets ``calculate_per_token_loss`` (Megatron's per-token
+    path, used by the ``per_token`` report mode). For a checkpoint
+    the shape, norms, MLP and attention options come from its ``config.json``
+    (``model.hf``, read once); no random initialisation (the weights are loaded)
+    unless tp > 1, where megatron marks its split parameters only when it
+    initialises them.
+    """
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    _check(model)
+    if model.is_toy:
+        return TransformerConfig(
+            num_layers=model.num_layers,
+            hidden_size=model.hidden_size,
+            num_attention_heads=model.num_attention_heads,
+            ffn_hidden_size=model.ffn_hidden_size,
+            **_common(per_token_loss, precision),
+        )
+    import torch.nn.functional as F
+
+    spec = model.hf
+    return TransformerConfig(
+        num_layers=model.num_layers,
+        hidden_size=spec.hidden_size,
+        num_attention_heads=spec.num_attention_heads,
+        num_query_groups=spec.num_query_groups,
+        kv_channels=spec.kv_channels,
+        ffn_hidden_size=spec.ffn_hidden_size,
+        normalization="RMSNorm",
+        layernorm_epsilon=spec.rms_norm_eps,
+        gated_linear_unit=True,
+        activation_func=F.silu,
+        bias_activation_fusion=False,
+        add_bias_linear=False,
+        add_qkv_bias=spec.qkv_bias,
+        qk_layernorm=spec.qk_norm,
+        # every parameter is overwritten by the checkpoint; under tensor parallelism megatron
+        # marks its split parameters (tensor_model_parallel, partition_dim / stride: the grad
+        # norm, the loader's and the gather's splits) only when it initialises them
+        perform_initialization=_tp_size() > 1,
+        **_common(per_token_loss, precision),
+    )
+
+
+def build_gpt(model: ResolvedModel, *, max_seq_len: int, per_token_loss: bool = False,
+              precision: str = "fp32", config=None, stage: dict | None = None):
+    """A ``GPTModel`` for ``model``, on the CPU.
+
+    ``config`` replaces :func:`transformer_config`'s; ``stage`` (``pre_process``,
+    ``post_process``, ``vp_stage``): one pipeline model chunk, built without
+    weights of its own (:mod:`varbatch_kit.train.model.pipeline_stages` loads them).
+
+    The toy model is initialised from the current torch CPU RNG state (call
+    ``torch.manual_seed(seed)`` first for reproducible weights). A checkpoint
+    model holds the checkpoint's weights of its first ``model.num_layers``
+    layers; its rotary embeddings follow the forward's
+    ``position_ids`` (restarting per packed sample).
+    """
+    from megatron.core.models.gpt.gpt_model import GPTModel
+
+    if config is None:
+        config = transformer_config(model, per_token_loss=per_token_loss, precision=precision)
+    stage = dict(stage or {})
+    if model.is_toy:
+        return GPTModel(
+            config=config,
+            transformer_layer_spec=layer_spec(),  # per-sample attention (attention.py)
+            vocab_size=model.vocab_size,
+            max_sequence_length=max_seq_len,
+            position_embedding_type="learned_absolute",
+            share_embeddings_and_output_weights=False,
+            parallel_output=True,
+            **stage,
+        )
+    from varbatch_kit.train.model import hf_import, rope
+
+    spec = model.hf
+    if spec.sliding_window is not None and max_seq_len > spec.sliding_window:
+        raise ValueError(
+            f"max_seq_len={max_seq_len} exceeds the sliding_window={spec.sliding_window} of "
+            f"{spec.name}; sliding-window attention is not supported, keep sequences within "
+            "the window (where it equals full causal attention)")
+    gpt = GPTModel(
+        config=config,
+        transformer_layer_spec=layer_spec(normalization="RMSNorm", qk_layernorm=spec.qk_norm),
+        vocab_size=spec.vocab_size,
+        max_sequence_length=max_seq_len,
+        position_embedding_type="rope",
+        rotary_base=spec.rope_theta,
+        share_embeddings_and_output_weights=spec.tie_word_embeddings,
+        parallel_output=True,
+        **stage,
+    )
+    rope.attach_position_ids_rope(gpt, spec)
+    if not stage:
+        hf_import.load_hf_weights(gpt, spec, model.num_layers)
+    return gpt
+
+
+def wrap_precision(gpt, precision: str = "fp32"):
+    """``gpt`` as the training step runs it: itself in fp32; under ``"fp64"`` itself cast to
+    float64 in place (built and loaded in float32, so the cast is exact and every layout
+    starts from the same weights; megatron's DDP buffers, the optimizer and its states
+    then follow the parameters' dtype); under ``"bf16"`` megatron's ``Float16Module`` (the
+    parameters cast to bfloat16, the forward's input in bf16 and the last stage's output
+    back in float32), for megatron's mixed-precision optimizer, which keeps fp32 main
+    parameters and gradients."""
+    if precision == "fp32":
+        return gpt
+    if precision == "fp64":
+        return gpt.double()
+    if precision != "bf16":
+        raise ValueError(f"precision={precision!r}: choose 'fp32', 'bf16' or 'fp64'")
+    from megatron.core.transformer.module import Float16Module
+
+    return Float16Module(gpt.config, gpt)

@@ -1,0 +1,287 @@
+"""Run megatron-core on a CPU-only machine: the one place that redirects its CUDA calls.
+
+megatron-core assumes CUDA in a few hard-coded spots that the training path
+of :mod:`varbatch_kit.train` goes through:
+
+- ``torch.cuda.current_device()`` as an allocation device (global memory
+  buffer, DDP grad buffers, optimizer scalars),
+- ``device="cuda"`` literals (token counters in the pipeline schedule,
+  scalars in the optimizer and the grad-norm code),
+- the ``param.grad.type() == 'torch.cuda.FloatTensor'`` assertion in
+  gradient clipping, and the CUDA type names by which the bf16 optimizer
+  (``Float16OptimizerWithFloat16Params``) sorts parameters,
+- ``torch.cuda.synchronize()`` after the pipeline's p2p exchanges (a no-op here),
+- the grad norm of its local (no apex) L2-norm kernel, returned as a float32
+  CUDA tensor whatever the gradients' dtype: on the CPU float64 gradients
+  (``precision="fp64"``) keep a float64 norm; float32 ones go through
+  megatron-core's own function unchanged.
+
+The shim does **not** touch the global ``torch`` module. Instead it gives each
+listed megatron-core module its own view of ``torch`` (:class:`_TorchOnCpu`)
+in which ``torch.cuda.current_device()`` is the CPU device and tensor
+factories map a CUDA device argument to the CPU; every other attribute is the
+real ``torch``. Gradient clipping is redirected to an equivalent CPU function
+in the one namespace that calls it. The CUDA RNG tracker is avoided by
+seeding with ``model_parallel_cuda_manual_seed(seed, inference_rng_tracker=True)``
+(a no-op tracker: the tiny model uses no dropout), done by the training loop,
+not here.
+
+:func:`activate` applies by the device the run uses: a CPU run is shimmed
+whatever the host has (a GPU host too: ``device="cpu"``, or ``"auto"`` falling
+back), a CUDA run uses the real code paths; :func:`patched` lists what it
+changed; :func:`deactivate` restores it. Tests check that exactly
+:data:`PATCHED_MODULES` and :data:`PATCHED_FUNCTIONS` are touched and that the
+global ``torch`` is not.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+__all__ = [
+    "PATCHED_FUNCTIONS",
+    "PATCHED_MODULES",
+    "activate",
+    "active",
+    "deactivate",
+    "needed",
+    "patched",
+]
+
+# megatron-core modules whose module-level name ``torch`` is replaced by the CPU view.
+PATCHED_MODULES: tuple[str, ...] = (
+    "megatron.core.utils",  # GlobalMemoryBuffer: torch.cuda.current_device()
+    "megatron.core.pipeline_parallel.schedules",  # total_num_tokens on device="cuda"
+    "megatron.core.distributed.param_and_grad_buffer",  # grad buffers on current_device()
+    "megatron.core.optimizer.optimizer",  # found_inf / scale scalars on device="cuda"
+    "megatron.core.optimizer.clip_grads",  # grad-norm scratch tensors on device="cuda"
+    # pipeline p2p: shape / receive buffers on current_device(), torch.cuda.synchronize()
+    "megatron.core.pipeline_parallel.p2p_communication",
+)
+
+# (module, function name) -> replacement factory; the function is replaced in that module only.
+PATCHED_FUNCTIONS: tuple[tuple[str, str], ...] = (
+    # asserts param.grad.type() == 'torch.cuda.FloatTensor'
+    ("megatron.core.optimizer.optimizer", "clip_grad_by_total_norm_fp32"),
+    # bf16: the mixed-precision optimizer sorts parameters by CUDA type names
+    ("megatron.core.optimizer", "Float16OptimizerWithFloat16Params"),
+    # fp64: the local L2 norm rounds every grad norm to a float32 CUDA tensor
+    ("megatron.core.optimizer.clip_grads", "l2_norm_impl"),
+)
+
+_FACTORIES = frozenset({
+    "empty", "zeros", "ones", "full", "tensor", "arange", "as_tensor", "randn", "rand",
+})
+
+_saved: dict[tuple[str, str], Any] = {}
+
+
+def _to_cpu_device(device: Any) -> Any:
+    """A CUDA device spec (``"cuda"``, ``"cuda:0"``, ``0``, ``torch.device("cuda")``) → CPU."""
+    if isinstance(device, bool):
+        return device
+    if isinstance(device, int):
+        return torch.device("cpu")
+    if isinstance(device, str) and device.startswith("cuda"):
+        return torch.device("cpu")
+    if isinstance(device, torch.device) and device.type == "cuda":
+        return torch.device("cpu")
+    return device
+
+
+def _factory_on_cpu(fn: Callable) -> Callable:
+    def wrapper(*args, **kwargs):
+        if "device" in kwargs:
+            kwargs["device"] = _to_cpu_device(kwargs["device"])
+        return fn(*args, **kwargs)
+
+    wrapper.__name__ = getattr(fn, "__name__", "factory")
+    wrapper.__wrapped__ = fn  # type: ignore[attr-defined]
+    return wrapper
+
+
+class _CudaOnCpu:
+    """``torch.cuda`` as seen by a patched module: the current device is the CPU."""
+
+    def current_device(self) -> torch.device:
+        return torch.device("cpu")
+
+    def is_available(self) -> bool:  # a CPU run on a GPU host: as on a CPU-only host
+        return False
+
+    def synchronize(self, device: Any = None) -> None:
+        """Nothing to wait for: CPU ops (and gloo's p2p, once waited on) are synchronous."""
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(torch.cuda, name)
+
+
+class _TorchOnCpu:
+    """``torch`` as seen by a patched module; everything else is the real module."""
+
+    def __init__(self) -> None:
+        self.cuda = _CudaOnCpu()
+        self._factories = {name: _factory_on_cpu(getattr(torch, name)) for name in _FACTORIES}
+
+    def __getattr__(self, name: str) -> Any:
+        factories = self.__dict__.get("_factories", {})
+        if name in factories:
+            return factories[name]
+        return getattr(torch, name)
+
+    def __repr__(self) -> str:
+        return "<torch as seen by megatron-core on CPU (varbatch_kit.train.parallel.cpu_shim)>"
+
+
+def _clip_grad_by_total_norm_cpu(parameters, max_norm, total_norm, use_decoupled_grad=False):
+    """megatron-core's ``clip_grad_by_total_norm_fp32`` without its CUDA-type assertion."""
+    if isinstance(parameters, torch.Tensor):
+        parameters = [parameters]
+    attr = "decoupled_grad" if use_decoupled_grad else "grad"
+    grads = [getattr(p, attr).detach() for p in parameters if getattr(p, attr, None) is not None]
+    for g in grads:
+        if g.dtype not in (torch.float32, torch.float64):
+            raise AssertionError(f"gradient clipping expects float32 (or, precision='fp64', "
+                                 f"float64) gradients, got {g.dtype}")
+    clip_coeff = max_norm / (total_norm + 1.0e-6)
+    if clip_coeff < 1.0 and grads:
+        torch._foreach_mul_(grads, clip_coeff)
+
+
+def _float16_optimizer_on_cpu():
+    """megatron-core's ``Float16OptimizerWithFloat16Params`` that sorts parameters by dtype.
+
+    Its constructor tells bf16/fp16 parameters (which get an fp32 main copy that the
+    optimizer steps) from fp32 ones by ``param.type()`` against CUDA type names, so it
+    refuses every CPU tensor. This subclass makes the same three groups by dtype; every
+    other method is megatron's.
+    """
+    from megatron.core import tensor_parallel
+    from megatron.core.optimizer.optimizer import (
+        Float16OptimizerWithFloat16Params,
+        MixedPrecisionOptimizer,
+    )
+
+    class Float16OptimizerOnCpu(Float16OptimizerWithFloat16Params):
+        def __init__(self, optimizer, config, grad_scaler, init_state_fn):
+            MixedPrecisionOptimizer.__init__(self, optimizer, config, grad_scaler,
+                                             init_state_fn)
+            self.float16_groups, self.fp32_from_float16_groups = [], []
+            self.fp32_from_fp32_groups = []
+            self.is_stub_optimizer = not optimizer
+            for group in (self.optimizer.param_groups if optimizer else []):
+                low, mains, full = [], [], []
+                for i, param in enumerate(group["params"]):
+                    if not param.requires_grad:
+                        continue
+                    if param.dtype in (torch.float16, torch.bfloat16):
+                        main = param.detach().clone().float()  # the fp32 copy that is stepped
+                        tensor_parallel.copy_tensor_model_parallel_attributes(main, param)
+                        if hasattr(param, "shared"):
+                            main.shared = param.shared
+                        group["params"][i] = main
+                        param.main_param = main
+                        if param in self.optimizer.state:
+                            self.optimizer.state[main] = self.optimizer.state.pop(param)
+                        low.append(param)
+                        mains.append(main)
+                    elif param.dtype == torch.float32:
+                        full.append(param)
+                    else:
+                        raise TypeError(f"mixed-precision optimizer: parameter of dtype "
+                                        f"{param.dtype}; expected float16, bfloat16 or float32")
+                self.float16_groups.append(low)
+                self.fp32_from_float16_groups.append(mains)
+                self.fp32_from_fp32_groups.append(full)
+
+    Float16OptimizerOnCpu.__name__ = "Float16OptimizerWithFloat16Params"
+    return Float16OptimizerOnCpu
+
+
+def _l2_norm_keeping_float64():
+    """megatron-core's L2-norm kernel (``multi_tensor_applier``'s signature) in which float64
+    gradients give a float64 norm; float32 ones the kernel megatron-core chose, unchanged.
+
+    megatron-core's local kernel rounds the norm to float32, so under ``precision="fp64"`` the
+    grad norm, the clip factor and the reported ``grad_norm`` would carry float32 noise that
+    moves with the layout (the norm is summed per stage and per shard).
+    """
+    original = importlib.import_module("megatron.core.optimizer.clip_grads").l2_norm_impl
+
+    def l2_norm(chunk_size, noop_flag, tensor_lists, per_tensor, *args):
+        tensors = [t for group in tensor_lists for t in group]
+        if not any(t.dtype == torch.float64 for t in tensors):
+            return original(chunk_size, noop_flag, tensor_lists, per_tensor, *args)
+        if per_tensor:
+            raise NotImplementedError("per-tensor grad norms are not used by varbatch_kit")
+        norms = torch.stack([torch.linalg.vector_norm(t.double()) for t in tensors])
+        return torch.linalg.vector_norm(norms).reshape(1), None
+
+    return l2_norm
+
+
+_REPLACEMENTS: dict[str, Callable] = {
+    "clip_grad_by_total_norm_fp32": _clip_grad_by_total_norm_cpu,
+}
+#: replacements built when the shim activates (they subclass megatron-core's classes)
+_LAZY_REPLACEMENTS: dict[str, Callable[[], Any]] = {
+    "Float16OptimizerWithFloat16Params": _float16_optimizer_on_cpu,
+    "l2_norm_impl": _l2_norm_keeping_float64,
+}
+
+
+def needed(device: Any = None) -> bool:
+    """True when the shim is required: the run's ``device`` is the CPU.
+
+    ``device``: the run's device (``"cpu"``, ``"cuda"``, a ``torch.device``); the
+    shim applies to a CPU run whatever the host has. ``None``: the host's default
+    (no CUDA seen by the engine, :func:`varbatch_kit.train.parallel.devices.cuda_visible`).
+    """
+    if device is None:
+        from varbatch_kit.train.parallel.devices import cuda_visible
+
+        return not cuda_visible()
+    return torch.device(device).type == "cpu"
+
+
+def active() -> bool:
+    return bool(_saved)
+
+
+def activate(device: Any = "cpu") -> bool:
+    """Redirect megatron-core's CUDA calls to the CPU for a run on ``device``.
+
+    A CPU run (the default) is shimmed whatever the host has (also on a GPU host);
+    a CUDA run is not (no-op, returns False). Idempotent. Returns True when the
+    shim is (now) active.
+    """
+    if not needed(device):
+        return False
+    if _saved:
+        return True
+    view = _TorchOnCpu()
+    for name in PATCHED_MODULES:
+        mod = importlib.import_module(name)
+        _saved[(name, "torch")] = mod.torch
+        mod.torch = view
+    for name, fn in PATCHED_FUNCTIONS:
+        mod = importlib.import_module(name)
+        _saved[(name, fn)] = getattr(mod, fn)
+        setattr(mod, fn, _REPLACEMENTS[fn] if fn in _REPLACEMENTS else _LAZY_REPLACEMENTS[fn]())
+    return True
+
+
+def deactivate() -> None:
+    """Undo :func:`activate` (restores every saved attribute)."""
+    for (name, attr), value in list(_saved.items()):
+        setattr(importlib.import_module(name), attr, value)
+    _saved.clear()
+
+
+def patched() -> list[tuple[str, str]]:
+    """``(module, attribute)`` pairs currently replaced by the shim."""
+    return sorted(_saved)

@@ -1,0 +1,2 @@
+"""The closed RL loop: generation and the loop around training.
+"""

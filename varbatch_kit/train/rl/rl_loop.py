@@ -1,0 +1,281 @@
+"""A closed on-policy RL loop: generate -> score -> schedule -> train -> export -> regenerate.
+
+:func:`rl_loop` runs ``iterations`` rounds of:
+
+1. **generate** with the current weights (``transformers`` on CPU or CUDA,
+   :func:`~varbatch_kit.train.rl.generate.generate_rollouts`: arithmetic questions,
+   exact-match rewards), recording the generator's log-probability of every
+   sampled token (``rollout_log_probs``);
+2. **score**: the rewards become slime's advantages in the engine (the
+   generator's own ``advantage`` column is dropped, so ``TrainConfig.loss`` decides);
+3. **schedule and train**: one training run of ``config`` on the rollout batch
+   (variable global batch size: a step holds ``global_batch_size`` rollouts,
+   each of one or two samples), the log-prob pass first (old log-probs), then
+   the steps; :func:`~varbatch_kit.train.run` in torchrun workers;
+4. **export** the trained weights as a Hugging Face checkpoint
+   (:func:`~varbatch_kit.train.model.hf_export.export_hf`) and check the sync: the
+   export read back through the loader equals the trainer's weights bitwise;
+5. **reload the generator** from that export for the next round.
+
+Each iteration logs its reward mean, response lengths, samples per step, the
+number of steps the rollout batch took (the staleness: step ``s`` of a batch
+trains on rollouts ``s - 1`` optimizer steps older than its weights), ``ppo_kl``,
+the clip fraction, the train-vs-rollout log-prob difference, and the hash of
+the weights the generator used (and of those the trainer produced), so that
+staleness can be plotted (:class:`RLLoopResult`).
+
+Iteration 0's generator is the trainer's initial model exported the same way
+(for a truncated model, ``num_layers`` < the checkpoint's, that is the only
+generator that samples from the policy being trained).
+
+Resumable: every finished iteration leaves ``iterNN/record.json`` and its
+export; ``resume=True`` continues after the last finished one (generation is
+seeded by ``(seed, iteration)``, so an unfinished iteration regenerates the
+same rollouts and its run resumes from its newest checkpoint when
+``config.checkpoint.save_every`` is set).
+
+One simplification, stated: every iteration is a fresh training run from the
+exported weights, so Adam's moments and the LR schedule restart each
+iteration (slime keeps them across rollouts).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from varbatch_kit.checks import positive_int
+
+__all__ = ["RLLoopResult", "rl_loop", "weights_hash"]
+
+#: the per-step metrics an iteration averages (when the run reports them)
+STEP_METRICS = ("loss", "pg_loss", "ppo_kl", "pg_clipfrac", "train_rollout_logprob_abs_diff",
+                "entropy_loss", "grad_norm")
+
+
+def weights_hash(state: dict) -> str:
+    """A short SHA-256 of a state dict's names, dtypes, shapes and bytes (sorted by name)."""
+    import torch
+
+    h = hashlib.sha256()
+    for name in sorted(state):
+        t = state[name].detach().cpu().contiguous()
+        h.update(f"{name}:{t.dtype}:{tuple(t.shape)}".encode())
+        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+@dataclass
+class RLLoopResult:
+    """What :func:`rl_loop` measured: one row per iteration and one per training step.
+
+    ``iterations`` (pandas): iteration, generator_hash (the weights that generated),
+    trained_hash (the weights after training, which generate next), sync_exact, reward_mean,
+    response_len_mean / _max, rollouts, samples, steps (steps the rollout batch took),
+    samples_per_step, the step metrics' means (ppo_kl, pg_clipfrac,
+    train_rollout_logprob_abs_diff, ...), and wall times. ``steps`` (pandas): one row per
+    training step with its iteration, ``policy_lag`` (optimizer steps between the
+    generator's weights and the weights this step starts from) and its metrics.
+    ``exports``: the generator checkpoint of each iteration, then the last export.
+    """
+
+    iterations: Any
+    steps: Any
+    exports: list[Path] = field(default_factory=list)
+    out_dir: Path | None = None
+
+    def __repr__(self) -> str:
+        return f"RLLoopResult({len(self.iterations)} iterations, out_dir={str(self.out_dir)!r})"
+
+
+def _check(config, iterations, prompts) -> None:
+    from varbatch_kit.train.config.train_config import TrainConfig
+
+    if not isinstance(config, TrainConfig):
+        raise ValueError(f"config={config!r}: give a TrainConfig")  # noqa: TRY004
+    if config.model.path is None:
+        raise ValueError("config.model.path=None: the RL loop generates with transformers and "
+                         "exports the trained weights back, so it needs a Hugging Face "
+                         "checkpoint (ModelConfig(path=DIR), e.g. smollm2_checkpoint())")
+    positive_int("iterations", iterations)
+    if not (isinstance(prompts, int) and not isinstance(prompts, bool) and prompts > 0) \
+            and not (isinstance(prompts, (list, tuple)) and prompts):
+        raise ValueError(f"prompts={prompts!r}: give a number of questions per iteration "
+                         "(> 0) or a non-empty list of generate.Problem")
+
+
+def _problems(prompts, seed: int, iteration: int):
+    from varbatch_kit.train.rl.generate import Problem, arithmetic_problems
+
+    if isinstance(prompts, int):
+        return arithmetic_problems(prompts, seed=seed + 1000 * iteration)
+    if not all(isinstance(p, Problem) for p in prompts):
+        raise ValueError("prompts: a list of generate.Problem(question, answer)")
+    return list(prompts)
+
+
+def _initial_generator(resolved, out: Path) -> Path:
+    """The trainer's initial weights (the first ``num_layers`` layers) as a checkpoint."""
+    from varbatch_kit.train.model.hf_export import export_hf
+    from varbatch_kit.train.model.hf_import import megatron_state_dict
+
+    if (out / "config.json").is_file():
+        return out
+    return export_hf(megatron_state_dict(resolved.hf, resolved.num_layers), resolved, out,
+                     overwrite=True)
+
+
+def _loader_view(export_dir: Path) -> dict:
+    """The export read back as the engine's loader reads a checkpoint (megatron names)."""
+    from varbatch_kit.train.config.hf_checkpoint import read_hf_model
+    from varbatch_kit.train.model.hf_import import megatron_state_dict
+
+    return megatron_state_dict(read_hf_model(export_dir))
+
+
+def _sync_exact(trained: dict, exported: dict) -> bool:
+    import torch
+
+    names = set(exported)
+    if not names <= set(trained):
+        return False
+    return all(torch.equal(exported[n], trained[n].to(exported[n].dtype)) and
+               trained[n].dtype == exported[n].dtype for n in names)
+
+
+def rl_loop(config, prompts, *, iterations: int = 2, out_dir, n_samples_per_prompt: int = 4,
+            turns: int = 2, follow_up: str = "if_wrong", max_new_tokens: int = 8,
+            seed: int = 0, device: str = "auto", resume: bool = False,
+            progress: bool = True) -> RLLoopResult:
+    """Run ``iterations`` rounds of generate -> train -> export (see the module docstring).
+
+    ``config``: the :class:`~varbatch_kit.train.TrainConfig` of every training run
+    (its ``model.path`` a Hugging Face checkpoint, ``num_layers`` optional; the
+    sampling temperature is ``config.loss.rollout_temperature``; its
+    ``data.n_samples_per_prompt`` is set to ``n_samples_per_prompt``). ``prompts``:
+    questions per iteration (seeded anew each iteration) or a fixed list of
+    :class:`~varbatch_kit.train.rl.generate.Problem`. ``turns`` / ``follow_up``: as in
+    :func:`~varbatch_kit.train.rl.generate.generate_rollouts` (``"if_wrong"``: a rollout
+    emits one or two samples, so steps of a fixed number of rollouts vary in
+    samples). ``device``: where the generator runs (``auto``: CUDA when available);
+    training uses ``config.run.device``. ``out_dir``: one folder per iteration
+    (``iterNN/``: generator, rollouts trace, run, export, record.json).
+    """
+    import pandas as pd
+
+    from varbatch_kit.core.traces import write_trace
+    from varbatch_kit.train.config.model_config import resolve_model
+    from varbatch_kit.train.rl.generate import GenerationStats, generate_rollouts, load_model
+    from varbatch_kit.train.runs.launch import run
+    from varbatch_kit.train.runs.run_export import saved_weights
+
+    _check(config, iterations, prompts)
+    positive_int("n_samples_per_prompt", n_samples_per_prompt)
+    out = Path(out_dir).expanduser()
+    if out.exists() and any(out.iterdir()) and not resume:
+        raise ValueError(f"out_dir={str(out)!r} is not empty: give a new folder, or "
+                         "resume=True to continue the loop it holds")
+    out.mkdir(parents=True, exist_ok=True)
+    resolved = resolve_model(config.model)
+    temperature = config.loss.rollout_temperature
+    generator = _initial_generator(resolved, out / "iter00" / "generator")
+    exports, records, step_rows = [generator], [], []
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=iterations, desc="RL loop", unit="iteration")
+    try:
+        for k in range(iterations):
+            it_dir = out / f"iter{k:02d}"
+            done = it_dir / "record.json"
+            if done.is_file():  # finished before: resume after it
+                rec = json.loads(done.read_text())
+                records.append(rec["iteration"])
+                step_rows += rec["steps"]
+                generator = Path(rec["iteration"]["export"])
+                exports.append(generator)
+                if bar is not None:
+                    bar.update(1)
+                continue
+            it_dir.mkdir(parents=True, exist_ok=True)
+            gen_hash = weights_hash(_loader_view(generator))
+            # 1. generate with the current weights (reloaded from the last export)
+            t0 = time.perf_counter()
+            model, tokenizer = load_model(generator, device=device)
+            stats = GenerationStats()
+            rollouts = generate_rollouts(
+                model, tokenizer=tokenizer, problems=_problems(prompts, seed, k),
+                n_samples_per_prompt=n_samples_per_prompt, turns=turns, follow_up=follow_up,
+                max_new_tokens=max_new_tokens, temperature=temperature, seed=seed + k,
+                progress=False, stats=stats, rollout_log_probs=True)
+            del model
+            gen_s = time.perf_counter() - t0
+            write_trace(rollouts, it_dir / "rollouts.jsonl", extra=True)
+            # 2. score: slime's advantages from the rewards (the engine's LossConfig)
+            train_on = rollouts.without_columns("advantage")
+            # 3. schedule and train from the generator's weights (= the trainer's so far)
+            n_steps = len(_steps_of(config, train_on, resolved))
+            cfg = config.with_(path=str(generator), num_layers=None,
+                               n_samples_per_prompt=n_samples_per_prompt,
+                               save_params_at=(n_steps,), label=f"iteration {k}")
+            t1 = time.perf_counter()
+            result = run(cfg, train_on, out_dir=it_dir / "train", progress=False,
+                         resume=resume and (it_dir / "train").is_dir())
+            train_s = time.perf_counter() - t1
+            # 4. export, and the sync check: the export as the loader reads it == the trainer's
+            t2 = time.perf_counter()
+            _, trained = saved_weights(result.out_dir, n_steps)
+            export = result.export_hf(it_dir / "export", n_steps, overwrite=True)
+            exported = _loader_view(export)
+            export_s = time.perf_counter() - t2
+            steps = result.steps
+            metrics = {m: float(np.mean(steps[m])) for m in STEP_METRICS if m in steps}
+            rec = {
+                "iteration": k, "generator_hash": gen_hash,
+                "trained_hash": weights_hash(exported),
+                "sync_exact": _sync_exact(trained, exported),
+                "reward_mean": float(np.mean(rollouts.extra["reward"])),
+                "response_len_mean": float(np.mean(rollouts.response_len)),
+                "response_len_max": int(np.max(rollouts.response_len)),
+                "rollouts": int(rollouts.num_rollouts), "samples": int(len(rollouts)),
+                "steps": int(len(steps)),
+                "samples_per_step": [int(x) for x in steps["samples"]],
+                **metrics,
+                "generate_s": gen_s, "train_s": train_s, "export_s": export_s,
+                "generated_tokens": int(stats.generated_tokens),
+                "generator": str(generator), "export": str(export),
+            }
+            rows = [{"iteration": k, "step": int(s.step), "policy_lag": int(s.step) - 1,
+                     "samples": int(s.samples), "generator_hash": gen_hash,
+                     **{m: float(getattr(s, m)) for m in STEP_METRICS if m in steps}}
+                    for s in steps.itertuples()]
+            tmp = done.with_suffix(".tmp")
+            tmp.write_text(json.dumps({"iteration": rec, "steps": rows}, indent=1))
+            tmp.rename(done)  # the iteration is finished once its record exists
+            records.append(rec)
+            step_rows += rows
+            # 5. the next iteration's generator is this export
+            generator = export
+            exports.append(export)
+            if bar is not None:
+                bar.update(1)
+                bar.set_postfix(reward=f"{rec['reward_mean']:.2f}")
+    finally:
+        if bar is not None:
+            bar.close()
+    return RLLoopResult(iterations=pd.DataFrame(records), steps=pd.DataFrame(step_rows),
+                        exports=exports, out_dir=out)
+
+
+def _steps_of(config, rollouts, resolved) -> list:
+    """The steps the schedule makes of one rollout batch (what the run will train)."""
+    from varbatch_kit.core.build import build_schedule
+
+    return build_schedule(rollouts, config.schedule, model=resolved.shape).steps

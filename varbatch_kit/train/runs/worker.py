@@ -1,0 +1,354 @@
+"""The training worker: one process per rank, started by ``torchrun`` (see
+:mod:`~varbatch_kit.train.runs.launch`).
+
+Run as ``python -m varbatch_kit.train.runs.worker JOB_DIR``. ``JOB_DIR/job.pkl``
+holds the rollouts and one or more runs of the same world size: each a
+:class:`TrainConfig`, its model resolved once by the launcher
+(:class:`~varbatch_kit.train.config.model_config.ResolvedModel`) and the steps of its
+schedule, built once by the launcher (a worker builds no schedule). They train
+one after the other, each from the same seed, writing to its own output folder.
+
+The pieces: process setup (:mod:`~varbatch_kit.train.parallel.process_setup`), one step
+(:mod:`~varbatch_kit.train.step.train_step`, which
+also describes the world layout and all-gather / emulated / dynamic CP), checkpoint state
+(:mod:`~varbatch_kit.train.runs.run_state`); this module holds the loop over the steps
+(:func:`train`)
+and the entry point (:func:`main`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import sys
+import time
+import traceback
+import warnings
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from varbatch_kit.core.rollouts import Rollouts
+from varbatch_kit.train.config.train_config import TrainConfig
+from varbatch_kit.train.runs.step_log import append_record, write_atomic
+
+__all__ = ["CP_NOTE", "Job", "main", "train"]
+
+CP_NOTE = (
+    "emulated CP (cp_impl='emulated'): every CP rank runs the full forward "
+    "and computes loss and reports on its zigzag slice; gradients are averaged over dp*cp ranks"
+)
+
+
+@dataclass
+class Job:
+    """What the launcher hands to the workers (pickled into ``JOB_DIR/job.pkl``).
+
+    Per run: ``configs[k]``, its resolved model ``models[k]``, the steps it
+    trains ``steps[k]`` (the launcher's one build of the schedule, cut to
+    ``run.max_steps``), the steps of its log-prob pass ``log_prob_steps[k]``
+    (:func:`~varbatch_kit.core.log_prob_schedule.build_log_prob_schedule`'s, all of
+    them: the rollout batches are the schedule's), ``out_dirs[k]``.
+    """
+
+    configs: list[TrainConfig]
+    models: list  # ResolvedModel per config
+    steps: list  # list[Step] per config
+    log_prob_steps: list  # list[Step] per config
+    rollouts: Rollouts
+    out_dirs: list[str]
+    device: str  # "cpu" or "cuda"
+    # per config: the checkpoint folder to continue from (None: from scratch), and the
+    # fingerprint every checkpoint of it records (see train/runs/checkpoint.py)
+    resume_from: list | None = None
+    fingerprints: list | None = None
+
+
+# --------------------------------------------------------------------------- one run
+def _lr_of(optimizer) -> float:
+    return float(optimizer.param_groups[0]["lr"])
+
+
+def _at_point(at, number: int, point: str) -> None:
+    at(point, number)
+
+
+def train(cfg: TrainConfig, model_spec, steps: list, log_prob_steps: list, rollouts: Rollouts,
+          out_dir: Path, device: torch.device, *, resume_from: str | None = None,
+          fingerprint: dict | None = None) -> None:
+    """Train ``cfg`` on ``rollouts`` over ``steps``; rank 0 writes ``out_dir/steps.jsonl``.
+
+    ``model_spec``: the :class:`~varbatch_kit.train.config.model_config.ResolvedModel`;
+    ``steps``: the schedule's steps to train (the launcher built them), and
+    ``log_prob_steps`` those of the forward-only log-prob pass that runs before
+    step 1 (:mod:`varbatch_kit.train.step.policy_inputs`). From
+    scratch, or from the checkpoint folder ``resume_from`` (every rank loads
+    rank 0's full state; the launcher has truncated the step log to its
+    step). With ``cfg.checkpoint.save_every`` rank 0 writes a checkpoint after
+    every N-th step (:mod:`varbatch_kit.train.runs.checkpoint`), recording ``fingerprint``.
+    """
+    from megatron.core.distributed import (
+        DistributedDataParallel,
+        DistributedDataParallelConfig,
+        finalize_model_grads,
+    )
+    from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+    from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
+    from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
+
+    from varbatch_kit.report import get_report_mode
+    from varbatch_kit.train.data.rollout_data import make_training_data
+    from varbatch_kit.train.model.gpt import build_gpt, wrap_precision
+    from varbatch_kit.train.parallel.tensor_parallel import (
+        full_parameter_count,
+        gather_full_parameters,
+    )
+    from varbatch_kit.train.runs.run_state import kill_self, restore, save
+    from varbatch_kit.train.step.policy_inputs import (
+        RolloutBatches,
+        initial_state_if_needed,
+        prepare_policy_inputs,
+    )
+    from varbatch_kit.train.step.train_step import report_keys, train_step
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    if world != cfg.world_size:
+        raise RuntimeError(f"{cfg.name}: world size {world}, config needs {cfg.world_size}")
+    out_dir = Path(out_dir)
+    mode = get_report_mode(cfg.mode)
+    opt, faults = cfg.optim, cfg.faults
+
+    # the tokens and advantages: the rollouts' own (Rollouts.extra tokens/reward/advantage),
+    # else the toy task's (train/data/rollout_data.py)
+    data = make_training_data(rollouts, vocab_size=model_spec.vocab_size, seed=cfg.data.seed,
+                              data=cfg.data, loss=cfg.loss)
+    max_seq_len = cfg.model.max_seq_len or int(rollouts.total_len.max())
+
+    # model, DDP over all dp*cp ranks, optimizer, LR schedule — identical init on every rank
+    torch.manual_seed(cfg.data.seed)
+    model_parallel_cuda_manual_seed(cfg.data.seed, inference_rng_tracker=True,
+                                    force_reset_rng=True)
+    stage = None  # pp > 1: this rank's model chunks (train/model/pipeline_stages.py)
+    if cfg.pp > 1:
+        from varbatch_kit.train.model.pipeline_stages import build_chunks
+
+        stage = build_chunks(model_spec, cfg.layout, rank, max_seq_len=max_seq_len,
+                             per_token_loss=mode.megatron_per_token_loss,
+                             mb_group=cfg.schedule.mb_group, precision=cfg.precision)
+        chunks = [c.to(device) for c in stage.chunks]
+        gpt = stage.module  # the stage's chunks as one module (its state, its parameters)
+    else:
+        gpt = build_gpt(model_spec, max_seq_len=max_seq_len,
+                        per_token_loss=mode.megatron_per_token_loss,
+                        precision=cfg.precision).to(device)
+        chunks = [gpt]
+    # bf16: megatron's Float16Module (bf16 parameters), gradients reduced in fp32 and an
+    # optimizer with fp32 main parameters and gradients (train/model/gpt.py wrap_precision)
+    bf16 = cfg.precision == "bf16"
+    ddp = [DistributedDataParallel(c.config, DistributedDataParallelConfig(
+        grad_reduce_in_fp32=bf16), wrap_precision(c, cfg.precision)) for c in chunks]
+    for m in ddp:
+        m.broadcast_params()
+    config = chunks[0].config  # one config shared by the chunks
+    config.finalize_model_grads_func = finalize_model_grads
+    config.no_sync_func = ddp[0].no_sync if len(ddp) == 1 else [m.no_sync for m in ddp]
+    model = ddp[0] if stage is None else ddp
+    optimizer = get_megatron_optimizer(
+        OptimizerConfig(optimizer="adam", lr=opt.lr, min_lr=opt.min_lr,
+                        weight_decay=opt.weight_decay, adam_beta1=opt.adam_beta1,
+                        adam_beta2=opt.adam_beta2, adam_eps=opt.adam_eps,
+                        clip_grad=opt.clip_grad, bf16=bf16),
+        ddp,
+    )
+    unit = cfg.lr_increment_unit()
+    increments = [s.num_rollouts if unit == "rollouts" else s.num_samples for s in steps]
+    horizon = max(sum(increments), 1)
+    scheduler = OptimizerParamScheduler(
+        optimizer, init_lr=0.0, max_lr=opt.lr, min_lr=opt.min_lr,
+        lr_warmup_steps=int(opt.lr_warmup_fraction * horizon), lr_decay_steps=horizon,
+        lr_decay_style=opt.lr_decay_style, start_wd=opt.weight_decay,
+        end_wd=opt.weight_decay, wd_incr_steps=horizon, wd_incr_style="constant",
+    )
+
+    initial = initial_state_if_needed(cfg, gpt)  # the reference model's weights (a KL term)
+    start, consumed, load_s = 0, 0, None
+    if resume_from is not None:
+        t_load = time.perf_counter()
+        start, consumed = restore(resume_from, gpt, optimizer, scheduler,
+                                  stage=cfg.layout.coords(rank).pp_rank if stage else None)
+        load_s = time.perf_counter() - t_load
+    # rollout batches of data.num_steps_per_rollout steps: before the first step of each, the
+    # log-prob pass, the advantages and the rollout log-probs (train/step/policy_inputs.py)
+    batches = RolloutBatches(len(log_prob_steps), cfg.data.num_steps_per_rollout)
+    inputs, inputs_of, pass_s = None, None, 0.0
+
+    def inputs_for(number: int):
+        nonlocal inputs, inputs_of, pass_s
+        k = batches.index(number)
+        if inputs_of != k:
+            t_pass = time.perf_counter()
+            inputs = prepare_policy_inputs(
+                cfg, model, gpt, batches.steps(log_prob_steps, k), rollouts, data, device,
+                out_dir, rollout_batch=k, initial_state=initial,
+                resumed=not batches.starts(number) and resume_from is not None)
+            inputs_of, pass_s = k, time.perf_counter() - t_pass
+        return inputs
+    kill = faults.kill_point() if rank == faults.fail_rank else None
+    current = {"step": 0}
+    if kill is not None and kill[0] == "mid_step":
+        def _kill_in_forward(module, args):  # the first forward of the step: mid-step
+            if current["step"] == kill[1]:
+                kill_self()
+        chunks[0].register_forward_pre_hook(_kill_in_forward)
+
+    def at(point: str, number: int) -> None:
+        if kill is not None and kill == (point, number):
+            kill_self()
+
+    if rank == 0:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        meta = {
+            "config": cfg.summary(), "device": device.type, "world_size": world,
+            "layout": cfg.layout.describe(),
+            "cp_emulated": cfg.cp > 1 and cfg.cp_impl == "emulated",
+            "cp_note": CP_NOTE if cfg.cp > 1 and cfg.cp_impl == "emulated" else "",
+            # the model, for `varbatch-kit export RUN_DIR` (train/runs/run_export.py)
+            "model": {"path": model_spec.path, "num_layers": model_spec.num_layers},
+            "parameters": full_parameter_count(gpt),  # the whole model's, at any tp
+            "max_seq_len": max_seq_len, "num_steps": len(steps), "lr_increment": unit,
+            "data": data.source, "rollout_log_probs": data.rollout_log_probs is not None,
+            "metrics": list(report_keys(cfg, data.rollout_log_probs is not None)),
+            "steps_per_rollout_batch": batches.per_batch,
+            "torch": torch.__version__, "resumed_from_step": start if resume_from else None,
+            "checkpoint_load_s": load_s,
+        }
+        write_atomic(out_dir / "meta.json", json.dumps(meta, indent=1).encode())
+    if cfg.cp > 1 and cfg.cp_impl == "allgather":  # every CP group the steps use, made once
+        from varbatch_kit.train.parallel.cp_groups import cp_groups_for_run
+
+        cp_groups_for_run(cfg.layout, [*steps, *log_prob_steps])
+    for number, step in enumerate(steps, start=1):
+        if number <= start:
+            continue  # trained before the checkpoint
+        current["step"] = number
+        if faults.fail_at_step == number and rank == faults.fail_rank:
+            raise RuntimeError(f"fail_at_step={number}: rank {rank} raises on purpose (debug hook)")
+        if faults.hang_at_step == number and rank == faults.fail_rank:
+            while True:  # debug hook: a rank that hangs (the launcher's step timeout fires)
+                time.sleep(1)
+        at("before_step", number)
+        grads = {} if number in cfg.run.save_grads_at else None
+        record = train_step(cfg, mode, model, optimizer, step, rollouts, data,
+                            inputs_for(number), device, grads_out=grads)
+        # the rollout batch's log-prob pass (and advantages) ran before this step: its time
+        record["log_prob_pass_s"] = pass_s if batches.starts(number) else 0.0
+        at("after_step", number)
+        record["lr"] = _lr_of(optimizer)  # the LR this step's update used
+        scheduler.step(increment=increments[number - 1])  # rollouts or samples of this step
+        consumed += increments[number - 1]
+        record.update(step=number, lr_increment=increments[number - 1], lr_consumed=consumed,
+                      lr_next=_lr_of(optimizer))
+        every = cfg.checkpoint.save_every
+        params = shards = None
+        if stage is not None:  # pp: the stages' parts, gathered to rank 0 (collectives)
+            from varbatch_kit.train.model.pipeline_stages import gather_full_params, gather_grads
+            from varbatch_kit.train.runs.run_state import gather_stage_shards
+
+            if number in cfg.run.save_params_at:
+                params = gather_full_params(stage, cfg.layout)
+            if grads is not None:
+                grads = gather_grads(grads, cfg.layout)
+            if every and number % every == 0:
+                shards = gather_stage_shards(gpt, optimizer, cfg.layout)
+        elif number in cfg.run.save_params_at:
+            # the full tensors under tp 1's names (a collective over the TP group: every rank)
+            params = gather_full_parameters(gpt)
+        if rank == 0:
+            if number in cfg.run.save_params_at:
+                torch.save(params, out_dir / f"params_step{number}.pt")
+            if grads is not None:
+                torch.save(grads, out_dir / f"grads_step{number}.pt")
+            # one whole line per step, one write + fsync (train/runs/step_log.py)
+            append_record(out_dir / "steps.jsonl", _ordered(record, cfg, device))
+            if every and number % every == 0:
+                done = steps[:number]
+                counters = {"step": number, "lr_consumed": consumed,
+                            "rollouts_consumed": int(sum(s.num_rollouts for s in done)),
+                            "samples_consumed": int(sum(s.num_samples for s in done))}
+                save(cfg, out_dir, counters, gpt, optimizer, scheduler, fingerprint,
+                     hook=partial(_at_point, at, number), shards=shards)
+                at("after_ckpt", number)
+        if cfg.checkpoint.save_every and number % cfg.checkpoint.save_every == 0:
+            # no rank starts the next step before rank 0's checkpoint is complete: a rank that
+            # fails early in the next step must not cut the checkpoint short (whatever the load)
+            dist.barrier()
+    dist.barrier()
+    if rank == 0:
+        (out_dir / "done").write_text("ok\n")
+
+
+def _ordered(record: dict, cfg: TrainConfig, device: torch.device) -> dict:
+    head = {k: record.pop(k) for k in ("step", "rollouts", "samples", "tokens")}
+    layout = cfg.layout
+    tail = {"mode": cfg.mode, **layout.as_dict(), "layout": layout.describe(),
+            "precision": cfg.precision,
+            "cp_emulated": cfg.cp > 1 and cfg.cp_impl == "emulated",
+            "packing": cfg.schedule.packing, "distribution": cfg.schedule.distribution,
+            "device": device.type, "label": cfg.name}
+    return {**head, **record, **tail}
+
+
+# --------------------------------------------------------------------------- entry point
+def _write_error(job_dir: Path, rank: int, text: str) -> None:
+    err_dir = job_dir / "errors"
+    err_dir.mkdir(exist_ok=True)
+    tmp = err_dir / f".rank{rank}.tmp"
+    tmp.write_text(text)
+    tmp.rename(err_dir / f"rank{rank}.txt")  # atomic: the launcher never reads half a file
+
+
+def main(argv: list[str] | None = None) -> int:
+    from varbatch_kit.train.parallel.process_setup import (
+        die_with_parent,
+        setup_process,
+        use_layout,
+    )
+
+    argv = sys.argv[1:] if argv is None else argv
+    job_dir = Path(argv[0])
+    rank = int(os.environ["RANK"])
+    die_with_parent()
+    (job_dir / "pids").mkdir(exist_ok=True)
+    (job_dir / "pids" / f"rank{rank}.pid").write_text(str(os.getpid()))
+    warnings.filterwarnings("ignore", message=".*Transformer Engine and Apex are not installed.*")
+    current = "setup"
+    try:
+        with open(job_dir / "job.pkl", "rb") as f:
+            job: Job = pickle.load(f)
+        device = setup_process(job.device, job.configs[0].run.threads_per_worker,
+                               layout=job.configs[0].layout)
+        resume = job.resume_from or [None] * len(job.configs)
+        prints = job.fingerprints or [None] * len(job.configs)
+        for cfg, spec, steps, lp_steps, out, ckpt, fp in zip(
+                job.configs, job.models, job.steps, job.log_prob_steps, job.out_dirs, resume,
+                prints):
+            current = cfg.name
+            use_layout(cfg.layout)  # megatron's tp / pp / vpp sizes of this run
+            train(cfg, spec, steps, lp_steps, job.rollouts, Path(out), device, resume_from=ckpt,
+                  fingerprint=fp)
+    except BaseException:  # noqa: BLE001 - any failure must reach the launcher, then exit
+        _write_error(job_dir, rank, f"rank {rank} failed in {current!r}:\n{traceback.format_exc()}")
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(1)  # peers are stuck in collectives: do not wait for a clean shutdown
+    dist.barrier()
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,77 @@
+"""One CP rank's share of a packed micro-batch: its inputs, the logits of the response tokens
+it holds and their log-prob / entropy statistics.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from varbatch_kit.train.parallel.cp_attention import CPShare, all_gather_rows, cp_share_active
+
+__all__ = ['cp_response_logits', 'cp_response_stats', 'local_inputs']
+
+
+def local_inputs(batch, share: CPShare) -> dict:
+    """The local row's ``input_ids``, ``position_ids`` (original positions) and
+    ``packed_seq_params`` (per-sample local lengths)."""
+    from megatron.core.packed_seq_params import PackedSeqParams
+
+    rows = share.local_row.to(batch.tokens.device)
+    lens = share.local_lengths()
+    cu = torch.tensor([0] + list(torch.tensor(lens).cumsum(0).tolist()), dtype=torch.int32,
+                      device=batch.tokens.device)
+    longest = max(lens)
+    params = PackedSeqParams(qkv_format="thd", cu_seqlens_q=cu, cu_seqlens_kv=cu,
+                             max_seqlen_q=longest, max_seqlen_kv=longest)
+    return {"input_ids": batch.tokens[:, rows], "position_ids": batch.position_ids[:, rows],
+            "attention_mask": None, "packed_seq_params": params}
+
+
+def cp_response_logits(model, batch, share: CPShare) -> torch.Tensor:
+    """``model`` on this rank's share of ``batch``: logits ``[1, n, V]`` of the local rows
+    that predict response tokens (see :attr:`CPShare.response_rows`)."""
+    from varbatch_kit.train.step.packed_batch import unwrap_model
+
+    rows = share.local_response_rows.to(batch.tokens.device)
+    layer = unwrap_model(model).output_layer
+
+    def keep_response_rows(_module, args, kwargs):
+        return (args[0].index_select(0, rows), *args[1:]), kwargs
+
+    inputs = local_inputs(batch, share)
+    handle = layer.register_forward_pre_hook(keep_response_rows, with_kwargs=True)
+    try:
+        with cp_share_active(share):
+            return model(inputs.pop("input_ids"), inputs.pop("position_ids"), **inputs)
+    finally:
+        handle.remove()
+
+
+def cp_response_stats(logits: torch.Tensor, batch, share: CPShare, *, temperature: float = 1.0,
+                      entropy_grad: bool = False) -> dict[str, torch.Tensor]:
+    """:func:`~varbatch_kit.train.step.packed_batch.response_token_stats` of the *full* responses
+    from
+    this rank's local logits: the local values all-gathered over the group (autograd)."""
+    if logits.dim() == 3:
+        logits = logits[0]
+    rows = share.response_rows[share.rank]
+    full_pos = [share.offsets[i] + share.prompt_lens[i] - 1 + q for _, i, q in rows]
+    pos = torch.tensor(full_pos, dtype=torch.long, device=batch.tokens.device)
+    targets = batch.tokens[0, pos + 1]
+    if logits.shape[0] != pos.numel():
+        raise ValueError(f"{logits.shape[0]} logit rows for {pos.numel()} local response tokens")
+    logits = logits.double()
+    if temperature != 1.0:
+        logits = logits / float(temperature)
+    logp_all = torch.log_softmax(logits, dim=-1)
+    logprob = logp_all.gather(-1, targets[:, None])[:, 0]
+    with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
+        entropy = -(logp_all.exp() * logp_all).sum(-1)
+    if not entropy_grad:
+        entropy = entropy.detach()
+    with torch.no_grad():
+        correct = (logp_all.argmax(-1) == targets).double()
+    local = torch.stack([logprob, entropy, correct], dim=1)  # one exchange for all three
+    full = all_gather_rows(local, share, share.max_response_rows, share.response_index)
+    return {"logprob": full[:, 0], "entropy": full[:, 1] if entropy_grad else full[:, 1].detach(),
+            "correct": full[:, 2].detach()}
