@@ -234,7 +234,8 @@ def test_timeout_kills_torchrun_and_workers(tmp_path):
 def test_a_cpu_run_on_a_gpu_host_trains(tmp_path, monkeypatch):
     """VARBATCH_KIT_PRETEND_CUDA: the engine takes a GPU host's decisions (8 GPUs per node seen)
     while the run chose the CPU; the worker, which inherits the switch, trains on the CPU
-    through the shim (the "auto" fallback and its reason: tests/unit/train/test_devices.py)."""
+    through the shim (the "auto" fallback and its reason:
+    tests/unit/train/parallel/test_devices.py)."""
     from varbatch_kit.train.parallel.devices import PRETEND_CUDA_ENV
 
     monkeypatch.setenv(PRETEND_CUDA_ENV, "8")

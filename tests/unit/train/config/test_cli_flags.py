@@ -1,0 +1,69 @@
+"""The train CLI's flags (train/config/cli_flags.py and cli/train.py)."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+
+def test_cli_builds_every_combination():
+    from varbatch_kit.cli import train as cli
+
+    p = argparse.ArgumentParser()
+    cli.add_parser(p.add_subparsers())
+    a = p.parse_args(["compare", "--dp", "1", "2", "--cp", "1", "2", "--packing", "static",
+                      "first_fit", "--micro-batch-size", "2", "--max-tokens-per-gpu", "64",
+                      "--mode", "per_rollout_mean", "per_token", "--run.max_steps", "3"])
+    configs = cli.configs_from_args(a)
+    assert len(configs) == 16
+    assert {(c.dp, c.cp, c.schedule.packing, c.mode) for c in configs} == {
+        (dp, cp, pk, m) for dp in (1, 2) for cp in (1, 2) for pk in ("static", "first_fit")
+        for m in ("per_rollout_mean", "per_token")}
+    static = [c for c in configs if c.schedule.packing == "static"]
+    assert all(c.schedule.micro_batch_size == 2 and c.run.max_steps == 3 for c in static)
+    a = p.parse_args(["train", "--packing", "static"])
+    with pytest.raises(ValueError, match="micro-batch-size"):
+        cli.configs_from_args(a)
+    a = p.parse_args(["train", "--dp", "2", "--rollouts", "16"])
+    (c,) = cli.configs_from_args(a)
+    assert c.dp == 2 and c.schedule.max_tokens_per_gpu == 256
+    assert len(cli.rollouts_from_args(a).rollout_order()[0]) == 16
+    a = p.parse_args(["compare", "--dp", "2", "--cp", "2", "--cp-mode", "fixed", "dynamic",
+                      "--max-tokens-per-gpu", "64"])
+    assert [c.schedule.cp_mode for c in cli.configs_from_args(a)] == ["fixed", "dynamic"]
+    a = p.parse_args(["train", "--cp-mode", "dynamic"])  # cp=1: nothing to choose
+    with pytest.raises(ValueError, match="cp >= 2"):
+        cli.configs_from_args(a)
+
+
+def test_cli_batching_is_core_configs_decision_in_flag_words():
+    """``core.config.batching_fields`` decides the path; the errors name the CLI's flags."""
+    from varbatch_kit.cli import train as cli
+
+    p = argparse.ArgumentParser()
+    cli.add_parser(p.add_subparsers())
+
+    def schedule(*argv):
+        (c,) = cli.configs_from_args(p.parse_args(["train", *argv]))
+        return c.schedule.micro_batch_size, c.schedule.max_tokens_per_gpu, c.schedule.packing
+
+    assert schedule() == (None, 256, "first_fit")
+    assert schedule("--packing", "ffd") == (None, 256, "ffd")
+    assert schedule("--micro-batch-size", "2") == (2, None, "static")
+    assert schedule("--max-tokens-per-gpu", "64") == (None, 64, "first_fit")
+    both = ("--micro-batch-size", "2", "--max-tokens-per-gpu", "64")
+    assert schedule(*both, "--packing", "static") == (2, None, "static")
+    assert schedule(*both, "--packing", "first_fit") == (None, 64, "first_fit")
+    for argv, msg in [
+        (["--packing", "static"],
+         r"^packing='static' needs --micro-batch-size \(static batching\)$"),
+        (["--packing", "first_fit", "--micro-batch-size", "2"],
+         r"^packing='first_fit' packs under a token cap: set --max-tokens-per-gpu \(dynamic "
+         r"batching\) instead of --micro-batch-size, or use packing='static'$"),
+        (list(both), r"^set exactly one of --micro-batch-size \(static batching\) and "
+                     r"--max-tokens-per-gpu \(dynamic batching\); got --micro-batch-size=2, "
+                     r"--max-tokens-per-gpu=64; to let a packing pick, give --packing too$"),
+    ]:
+        with pytest.raises(ValueError, match=msg):
+            schedule(*argv)
