@@ -24,7 +24,7 @@ One fp32 row keeps the precision users train in under test: fp32 dp 1 and its
 reordered twin give fp32's floor against the float64 dp 1, and fp32 cp 2 must
 be within ``FP32_MULTIPLE`` times that floor (never below fp32's epsilon).
 
-**The tests bite.** Injected bugs (:class:`~varbatch_kit.train.config.train_config.FaultConfig`),
+**The tests bite.** Injected bugs (:class:`~varbatch_kit.train.config.sub_configs.FaultConfig`),
 each on data where it shows (the two steps have different micro-batch counts
 in every fixed layout): a stale loss prescale under pp 2, CP-duplicated token
 counts, per-micro-batch denominators, a swapped K/V chunk in all-gather CP.
@@ -46,7 +46,7 @@ from _factories import TINY_GPT
 
 from varbatch_kit import Rollouts, build_schedule
 from varbatch_kit.train import TrainConfig, compare
-from varbatch_kit.train.config.train_config import FaultConfig
+from varbatch_kit.train.config.sub_configs import FaultConfig
 from varbatch_kit.train.runs.results import param_rel_diff
 from varbatch_kit.train.step.train_step import report_keys
 

@@ -27,7 +27,7 @@ from varbatch_kit._extras import require
 require(__name__, "train", ("megatron.core",))
 
 from varbatch_kit.train.config.model_config import ModelConfig  # noqa: E402  (after the check)
-from varbatch_kit.train.config.train_config import (  # noqa: E402
+from varbatch_kit.train.config.sub_configs import (  # noqa: E402
     CheckpointConfig,
     DataConfig,
     FaultConfig,
@@ -35,8 +35,8 @@ from varbatch_kit.train.config.train_config import (  # noqa: E402
     NodesConfig,
     OptimConfig,
     RunConfig,
-    TrainConfig,
 )
+from varbatch_kit.train.config.train_config import TrainConfig  # noqa: E402
 from varbatch_kit.train.rl.rl_loop import RLLoopResult, rl_loop  # noqa: E402
 from varbatch_kit.train.runs.launch import compare, run, run_many  # noqa: E402
 from varbatch_kit.train.runs.results import Run, param_rel_diff  # noqa: E402

@@ -21,14 +21,9 @@ from varbatch_kit.compat.slime.train_flags import (
     UNSUPPORTED_TRAIN_FLAGS,
 )
 from varbatch_kit.core.config import ScheduleConfig
-from varbatch_kit.train.config.train_config import (
-    DataConfig,
-    LossConfig,
-    ModelConfig,
-    OptimConfig,
-    RunConfig,
-    TrainConfig,
-)
+from varbatch_kit.train.config.model_config import ModelConfig
+from varbatch_kit.train.config.sub_configs import DataConfig, LossConfig, OptimConfig, RunConfig
+from varbatch_kit.train.config.train_config import TrainConfig
 
 ICEPOP = "slime.backends.megatron_utils.loss.icepop_function"
 VANILLA = "slime.backends.megatron_utils.loss.vanilla_tis_function"

@@ -53,7 +53,7 @@ OBJECTIVE_ESTIMATORS = ("grpo", "gspo", "cispo", "reinforce_plus_plus",
 @dataclass(frozen=True)
 class ObjectiveOptions:
     """The options of :func:`policy_objective`, by slime's flag names (see
-    :class:`varbatch_kit.train.config.train_config.LossConfig` for their documentation)."""
+    :class:`varbatch_kit.train.config.sub_configs.LossConfig` for their documentation)."""
 
     advantage_estimator: str = "grpo"
     eps_clip: float = 0.2

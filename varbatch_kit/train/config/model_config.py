@@ -9,7 +9,7 @@ the training data check use the result, so nothing reads ``config.json``
 again (the weights themselves are read when the model is built). The launcher
 resolves every configuration's model before any worker starts and hands the
 result to the workers. For the toy GPT the unset shape fields get
-:data:`~varbatch_kit.train.config.train_config.TOY_DEFAULTS`.
+:data:`~varbatch_kit.train.config.model_config.TOY_DEFAULTS`.
 """
 
 from __future__ import annotations

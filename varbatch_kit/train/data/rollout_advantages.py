@@ -269,8 +269,8 @@ def token_advantages(data, rollouts: Rollouts, *, loss, data_cfg, samples=None, 
 
     ``data`` is the :func:`~varbatch_kit.train.data.rollout_data.make_training_data` result
     (``sample_reward``, ``given_advantages``, ``rollout_log_probs``);
-    ``loss`` a :class:`~varbatch_kit.train.config.train_config.LossConfig`, ``data_cfg`` a
-    :class:`~varbatch_kit.train.config.train_config.DataConfig`; ``log_probs`` /
+    ``loss`` a :class:`~varbatch_kit.train.config.sub_configs.LossConfig`, ``data_cfg`` a
+    :class:`~varbatch_kit.train.config.sub_configs.DataConfig`; ``log_probs`` /
     ``ref_log_probs`` the old and reference log-probs per sample (one per
     response token), needed only for the KL of ``kl_coef > 0`` with the
     reinforce_plus_plus estimators. Loss masks are ``rollouts.masks()``. See

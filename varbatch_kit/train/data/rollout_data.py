@@ -86,7 +86,7 @@ ROLLOUT_LOGPROB_COLUMNS = ("rollout_log_probs", "old_logprobs")
 
 
 def _configs(data, loss):
-    from varbatch_kit.train.config.train_config import DataConfig, LossConfig
+    from varbatch_kit.train.config.sub_configs import DataConfig, LossConfig
 
     if not isinstance(data, DataConfig):
         raise ValueError(f"data={data!r}: give a DataConfig (n_samples_per_prompt, "  # noqa: TRY004

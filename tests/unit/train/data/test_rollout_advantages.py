@@ -23,7 +23,7 @@ from varbatch_kit import Rollouts
 from varbatch_kit.compat.slime import objective as so
 from varbatch_kit.report.objective import GROUP_NORMALIZED_ESTIMATORS
 from varbatch_kit.train import DataConfig, LossConfig
-from varbatch_kit.train.config.train_config import ADVANTAGE_ESTIMATORS
+from varbatch_kit.train.config.sub_configs import ADVANTAGE_ESTIMATORS
 from varbatch_kit.train.data.rollout_advantages import (
     default_rollout_batch_size,
     post_processed_rewards,

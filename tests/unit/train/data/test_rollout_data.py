@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from varbatch_kit import Rollouts
-from varbatch_kit.train.config.train_config import DataConfig, LossConfig
+from varbatch_kit.train.config.sub_configs import DataConfig, LossConfig
 from varbatch_kit.train.data.rollout_advantages import token_advantages
 from varbatch_kit.train.data.rollout_data import make_toy_data
 

@@ -6,7 +6,7 @@ import pytest
 
 from varbatch_kit import Rollouts, ScheduleConfig
 from varbatch_kit.train import ModelConfig, TrainConfig
-from varbatch_kit.train.config.train_config import DataConfig
+from varbatch_kit.train.config.sub_configs import DataConfig
 
 
 def test_run_rejects_bad_inputs_before_launching():
