@@ -65,6 +65,7 @@ from varbatch_kit.report.objective import GROUP_NORMALIZED_ESTIMATORS, STD_NORMA
 
 __all__ = [
     "check_reward_groups",
+    "is_missing",
     "default_rollout_batch_size",
     "post_processed_rewards",
     "reward_groups",
@@ -75,7 +76,9 @@ __all__ = [
 KL_SHAPED_ESTIMATORS = ("reinforce_plus_plus", "reinforce_plus_plus_baseline")
 
 
-def _missing(v: Any) -> bool:
+def is_missing(v: Any) -> bool:
+    """A cell of ``Rollouts.extra`` that holds no value: None, NaN, ``pd.NA`` or ``pd.NaT``
+    (a list of tokens is a value)."""
     if v is None:
         return True
     if isinstance(v, float) and v != v:
@@ -91,7 +94,7 @@ def _group_index(rollouts: Rollouts) -> list | None:
     if extra is None or "group_index" not in extra.columns:
         return None
     values = extra["group_index"].tolist()
-    if all(_missing(v) for v in values):
+    if all(is_missing(v) for v in values):
         return None
     return values
 
@@ -104,7 +107,7 @@ def default_rollout_batch_size(rollouts: Rollouts, n_samples_per_prompt: int) ->
     """
     labels = _group_index(rollouts)
     if labels is not None:
-        return len({str(v) for v in labels if not _missing(v)})
+        return len({str(v) for v in labels if not is_missing(v)})
     return rollouts.num_rollouts // int(n_samples_per_prompt)
 
 
@@ -137,7 +140,7 @@ def reward_groups(rollouts: Rollouts, *, data, loss) -> tuple[np.ndarray, int | 
         number: dict[str, int] = {}
         out = np.empty(n, dtype=np.int64)
         for i, v in enumerate(labels):
-            if _missing(v):
+            if is_missing(v):
                 raise ValueError(
                     f"Rollouts.extra['group_index'] is missing for sample {i} (of {n}); "
                     "loss.advantage_grouping='prompt' needs every sample's prompt group")

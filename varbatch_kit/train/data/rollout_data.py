@@ -66,7 +66,11 @@ import numpy as np
 
 from varbatch_kit.checks import positive_int
 from varbatch_kit.core.rollouts import Rollouts
-from varbatch_kit.train.data.rollout_advantages import check_reward_groups, reward_groups
+from varbatch_kit.train.data.rollout_advantages import (
+    check_reward_groups,
+    is_missing,
+    reward_groups,
+)
 
 __all__ = [
     "ROLLOUT_LOGPROB_COLUMNS",
@@ -229,24 +233,11 @@ def _extra(rollouts: Rollouts):
     return getattr(rollouts, "extra", None)
 
 
-def _missing(v: Any) -> bool:
-    if v is None:
-        return True
-    if isinstance(v, float) and math.isnan(v):
-        return True
-    try:
-        import pandas as pd
-
-        return v is pd.NA or v is pd.NaT
-    except ImportError:  # pragma: no cover - pandas is a dependency
-        return False
-
-
 def _present(rollouts: Rollouts, column: str) -> bool:
     """``column`` is in ``Rollouts.extra`` with at least one non-missing value."""
     extra = _extra(rollouts)
     return (extra is not None and column in extra.columns
-            and not all(_missing(v) for v in extra[column].tolist()))
+            and not all(is_missing(v) for v in extra[column].tolist()))
 
 
 def has_tokens(rollouts: Rollouts) -> bool:
@@ -258,7 +249,7 @@ def _column(rollouts: Rollouts, column: str) -> list:
     """Every sample's value of ``column``; a ValueError naming the first missing one."""
     values = _extra(rollouts)[column].tolist()
     for i, v in enumerate(values):
-        if _missing(v):
+        if is_missing(v):
             raise ValueError(
                 f"Rollouts.extra[{column!r}] is missing for sample {i} (of {len(values)}); "
                 f"give every sample a {column!r} value, or drop the column")
@@ -305,7 +296,7 @@ def _scalars(rollouts: Rollouts, column: str, *, allow_missing: bool = False) ->
     values = _extra(rollouts)[column].tolist() if allow_missing else _column(rollouts, column)
     out = np.empty(len(values))
     for i, v in enumerate(values):
-        out[i] = np.nan if allow_missing and _missing(v) else _number(
+        out[i] = np.nan if allow_missing and is_missing(v) else _number(
             v, f"Rollouts.extra[{column!r}][{i}]")
     return out
 
@@ -328,7 +319,7 @@ def sample_rewards(rollouts: Rollouts, *, reward_key: str | None,
     values = _extra(rollouts)["reward"].tolist()
     out = np.empty(len(values))
     for i, v in enumerate(values):
-        if _missing(v):
+        if is_missing(v):
             if allow_missing:
                 out[i] = np.nan
                 continue

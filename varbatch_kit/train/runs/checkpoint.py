@@ -43,7 +43,7 @@ from typing import Any
 
 import numpy as np
 
-from varbatch_kit.train.runs.step_log import fsync_dir
+from varbatch_kit.train.runs.step_log import fsync_dir, write_synced
 
 __all__ = ["FORMAT", "MAY_CHANGE", "CheckpointError", "check_resumable", "checkpoint_dirs",
            "fingerprint", "latest_checkpoint", "load_checkpoint", "prune", "save_checkpoint"]
@@ -199,14 +199,7 @@ def _save_file(obj, path: Path) -> int:
 
     buf = io.BytesIO()
     torch.save(obj, buf)
-    view = buf.getbuffer()
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        while view:
-            view = view[os.write(fd, view):]
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    write_synced(path, buf.getbuffer())
     return path.stat().st_size
 
 
@@ -234,10 +227,7 @@ def save_checkpoint(root: Path, step: int, *, model: dict, optimizer: dict, stat
         sizes["optimizer.pt"] = _save_file(optimizer, tmp / "optimizer.pt")
         sizes["state.pt"] = _save_file(state, tmp / "state.pt")
         meta = {"format": FORMAT, "step": step, "files": sizes, "fingerprint": fingerprint}
-        with open(tmp / "meta.json", "w") as f:
-            f.write(json.dumps(meta, indent=1))
-            f.flush()
-            os.fsync(f.fileno())
+        write_synced(tmp / "meta.json", json.dumps(meta, indent=1).encode())
         fsync_dir(tmp)
         if hook is not None:
             hook("ckpt_before_rename")

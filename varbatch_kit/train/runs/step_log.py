@@ -17,7 +17,7 @@ import warnings
 from pathlib import Path
 
 __all__ = ["TornLogWarning", "append_record", "fsync_dir", "read_records", "truncate_to_step",
-           "write_atomic"]
+           "write_atomic", "write_synced"]
 
 
 class TornLogWarning(UserWarning):
@@ -38,8 +38,10 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def _write_synced(path: Path, flags: int, data: bytes) -> None:
-    """Open ``path`` with ``flags`` (write-only, created 0o644), write all of ``data``, fsync."""
+def write_synced(path: Path, data: bytes | memoryview, *, append: bool = False) -> None:
+    """Write all of ``data`` to ``path`` (created 0o644; truncated, or appended to), then fsync:
+    plain writes, so a full disk is an ``OSError`` naming it."""
+    flags = os.O_APPEND if append else os.O_TRUNC
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | flags, 0o644)
     try:
         view = memoryview(data)
@@ -52,14 +54,14 @@ def _write_synced(path: Path, flags: int, data: bytes) -> None:
 
 def append_record(path: Path, record: dict) -> None:
     """Append ``record`` as one JSON line: a single write, then fsync."""
-    _write_synced(path, os.O_APPEND, (json.dumps(record) + "\n").encode())
+    write_synced(path, (json.dumps(record) + "\n").encode(), append=True)
 
 
 def write_atomic(path: Path, data: bytes) -> None:
     """Replace ``path`` with ``data``: temporary file, fsync, rename, fsync of the folder."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    _write_synced(tmp, os.O_TRUNC, data)
+    write_synced(tmp, data)
     os.replace(tmp, path)
     fsync_dir(path.parent)
 

@@ -54,13 +54,3 @@ def headroom(*values: Any, frac: float = HEADROOM) -> list[float]:
     if span == 0:
         return [0.0, 1.0]
     return [lo - frac * span if lo < 0 else 0.0, hi + frac * span]
-
-
-def si_number(value: float) -> str:
-    """A compact engineering form: 1.23e12 -> '1.23T'."""
-    if value is None or not np.isfinite(value):
-        return "n/a"
-    for div, suffix in ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
-        if abs(value) >= div:
-            return f"{value / div:.3g}{suffix}"
-    return f"{value:.3g}"
