@@ -471,7 +471,7 @@ def test_hf_module_imports_without_torch_at_module_level():
 
 @needs_transformers
 def test_cli_trains_a_checkpoint_given_by_path(tmp_path):
-    """``varbatch-kit train --model.path DIR --model.num_layers N`` builds the checkpoint's
+    """``varbatch-kit train --model.path DIR --model.num-layers N`` builds the checkpoint's
     config."""
     import argparse
 
@@ -481,7 +481,7 @@ def test_cli_trains_a_checkpoint_given_by_path(tmp_path):
     p = argparse.ArgumentParser()
     cli.add_parser(p.add_subparsers())
     (cfg,) = cli.configs_from_args(p.parse_args(["train", "--model.path", str(path),
-                                                 "--model.num_layers", "1"]))
+                                                 "--model.num-layers", "1"]))
     assert cfg.model.path is not None and Path(cfg.model.path) == path.resolve()
     spec = cfg.resolve_model()
     assert spec.num_layers == 1 and spec.hf.qkv_bias

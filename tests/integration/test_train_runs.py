@@ -206,7 +206,7 @@ def test_cli_train_writes_the_table(tmp_path, capsys):
 
     csv = tmp_path / "steps.csv"
     rc = main(["train", "--rollouts", "8", "--global-batch-size", "4", "--dp", "1",
-               "--model.hidden_size", "32", "--model.num_attention_heads", "2", "--quiet",
+               "--model.hidden-size", "32", "--model.num-attention-heads", "2", "--quiet",
                "--out", str(tmp_path / "run"),
                "--csv", str(csv)])
     assert rc == 0
@@ -217,6 +217,31 @@ def test_cli_train_writes_the_table(tmp_path, capsys):
     rc = main(["train", "--packing", "static", "--quiet"])
     assert rc == 2  # a user error: message on stderr, no traceback
     assert "micro-batch-size" in capsys.readouterr().err
+
+
+def test_cli_runs_pipeline_and_tensor_layouts(tmp_path, capsys):
+    """``train --pp 2 --vpp 2 --mb-group 2`` and ``compare --tp 1 2 --pp 1 2`` run; in float64
+    the four layouts' losses and grad norms agree (steps of 6 and 4 micro-batches)."""
+    from varbatch_kit.cli import main
+
+    toy = ["--rollouts", "8", "--global-batch-size", "4", "--max-tokens-per-gpu", "32",
+           "--model.hidden-size", "32", "--model.num-attention-heads", "2",
+           "--run.max-steps", "2", "--quiet"]
+    assert main(["train", "--pp", "2", "--vpp", "2", "--mb-group", "2",
+                 "--model.num-layers", "4", "--out", str(tmp_path / "vpp"), *toy]) == 0
+    assert "pp2 vpp2" in capsys.readouterr().out
+    csv = tmp_path / "compare.csv"
+    assert main(["compare", "--tp", "1", "2", "--pp", "1", "2", "--precision", "fp64",
+                 "--model.num-layers", "2", "--out", str(tmp_path / "cmp"), "--csv", str(csv),
+                 *toy]) == 0
+    table = pd.read_csv(csv)
+    assert sorted(table["label"].unique()) == sorted(
+        f"dp1 cp1{pp}{tp} fp64 first_fit/strided per_rollout_mean"
+        for pp in ("", " pp2") for tp in ("", " tp2"))
+    assert table.groupby("label").size().tolist() == [2, 2, 2, 2]
+    assert table["num_microbatches"].nunique() == 2  # steps of different counts
+    assert (table["loss_rel_diff"].abs() < 1e-9).all(), table
+    assert (table["grad_norm_rel_diff"].abs() < 1e-9).all(), table
 
 
 def test_timeout_kills_torchrun_and_workers(tmp_path):

@@ -3,8 +3,8 @@
 Examples::
 
     varbatch-kit calibrate --out cost_model.json
-    varbatch-kit calibrate --model.num_layers 2 --model.hidden_size 128 \\
-        --model.num_attention_heads 4 --max-tokens 4096 --repeats 3 \\
+    varbatch-kit calibrate --model.num-layers 2 --model.hidden-size 128 \\
+        --model.num-attention-heads 4 --max-tokens 4096 --repeats 3 \\
         --out build/cost_model.json --csv build/calibration.csv
 
 Builds the training engine's model (the toy GPT, or ``--model.path DIR``; the
@@ -30,7 +30,7 @@ def add_parser(subparsers: Any) -> None:
                               formatter_class=argparse.RawDescriptionHelpFormatter)
     from varbatch_kit.train.config.cli_flags import add_config_flags
 
-    add_config_flags(p, groups=("model",))  # --model.path, --model.num_layers, ...
+    add_config_flags(p, groups=("model",))  # --model.path, --model.num-layers, ...
     s = p.add_argument_group("sweep")
     s.add_argument("--max-tokens", type=int, default=2048,
                    help="largest micro-batch in tokens (default 2048)")

@@ -2,15 +2,15 @@
 
 Examples::
 
-    varbatch-kit train --model.path DIR --model.num_layers 2 --run.save_params_at 3 \\
-        --run.max_steps 3 --out runs/a
+    varbatch-kit train --model.path DIR --model.num-layers 2 --run.save-params-at 3 \\
+        --run.max-steps 3 --out runs/a
     varbatch-kit export runs/a hf_out            # the final step
     varbatch-kit export runs/a/run00-<label> hf_out --step 2 --overwrite
 
 ``RUN_DIR`` is a run's output folder (``runNN-<label>``, or the ``--out`` folder of a
 single run). Its ``meta.json`` names the model (the input checkpoint and the kept
-layers); the weights are ``params_stepN.pt`` (``--run.save_params_at``) or the
-checkpoint of that step (``--checkpoint.save_every``). ``OUT_DIR`` receives
+layers); the weights are ``params_stepN.pt`` (``--run.save-params-at``) or the
+checkpoint of that step (``--checkpoint.save-every``). ``OUT_DIR`` receives
 config.json, model.safetensors and the input's tokenizer files, which
 ``transformers.AutoModelForCausalLM.from_pretrained(OUT_DIR)`` loads
 (:mod:`varbatch_kit.train.runs.run_export`, :mod:`varbatch_kit.train.model.hf_export`).

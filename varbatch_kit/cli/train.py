@@ -3,27 +3,31 @@
 Examples::
 
     varbatch-kit train --dp 2 --global-batch-size 8 --max-tokens-per-gpu 256 --rollouts 240
-    varbatch-kit train --run.max_steps 20 --checkpoint.save_every 5 --out run1  # killed? then:
-    varbatch-kit train --run.max_steps 20 --checkpoint.save_every 5 --resume run1
-    varbatch-kit train --dp 4 --nodes.nnodes 2 --nodes.node_rank R \\
-        --nodes.rdzv_endpoint node0:29400 --out /shared/r
-    varbatch-kit train --model.path DIR --model.num_layers 2 --optim.lr 1e-4
+    varbatch-kit train --run.max-steps 20 --checkpoint.save-every 5 --out run1  # killed? then:
+    varbatch-kit train --run.max-steps 20 --checkpoint.save-every 5 --resume run1
+    varbatch-kit train --dp 4 --nodes.nnodes 2 --nodes.node-rank R \\
+        --nodes.rdzv-endpoint node0:29400 --out /shared/r
+    varbatch-kit train --model.path DIR --model.num-layers 2 --optim.lr 1e-4
+    varbatch-kit train --pp 2 --vpp 2 --mb-group 2 --model.num-layers 4 --tp 2
     varbatch-kit compare --dp 1 2 --cp 1 2 --packing static first_fit \\
         --micro-batch-size 2 --max-tokens-per-gpu 64 --mode per_rollout_mean per_token \\
-        --run.max_steps 3 --csv comparison.csv
+        --run.max-steps 3 --csv comparison.csv
+    varbatch-kit compare --tp 1 2 --pp 1 2 --model.num-layers 4 --run.max-steps 3
 
 The training flags are generated from :class:`~varbatch_kit.train.TrainConfig`'s
-fields and carry their names: ``--GROUP.FIELD`` for a sub-config's field
-(``--optim.lr``, ``--run.timeout_s``, ``--model.num_layers``), ``--mode``; the
-layout flags are ScheduleConfig's fields (``--dp``, ``--global-batch-size``).
-Both commands take the same options; ``compare`` accepts several values for
-``--dp``, ``--cp``, ``--cp-mode``, ``--packing``, ``--distribution`` and ``--mode`` and runs
+fields and carry their names, words joined by dashes: ``--GROUP.FIELD`` for a
+sub-config's field (``--optim.lr``, ``--run.timeout-s``, ``--model.num-layers``),
+``--mode``, ``--tp``, ``--cp-impl``, ``--precision``; the layout flags are
+ScheduleConfig's fields (``--dp``, ``--cp``, ``--pp``, ``--vpp``, ``--mb-group``,
+``--global-batch-size``). Both commands take the same options; ``compare`` accepts
+several values for ``--dp``, ``--cp``, ``--pp``, ``--vpp``, ``--mb-group``, ``--tp``,
+``--cp-impl``, ``--cp-mode``, ``--packing``, ``--distribution`` and ``--mode`` and runs
 every combination on the same rollouts and seed (static packings use
 ``--micro-batch-size``, token-capped ones ``--max-tokens-per-gpu``). The
 rollouts come from ``--trace`` (a file or a bundled trace name) or from the
 seeded synthetic generator. Context parallelism runs all-gather style by default
 (each CP rank computes its zigzag share, K/V all-gathered) on CPU and GPU alike;
-``--cp_impl emulated`` is the reference (every CP rank runs the full forward and keeps
+``--cp-impl emulated`` is the reference (every CP rank runs the full forward and keeps
 its slice). A bad option is a
 ``ValueError``: message on stderr, exit status 2.
 """
@@ -36,6 +40,9 @@ import sys
 from typing import Any
 
 __all__ = ["add_parser", "configs_from_args", "rollouts_from_args"]
+
+#: TrainConfig's generated flags that ``compare`` takes several values of
+MANY_CONFIG_FLAGS = ("mode", "tp", "cp_impl")
 
 RUN_COLUMNS = ["step", "rollouts", "samples", "tokens", "num_microbatches", "loss", "nll",
                "token_acc", "grad_norm", "lr", "step_time_s"]
@@ -68,7 +75,16 @@ def _common(p: argparse.ArgumentParser, many: bool) -> None:
     s.add_argument("--dp", type=int, nargs=nargs, default=[1] if many else 1,
                    help="data-parallel size" + several)
     s.add_argument("--cp", type=int, nargs=nargs, default=[1] if many else 1,
-                   help="context-parallel size (all-gather CP unless --cp_impl emulated)" + several)
+                   help="context-parallel size (all-gather CP unless --cp-impl emulated)" + several)
+    s.add_argument("--pp", type=int, nargs=nargs, default=[1] if many else 1,
+                   help="pipeline-parallel stages (megatron's 1F1B schedule; the model's layers "
+                        "must split evenly over pp * vpp chunks)" + several)
+    s.add_argument("--vpp", type=int, nargs=nargs, default=[1] if many else 1,
+                   help="virtual pipeline chunks per stage (interleaved schedule, needs "
+                        "--pp >= 2)" + several)
+    s.add_argument("--mb-group", type=int, nargs=nargs, default=[1] if many else 1,
+                   help="micro-batches per virtual stage group of the interleaved schedule "
+                        "(>= pp when vpp > 1)" + several)
     s.add_argument("--global-batch-size", type=int, default=8, help="rollouts per step")
     s.add_argument("--micro-batch-size", type=int, default=None,
                    help="samples per micro-batch (static packing)")
@@ -85,7 +101,7 @@ def _common(p: argparse.ArgumentParser, many: bool) -> None:
                         "CP degree and group per micro-batch (needs --cp >= 2 and "
                         "--max-tokens-per-gpu)" + several)
 
-    add_config_flags(p, many=("mode",) if many else ())
+    add_config_flags(p, many=MANY_CONFIG_FLAGS if many else ())
 
     r = p.add_argument_group("output")
     r.add_argument("--out", default=None, help="output folder (default: a new temp folder)")
@@ -137,18 +153,22 @@ def configs_from_args(args: argparse.Namespace):
     from varbatch_kit.train.config.train_config import TrainConfig
 
     packings = _as_list(args.packing) if args.packing else [None]
+    layouts = itertools.product(
+        _as_list(args.dp), _as_list(args.cp), _as_list(args.pp), _as_list(args.vpp),
+        _as_list(args.mb_group), _as_list(args.cp_mode), packings,
+        _as_list(args.distribution) if args.distribution else [None])
+    chosen = list(itertools.product(*(_as_list(getattr(args, d)) for d in MANY_CONFIG_FLAGS)))
     configs = []
-    for dp, cp, cp_mode, packing, dist, mode in itertools.product(
-            _as_list(args.dp), _as_list(args.cp), _as_list(args.cp_mode), packings,
-            _as_list(args.distribution) if args.distribution else [None], _as_list(args.mode)):
+    for (dp, cp, pp, vpp, mb_group, cp_mode, packing, dist), picked in itertools.product(
+            layouts, chosen):
         sizes = _batching(args.micro_batch_size, args.max_tokens_per_gpu, packing)
         if dist is not None:
             sizes["distribution"] = dist
-        schedule = ScheduleConfig(dp=dp, cp=cp, cp_mode=cp_mode,
-                                  global_batch_size=args.global_batch_size, packing=packing,
-                                  **sizes)
-        configs.append(TrainConfig(schedule=schedule,
-                                   **config_kwargs(args, chosen={"mode": mode})))
+        schedule = ScheduleConfig(dp=dp, cp=cp, pp=pp, vpp=vpp, mb_group=mb_group,
+                                  cp_mode=cp_mode, global_batch_size=args.global_batch_size,
+                                  packing=packing, **sizes)
+        configs.append(TrainConfig(schedule=schedule, **config_kwargs(
+            args, chosen=dict(zip(MANY_CONFIG_FLAGS, picked, strict=True)))))
     return configs
 
 

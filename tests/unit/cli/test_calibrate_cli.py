@@ -25,8 +25,8 @@ def test_compositions_vary_sum_l_and_sum_l_sq_independently():
 
 def test_cli_calibrate_writes_the_model(tmp_path, capsys):
     out, csv = tmp_path / "cm.json", tmp_path / "cal.csv"
-    rc = main(["calibrate", "--model.num_layers", "1", "--model.hidden_size", "16",
-               "--model.num_attention_heads", "2", "--model.vocab_size", "32",
+    rc = main(["calibrate", "--model.num-layers", "1", "--model.hidden-size", "16",
+               "--model.num-attention-heads", "2", "--model.vocab-size", "32",
                "--max-tokens", "128", "--budgets", "2", "--splits", "1", "2", "4",
                "--min-len", "8", "--heldout", "3", "--repeats", "1", "--warmup", "1",
                "--device", "cpu", "--quiet", "--out", str(out), "--csv", str(csv),

@@ -1,8 +1,10 @@
 """Command-line flags generated from :class:`TrainConfig`'s fields, and the config back.
 
 One rule: the sub-config field ``GROUP.NAME`` (``optim.lr``, ``run.max_steps``,
-``model.num_layers``, ...) is the flag ``--GROUP.NAME``; a top-level field
-(``mode``) is ``--NAME``. The flag's type comes from the field's annotation
+``model.num_layers``, ...) is the flag ``--GROUP.NAME`` with dashes between the words
+(``--optim.lr``, ``--run.max-steps``, ``--model.num-layers``); a top-level field
+(``mode``, ``cp_impl``) is ``--NAME`` (``--mode``, ``--cp-impl``), as every other flag of
+the CLI (``--global-batch-size``). The flag's type comes from the field's annotation
 (``int``, ``float``, ``str``, ``X | None``, ``tuple[int, ...]`` as several
 values), its help from the field's ``metadata["help"]``, its choices from
 ``metadata["choices"]``, its default is the field's. The layout (the
@@ -32,6 +34,11 @@ __all__ = ["add_config_flags", "config_kwargs", "flag_fields"]
 TOP_LEVEL = ("mode", "tp", "cp_impl", "precision")
 
 
+def _dashed(name: str) -> str:
+    """A field name as the CLI spells it: words joined by dashes, as slime's flags are."""
+    return name.replace("_", "-")
+
+
 def _scalar_type(tp: Any) -> tuple[Any, bool, bool]:
     """(element type, optional, several values) of an annotation."""
     optional = False
@@ -55,13 +62,14 @@ def flag_fields(groups: tuple[str, ...] | None = None) -> list[tuple[str, str, A
     if groups is None:
         for name in TOP_LEVEL:
             f = next(f for f in dataclasses.fields(TrainConfig) if f.name == name)
-            out.append((name, f"--{name}", f, hints[name]))
+            out.append((name, f"--{_dashed(name)}", f, hints[name]))
     for group, cls in SUB_CONFIGS.items():
         if groups is not None and group not in groups:
             continue
         sub_hints = typing.get_type_hints(cls)
         for f in dataclasses.fields(cls):
-            out.append((f"{group}.{f.name}", f"--{group}.{f.name}", f, sub_hints[f.name]))
+            out.append((f"{group}.{f.name}", f"--{group}.{_dashed(f.name)}", f,
+                        sub_hints[f.name]))
     return out
 
 

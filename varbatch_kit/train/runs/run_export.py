@@ -103,8 +103,8 @@ def saved_weights(run_dir: str | os.PathLike, step: int | None = None) -> tuple[
         return step, torch.load(ckpts[step] / "model.pt", map_location="cpu", weights_only=True)
     raise ValueError(
         f"no weights saved after step {step} in {run_dir}: train with "
-        f"RunConfig(save_params_at=({step},)) (--run.save_params_at {step}) or "
-        f"CheckpointConfig(save_every=N) with N dividing {step} (--checkpoint.save_every N); "
+        f"RunConfig(save_params_at=({step},)) (--run.save-params-at {step}) or "
+        f"CheckpointConfig(save_every=N) with N dividing {step} (--checkpoint.save-every N); "
         f"saved: params at steps {sorted(params)}, checkpoints at steps {sorted(ckpts)}")
 
 

@@ -14,7 +14,7 @@ def test_cli_builds_every_combination():
     cli.add_parser(p.add_subparsers())
     a = p.parse_args(["compare", "--dp", "1", "2", "--cp", "1", "2", "--packing", "static",
                       "first_fit", "--micro-batch-size", "2", "--max-tokens-per-gpu", "64",
-                      "--mode", "per_rollout_mean", "per_token", "--run.max_steps", "3"])
+                      "--mode", "per_rollout_mean", "per_token", "--run.max-steps", "3"])
     configs = cli.configs_from_args(a)
     assert len(configs) == 16
     assert {(c.dp, c.cp, c.schedule.packing, c.mode) for c in configs} == {
@@ -67,3 +67,46 @@ def test_cli_batching_is_core_configs_decision_in_flag_words():
     ]:
         with pytest.raises(ValueError, match=msg):
             schedule(*argv)
+
+
+def _parser():
+    from varbatch_kit.cli import train as cli
+
+    p = argparse.ArgumentParser()
+    cli.add_parser(p.add_subparsers())
+    return p, cli
+
+
+def test_every_layout_has_flags_and_compare_takes_lists_of_them():
+    p, cli = _parser()
+    (c,) = cli.configs_from_args(p.parse_args(
+        ["train", "--pp", "2", "--vpp", "2", "--mb-group", "2", "--tp", "2",
+         "--cp-impl", "emulated", "--model.num-layers", "4"]))
+    assert (c.schedule.pp, c.schedule.vpp, c.schedule.mb_group, c.tp, c.cp_impl) == (
+        2, 2, 2, 2, "emulated")
+    assert c.model.num_layers == 4
+    configs = cli.configs_from_args(p.parse_args(
+        ["compare", "--tp", "1", "2", "--pp", "1", "2", "--dp", "1", "2",
+         "--cp-impl", "allgather", "emulated", "--mode", "per_token", "per_rollout_mean"]))
+    assert len(configs) == 32
+    assert {(c.tp, c.schedule.pp, c.dp, c.cp_impl, c.mode) for c in configs} == {
+        (tp, pp, dp, impl, m) for tp in (1, 2) for pp in (1, 2) for dp in (1, 2)
+        for impl in ("allgather", "emulated") for m in ("per_token", "per_rollout_mean")}
+    vpps = cli.configs_from_args(p.parse_args(
+        ["compare", "--pp", "2", "--vpp", "1", "2", "--mb-group", "2", "3",
+         "--model.num-layers", "4"]))
+    assert [(c.schedule.vpp, c.schedule.mb_group) for c in vpps] == [(1, 2), (1, 3), (2, 2),
+                                                                        (2, 3)]
+
+
+def test_one_flag_spelling_words_joined_by_dashes():
+    from varbatch_kit.train.config.cli_flags import flag_fields
+
+    p, _ = _parser()
+    flags = [a for action in p._subparsers._group_actions[0].choices["compare"]._actions
+             for a in action.option_strings]
+    assert "--cp-impl" in flags and "--run.max-steps" in flags and "--mb-group" in flags
+    assert [f for f in flags if "_" in f] == []
+    assert all("_" not in flag for _, flag, _, _ in flag_fields())
+    with pytest.raises(SystemExit):  # the underscore spelling is gone, not an alias
+        p.parse_args(["train", "--cp_impl", "emulated"])

@@ -311,8 +311,9 @@ def test_cli_flags_are_generated_from_the_config_fields_with_their_names():
     from varbatch_kit.train.config.cli_flags import flag_fields
 
     flags = {flag for _, flag, _, _ in flag_fields()}
-    expected = {"--mode", "--tp", "--cp_impl", "--precision"} | {
-        f"--{g}.{f}" for g, cls in SUB_CONFIGS.items() for f in cls.__dataclass_fields__}
+    expected = {"--mode", "--tp", "--cp-impl", "--precision"} | {
+        f"--{g}.{f.replace('_', '-')}" for g, cls in SUB_CONFIGS.items()
+        for f in cls.__dataclass_fields__}
     assert flags == expected
     help_text = _parser()._subparsers._group_actions[0].choices["train"].format_help()
     for flag in expected:
@@ -326,14 +327,14 @@ def test_a_command_line_gives_the_same_train_config():
     from varbatch_kit.cli import train as cli
 
     argv = ["train", "--dp", "2", "--global-batch-size", "4", "--max-tokens-per-gpu", "64",
-            "--mode", "per_token", "--model.num_layers", "1", "--model.hidden_size", "32",
-            "--model.num_attention_heads", "2", "--model.max_seq_len", "none",
-            "--optim.lr", "1e-4", "--optim.min_lr", "1e-5", "--optim.lr_decay_style", "linear",
-            "--loss.eps_clip", "0.1", "--data.seed", "7", "--run.max_steps", "3",
-            "--run.timeout_s", "90", "--run.step_timeout_s", "30", "--run.save_params_at", "1",
-            "3", "--run.device", "cpu", "--checkpoint.save_every", "2",
-            "--checkpoint.keep_last", "3", "--nodes.rdzv_timeout_s", "60",
-            "--faults.kill_at", "mid_step:2", "--faults.fail_rank", "1"]
+            "--mode", "per_token", "--model.num-layers", "1", "--model.hidden-size", "32",
+            "--model.num-attention-heads", "2", "--model.max-seq-len", "none",
+            "--optim.lr", "1e-4", "--optim.min-lr", "1e-5", "--optim.lr-decay-style", "linear",
+            "--loss.eps-clip", "0.1", "--data.seed", "7", "--run.max-steps", "3",
+            "--run.timeout-s", "90", "--run.step-timeout-s", "30", "--run.save-params-at", "1",
+            "3", "--run.device", "cpu", "--checkpoint.save-every", "2",
+            "--checkpoint.keep-last", "3", "--nodes.rdzv-timeout-s", "60",
+            "--faults.kill-at", "mid_step:2", "--faults.fail-rank", "1"]
     (cfg,) = cli.configs_from_args(_parser().parse_args(argv))
     want = TrainConfig(
         schedule=ScheduleConfig(dp=2, global_batch_size=4, max_tokens_per_gpu=64),
@@ -350,7 +351,7 @@ def test_a_command_line_gives_the_same_train_config():
     (plain,) = cli.configs_from_args(_parser().parse_args(["train"]))
     assert plain == TrainConfig(schedule=plain.schedule)  # every default is the field's
     with pytest.raises(SystemExit):  # argparse refuses a choice outside the field's
-        _parser().parse_args(["train", "--optim.lr_decay_style", "step"])
+        _parser().parse_args(["train", "--optim.lr-decay-style", "step"])
     with pytest.raises(ValueError, match=r"optim\.lr=-1\.0"):  # the sub-config refuses
         cli.configs_from_args(_parser().parse_args(["train", "--optim.lr", "-1"]))
 
@@ -360,7 +361,7 @@ def test_calibrate_cli_takes_the_model_flags(monkeypatch):
 
     p = argparse.ArgumentParser()
     cal_cli.add_parser(p.add_subparsers())
-    a = p.parse_args(["calibrate", "--model.num_layers", "1", "--model.vocab_size", "32"])
+    a = p.parse_args(["calibrate", "--model.num-layers", "1", "--model.vocab-size", "32"])
     from varbatch_kit.train.config.cli_flags import config_kwargs
 
     assert TrainConfig(**config_kwargs(a, groups=("model",))).model == ModelConfig(

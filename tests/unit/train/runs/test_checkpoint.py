@@ -206,7 +206,7 @@ def test_cli_resume_and_out_must_name_the_same_folder(tmp_path, capsys):
 
     rc = main(["train", "--rollouts", "8", "--global-batch-size", "4", "--quiet",
                "--resume", str(tmp_path / "a"), "--out", str(tmp_path / "b"),
-               "--checkpoint.save_every", "2", "--nodes.nnodes", "1"])
+               "--checkpoint.save-every", "2", "--nodes.nnodes", "1"])
     assert rc == 2
     assert "--resume" in capsys.readouterr().err
 
