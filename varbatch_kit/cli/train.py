@@ -52,6 +52,7 @@ COMPARE_COLUMNS = ["config", "label", "step", "samples", "num_microbatches", "lo
 
 def _common(p: argparse.ArgumentParser, many: bool) -> None:
     from varbatch_kit.train.config.cli_flags import add_config_flags
+    from varbatch_kit.train.config.train_config import DEFAULT_MAX_TOKENS_PER_GPU
 
     nargs = "+" if many else None
     several = " (several values: every combination)" if many else ""
@@ -89,8 +90,8 @@ def _common(p: argparse.ArgumentParser, many: bool) -> None:
     s.add_argument("--micro-batch-size", type=int, default=None,
                    help="samples per micro-batch (static packing)")
     s.add_argument("--max-tokens-per-gpu", type=int, default=None,
-                   help="token cap per GPU (token-capped packings; default 256 when neither "
-                   "size is given)")
+                   help="token cap per GPU (token-capped packings; default "
+                   f"{DEFAULT_MAX_TOKENS_PER_GPU} when neither size is given)")
     s.add_argument("--packing", nargs=nargs, default=None,
                    help="packing policy (default: from the size given)" + several)
     s.add_argument("--distribution", nargs=nargs, default=None,
@@ -172,8 +173,6 @@ def configs_from_args(args: argparse.Namespace):
     return configs
 
 
-#: the token cap when neither --micro-batch-size nor --max-tokens-per-gpu is given
-DEFAULT_MAX_TOKENS_PER_GPU = 256
 #: the config's words in core.config's batching errors -> the flags of this command
 _FLAG_WORDS = (("pass both with packing= to batching_fields", "give --packing too"),
                ("micro_batch_size", "--micro-batch-size"),
@@ -183,8 +182,10 @@ _FLAG_WORDS = (("pass both with packing= to batching_fields", "give --packing to
 def _batching(mbs: int | None, mtpg: int | None, packing: str | None) -> dict:
     """The two size fields for ``packing``: :func:`varbatch_kit.core.config.batching_fields`
     decides; a token-capped path with neither size given gets
-    :data:`DEFAULT_MAX_TOKENS_PER_GPU`. Its errors name this command's flags."""
+    :data:`~varbatch_kit.train.config.train_config.DEFAULT_MAX_TOKENS_PER_GPU`. Its errors
+    name this command's flags."""
     from varbatch_kit.core.config import batching_fields, packing_batching
+    from varbatch_kit.train.config.train_config import DEFAULT_MAX_TOKENS_PER_GPU
 
     try:
         if mbs is None and mtpg is None and (packing is None

@@ -37,7 +37,8 @@ from varbatch_kit.train.config.sub_configs import (
     RunConfig,
 )
 
-__all__ = ["PRECISIONS", "SCHEDULE_FIELDS", "SUB_CONFIGS", "TrainConfig"]
+__all__ = ["DEFAULT_MAX_TOKENS_PER_GPU", "PRECISIONS", "SCHEDULE_FIELDS", "SUB_CONFIGS",
+           "TrainConfig"]
 
 # ScheduleConfig fields that TrainConfig.with_() routes to the schedule
 SCHEDULE_FIELDS = tuple(f.name for f in fields(ScheduleConfig) if f.init)
@@ -60,8 +61,12 @@ assert len(_ROUTE) == sum(len(fields(c)) for c in SUB_CONFIGS.values())
 assert not set(_ROUTE) & (set(SCHEDULE_FIELDS) | set(SUB_CONFIGS) | {"mode", "schedule"})
 
 
+#: the token cap of the default layout (and of the train CLI when no batch size is given)
+DEFAULT_MAX_TOKENS_PER_GPU = 256
+
+
 def _default_schedule() -> ScheduleConfig:
-    return ScheduleConfig(dp=1, global_batch_size=4, max_tokens_per_gpu=256)
+    return ScheduleConfig(dp=1, global_batch_size=4, max_tokens_per_gpu=DEFAULT_MAX_TOKENS_PER_GPU)
 
 
 # --------------------------------------------------------------------------- TrainConfig

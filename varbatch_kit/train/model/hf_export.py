@@ -212,7 +212,7 @@ def _check_out_dir(out: Path, spec: HFModelSpec, overwrite: bool) -> None:
         raise ValueError(f"out_dir={str(out)!r} is a file; give a folder")
     if out.is_dir() and any(out.iterdir()) and not overwrite:
         raise ValueError(f"out_dir={str(out)!r} is not empty; give a new or empty folder, or "
-                         "overwrite=True to replace it")
+                         "overwrite=True (--overwrite on the command line) to replace it")
 
 
 def export_hf(state: Mapping[str, Any], model: Any, out_dir: str | os.PathLike, *,
