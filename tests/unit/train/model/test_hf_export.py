@@ -206,7 +206,7 @@ def test_export_refuses_what_it_cannot_or_must_not_write(checkpoints, tmp_path):
     with pytest.raises(ValueError, match="model="):
         export_hf(sd, "not a model", tmp_path / "x")
     out = export_hf(sd, model, tmp_path / "out")
-    with pytest.raises(ValueError, match=r"out_dir=.*not empty.*overwrite=True"):
+    with pytest.raises(ValueError, match=r"out_dir=.*not empty.*overwrite=True \(--overwrite"):
         export_hf(sd, model, out)
     moved = perturbed(sd, 1)
     export_hf(moved, model, out, overwrite=True)
