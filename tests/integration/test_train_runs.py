@@ -220,7 +220,8 @@ def test_cli_train_writes_the_table(tmp_path, capsys):
 
 
 def test_cli_runs_pipeline_and_tensor_layouts(tmp_path, capsys):
-    """``train --pp 2 --vpp 2 --mb-group 2`` and ``compare --tp 1 2 --pp 1 2`` run; in float64
+    """``train --pp 2 --vpp 2 --mb-group 2``, ``train --slime-args=...`` and ``compare --tp 1 2
+    --pp 1 2`` run; in float64
     the four layouts' losses and grad norms agree (steps of 6 and 4 micro-batches)."""
     from varbatch_kit.cli import main
 
@@ -230,6 +231,11 @@ def test_cli_runs_pipeline_and_tensor_layouts(tmp_path, capsys):
     assert main(["train", "--pp", "2", "--vpp", "2", "--mb-group", "2",
                  "--model.num-layers", "4", "--out", str(tmp_path / "vpp"), *toy]) == 0
     assert "pp2 vpp2" in capsys.readouterr().out
+    slime = "--advantage-estimator grpo --eps-clip 0.1 --use-kl-loss --kl-loss-coef 0.01"
+    assert main(["train", f"--slime-args={slime}", "--model.num-layers", "2",
+                 "--out", str(tmp_path / "slime"), *toy]) == 0
+    (log,) = (tmp_path / "slime").rglob("steps.jsonl")
+    assert len(log.read_text().splitlines()) == 2
     csv = tmp_path / "compare.csv"
     assert main(["compare", "--tp", "1", "2", "--pp", "1", "2", "--precision", "fp64",
                  "--model.num-layers", "2", "--out", str(tmp_path / "cmp"), "--csv", str(csv),

@@ -13,6 +13,7 @@ Examples::
         --micro-batch-size 2 --max-tokens-per-gpu 64 --mode per_rollout_mean per_token \\
         --run.max-steps 3 --csv comparison.csv
     varbatch-kit compare --tp 1 2 --pp 1 2 --model.num-layers 4 --run.max-steps 3
+    varbatch-kit train --slime-args="--advantage-estimator grpo --eps-clip 0.2 --use-kl-loss"
 
 The training flags are generated from :class:`~varbatch_kit.train.TrainConfig`'s
 fields and carry their names, words joined by dashes: ``--GROUP.FIELD`` for a
@@ -103,6 +104,12 @@ def _common(p: argparse.ArgumentParser, many: bool) -> None:
                         "--max-tokens-per-gpu)" + several)
 
     add_config_flags(p, many=MANY_CONFIG_FLAGS if many else ())
+    p.add_argument("--slime-args", default=None, metavar="FLAGS",
+                   help="slime's own command line (quoted: --slime-args=\"--advantage-estimator "
+                        "grpo --eps-clip 0.2 --use-kl-loss ...\"), applied last to every "
+                        "configuration through compat.slime.train_config_from_slime_args: the "
+                        "loss, data, optimiser and layout fields it names replace this "
+                        "command's; a flag the engine does not implement is an error")
 
     r = p.add_argument_group("output")
     r.add_argument("--out", default=None, help="output folder (default: a new temp folder)")
@@ -168,8 +175,13 @@ def configs_from_args(args: argparse.Namespace):
         schedule = ScheduleConfig(dp=dp, cp=cp, pp=pp, vpp=vpp, mb_group=mb_group,
                                   cp_mode=cp_mode, global_batch_size=args.global_batch_size,
                                   packing=packing, **sizes)
-        configs.append(TrainConfig(schedule=schedule, **config_kwargs(
-            args, chosen=dict(zip(MANY_CONFIG_FLAGS, picked, strict=True)))))
+        config = TrainConfig(schedule=schedule, **config_kwargs(
+            args, chosen=dict(zip(MANY_CONFIG_FLAGS, picked, strict=True))))
+        if args.slime_args is not None:
+            from varbatch_kit.compat.slime.train_flags import train_config_from_slime_args
+
+            config = train_config_from_slime_args(args.slime_args, base=config)
+        configs.append(config)
     return configs
 
 

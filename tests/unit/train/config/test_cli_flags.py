@@ -110,3 +110,21 @@ def test_one_flag_spelling_words_joined_by_dashes():
     assert all("_" not in flag for _, flag, _, _ in flag_fields())
     with pytest.raises(SystemExit):  # the underscore spelling is gone, not an alias
         p.parse_args(["train", "--cp_impl", "emulated"])
+
+
+def test_slime_args_set_what_they_name_on_every_configuration():
+    p, cli = _parser()
+    slime = ("--advantage-estimator reinforce_plus_plus --eps-clip 0.1 --eps-clip-high 0.3 "
+             "--use-kl-loss --kl-loss-coef 0.02 --lr 2e-5 --min-lr 1e-6")
+    configs = cli.configs_from_args(p.parse_args(
+        ["compare", "--dp", "1", "2", "--optim.lr", "1e-3", "--slime-args", slime]))
+    assert [c.dp for c in configs] == [1, 2]
+    for c in configs:
+        assert c.loss.advantage_estimator == "reinforce_plus_plus"
+        assert (c.loss.eps_clip, c.loss.eps_clip_high) == (0.1, 0.3)
+        assert c.loss.use_kl_loss and c.loss.kl_loss_coef == 0.02
+        assert c.optim.lr == 2e-5  # slime's flag, applied last
+    (plain,) = cli.configs_from_args(p.parse_args(["train", "--optim.lr", "1e-3"]))
+    assert plain.optim.lr == 1e-3 and plain.loss.advantage_estimator != "reinforce_plus_plus"
+    with pytest.raises(ValueError, match="use-opsm"):
+        cli.configs_from_args(p.parse_args(["train", "--slime-args=--use-opsm"]))
