@@ -13,7 +13,7 @@ settings.register_profile(
 settings.load_profile("ci" if os.environ.get("CI") else "dev")
 
 
-#: the longest chain of the integration tier (notebook 04 trains the SmolLM2 matrix that
+#: the longest chain of the integration tier (notebook 06 trains the SmolLM2 matrix that
 #: test_train_real.py reads back): started first, so that under pytest-xdist it is not the tail
 FIRST_GROUP = "smollm2_matrix"
 
@@ -42,7 +42,7 @@ def _group_node_ids(items) -> None:
     """Give each ``xdist_group`` test the ``@group`` node-id suffix ``--dist loadgroup`` schedules
     by. pytest-xdist 3.8 sets it on ``item._nodeid``, which pytest 9 no longer reads (a node's
     id is ``item._id``), so without this every group is split across the workers (measured:
-    notebook 04 and the matrix test it feeds ran side by side, one waiting on the other's lock).
+    notebook 06 and the matrix test it feeds ran side by side, one waiting on the other's lock).
     """
     from _pytest.nodeid import coerce_node_id
 

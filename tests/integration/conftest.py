@@ -25,7 +25,7 @@ def smollm2_path() -> Path:
 @pytest.fixture(scope="session")
 def real_rollouts(smollm2_path) -> Rollouts:
     """SmolLM2's generations, made once and cached as a JSONL trace (read back from it);
-    notebook 04 section 5 asks the same cache for the same call."""
+    notebook 06 section 5 asks the same cache for the same call."""
     from varbatch_kit.cli.experiment_cache import cached_rollouts
     from varbatch_kit.train.rl.generate import GenerationStats
 

@@ -20,10 +20,10 @@ r = Rollouts.synthetic(64, seed=0)
 s = build_schedule(r, ScheduleConfig(dp=2, global_batch_size=32, max_tokens_per_gpu=8192))
 viz.packing_figure(s)"""
 EXPLORER = "widgets.packing_explorer(r, None, config=s.config)"
-# a printout that looks like notebook 04's verdict, in a cell tagged as the old demo expected:
+# a printout that looks like notebook 06's verdict, in a cell tagged as the old demo expected:
 # the demo must not take its summary from it
 VERDICT = 'print("verdict: sound modes layout-invariant: True")'
-# a tqdm.auto bar, as notebooks 03/04 show while training: the page must show its final state
+# a tqdm.auto bar, as notebooks 05/06 show while training: the page must show its final state
 PROGRESS = "from tqdm.auto import tqdm\nfor _ in tqdm(range(272), desc='training'): pass"
 
 
@@ -51,10 +51,10 @@ def test_demo_renders_figures_an_index_and_the_summary(tmp_path, capsys):
     assert rc == 1  # one notebook failed; the other still ran and rendered
     assert "FAILED 02_broken: cell" in text.err and "ZeroDivisionError" in text.err
     assert "1/2 notebooks ran" in text.out
-    # the summary is not scraped from printouts: notebooks 02 and 04 did not run
+    # the summary is not scraped from printouts: notebooks 02 and 06 did not run
     assert "verdict: sound modes layout-invariant" not in text.out
     assert "(not available: notebook 02 did not run or failed)" in text.out
-    assert "(not available: notebook 04 did not run or failed)" in text.out
+    assert "(not available: notebook 06 did not run or failed)" in text.out
     assert sorted(p.name for p in out.iterdir()) == [
         "01_small.html", "01_small.ipynb", "02_broken.html", "02_broken.ipynb", "index.html",
         "plotly.min.js", "run-quality.html"]  # the last: a figure page, drawn without a notebook
@@ -79,7 +79,7 @@ def test_demo_renders_figures_an_index_and_the_summary(tmp_path, capsys):
     assert described["02_broken.html"].startswith("02 · Broken (FAILED, ")
     assert described["run-quality.html"].startswith("a whole slime run read from its dumps")
     assert "run-quality                    figure page  ok" in text.out
-    assert "(not available: notebook 04 did not run or failed)" in index
+    assert "(not available: notebook 06 did not run or failed)" in index
 
     executed = nbformat.read(out / "01_small.ipynb", as_version=4)
     counts = [c.execution_count for c in executed.cells if c.cell_type == "code"]
@@ -90,12 +90,12 @@ def test_demo_renders_figures_an_index_and_the_summary(tmp_path, capsys):
 def test_summary_sections_follow_the_notebooks_that_ran(monkeypatch):
     calls = []
     fake = (("02", "policies", lambda progress: calls.append("02") or "policy text"),
-            ("04", "verdict", lambda progress: calls.append("04") or "verdict text"))
+            ("06", "verdict", lambda progress: calls.append("06") or "verdict text"))
     monkeypatch.setattr(demo, "SUMMARIES", fake)
-    runs = [demo.NotebookRun("02_dp", ok=True), demo.NotebookRun("04_inv", ok=False)]
+    runs = [demo.NotebookRun("02_dp", ok=True), demo.NotebookRun("06_inv", ok=False)]
     assert demo._summary(runs, progress=False) == [
         ("policies", "policy text"),
-        ("verdict", "  (not available: notebook 04 did not run or failed)")]
+        ("verdict", "  (not available: notebook 06 did not run or failed)")]
     assert calls == ["02"]
 
     def broken(progress):

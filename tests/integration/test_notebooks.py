@@ -34,10 +34,10 @@ NOTEBOOKS = sorted(NOTEBOOKS_DIR.glob("[0-9][0-9]_*.ipynb"))
 EXPECTED = Path(__file__).with_name("notebook_outputs.json")
 MARK = "# NBVAL_CHECK_OUTPUT"
 # notebooks that start torchrun workers (the training engine)
-TRAINING = {"03_variable_gbs_training", "04_metric_report_invariance", "06_rl_loop"}
+TRAINING = {"05_variable_gbs_training", "06_metric_report_invariance", "07_rl_loop"}
 # the caches the notebooks share with the tests: the SmolLM2 checkpoint (built once, as the
 # tests' fixtures build it) and the experiment cache (varbatch_kit.cli.experiment_cache), where
-# notebook 04 section 5 and tests/integration/test_train_real.py find each other's SmolLM2
+# notebook 06 section 5 and tests/integration/test_train_real.py find each other's SmolLM2
 # rollouts and layout matrix
 SHARED_CACHES = {"VARBATCH_KIT_MODELS": str(ROOT / "build" / "models"),
                  "VARBATCH_KIT_CACHE": str(ROOT / "build" / "cache")}
@@ -48,16 +48,16 @@ def _marked(nb) -> list:
 
 
 # the limits of a notebook's run, in s: generous safety nets (not speed checks) for a loaded
-# machine; notebook 04 trains the SmolLM2 layout matrix (21 runs) in one cell
-CELL_TIMEOUT = {"04_metric_report_invariance": 1200}
+# machine; notebook 06 trains the SmolLM2 layout matrix (21 runs) in one cell
+CELL_TIMEOUT = {"06_metric_report_invariance": 1200}
 # ... the matrix test_train_real.py reads back from the experiment cache: under pytest-xdist both
 # run in one worker (one trains it, the other reads it; never one waiting on the other's lock)
-SHARES_THE_SMOLLM2_MATRIX = {"04_metric_report_invariance"}
+SHARES_THE_SMOLLM2_MATRIX = {"06_metric_report_invariance"}
 SMOLLM2_MATRIX_GROUP = "smollm2_matrix"
-# ... and notebook 06 the RL loop tests/integration/test_train_rl_loop.py checks (one xdist group)
-SHARES_THE_RL_LOOP = {"06_rl_loop"}
+# ... and notebook 07 the RL loop tests/integration/test_train_rl_loop.py checks (one xdist group)
+SHARES_THE_RL_LOOP = {"07_rl_loop"}
 RL_LOOP_GROUP = "rl_loop"
-RUN_TIMEOUT = {"04_metric_report_invariance": 1500}
+RUN_TIMEOUT = {"06_metric_report_invariance": 1500}
 
 
 def _params():
@@ -74,9 +74,9 @@ def _params():
 
 def test_six_notebooks_exist():
     assert [p.stem for p in NOTEBOOKS] == ["01_packing_explorer", "02_dp_flops_balance",
-                                           "03_variable_gbs_training",
-                                           "04_metric_report_invariance", "05_dynamic_cp",
-                                           "06_rl_loop"]
+                                           "03_dynamic_cp",
+                                           "05_variable_gbs_training",
+                                           "06_metric_report_invariance", "07_rl_loop"]
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])

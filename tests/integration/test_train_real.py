@@ -23,7 +23,7 @@ share one torchrun launch (:func:`varbatch_kit.train.compare`). The rollouts are
 once (SmolLM2-135M-Instruct, arithmetic questions, two turns per rollout) and cached as a
 trace under ``build/cache``; the table of the matrix is cached there too
 (:mod:`varbatch_kit.cli.experiment_cache`, keyed by every input and the package source):
-notebook 04 section 5 runs the same matrix on the same rollouts, so whichever of the two runs
+notebook 06 section 5 runs the same matrix on the same rollouts, so whichever of the two runs
 first trains it and the other reads its table.
 
 (The engine's loss against slime's formulas on transformers logits, not circular:
@@ -48,7 +48,7 @@ from varbatch_kit import ScheduleConfig, build_schedule
 from varbatch_kit.cli.experiment_cache import cached_compare
 from varbatch_kit.train import TrainConfig
 
-# one pytest-xdist worker for this file and notebook 04 (they share the matrix's cached run)
+# one pytest-xdist worker for this file and notebook 06 (they share the matrix's cached run)
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(900),
               pytest.mark.xdist_group("smollm2_matrix")]
 
@@ -125,13 +125,13 @@ def test_the_matrix_runs_slimes_objective_from_slimes_flags(smollm2_path):
 
 
 def test_notebook_04_runs_this_matrix_on_these_rollouts(tmp_path):
-    """Notebook 04 section 5 asks the experiment cache for this test's generation and matrix
+    """Notebook 06 section 5 asks the experiment cache for this test's generation and matrix
     (CPU), so whichever runs first computes them once: the same arguments, the same configs."""
     import nbformat
 
     from varbatch_kit.train.rl.generate import GenerationStats
 
-    nb = nbformat.read(REPO / "notebooks" / "04_metric_report_invariance.ipynb", as_version=4)
+    nb = nbformat.read(REPO / "notebooks" / "06_metric_report_invariance.ipynb", as_version=4)
     cells = {c.id: c.source for c in nb.cells}
     checkpoint = tmp_path / "SmolLM2-135M-Instruct"
     seen: dict = {}
@@ -157,7 +157,7 @@ def test_notebook_04_runs_this_matrix_on_these_rollouts(tmp_path):
     exec(code.split("real_table[[")[0], ns)  # noqa: S102 - the notebook's cells
     assert ns["GPUS"] == (torch.cuda.is_available() and torch.cuda.device_count() >= 4)
     if ns["GPUS"]:
-        pytest.skip("with four GPUs notebook 04 trains the full model on them (another matrix)")
+        pytest.skip("with four GPUs notebook 06 trains the full model on them (another matrix)")
     path, kw = seen["rollouts"]
     assert path == checkpoint
     assert {k: v for k, v in kw.items() if k != "stats"} == {**GEN, "device": "cpu"}
@@ -183,7 +183,7 @@ def test_smollm2_layout_matrix(real_rollouts, smollm2_path):
 
     configs = _matrix_configs(smollm2_path)
     t0 = time.monotonic()
-    # computed here, or read back from notebook 04's run of the same matrix (same key)
+    # computed here, or read back from notebook 06's run of the same matrix (same key)
     table = cached_compare(configs, r, cache_dir=CACHE, progress=False)
     wall = time.monotonic() - t0
     cols = ["label", "step", "samples", "num_microbatches", "loss", "pg_loss", "pg_clipfrac",

@@ -1,6 +1,6 @@
 """The closed RL loop on truncated SmolLM2: generate -> train -> export -> regenerate, twice.
 
-Notebook 06 asks the experiment cache for the same loop (:data:`_smollm2.RL_LOOP`), so the
+Notebook 07 asks the experiment cache for the same loop (:data:`_smollm2.RL_LOOP`), so the
 two share one computation (one xdist group).
 """
 
@@ -58,13 +58,13 @@ def test_the_toy_gpt_has_no_checkpoint_to_loop_on(tmp_path):
 
 
 def test_notebook_06_runs_this_loop():
-    """Notebook 06 asks the cache for the same loop (so the two share one computation)."""
+    """Notebook 07 asks the cache for the same loop (so the two share one computation)."""
     import ast
 
     import nbformat
     from _paths import NOTEBOOKS_DIR
 
-    nb = nbformat.read(NOTEBOOKS_DIR / "06_rl_loop.ipynb", as_version=4)
+    nb = nbformat.read(NOTEBOOKS_DIR / "07_rl_loop.ipynb", as_version=4)
     found = {}
     for cell in nb.cells:
         if cell.cell_type != "code":

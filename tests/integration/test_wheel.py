@@ -53,9 +53,9 @@ def test_wheel_carries_data_and_notebooks(wheel):
                    "varbatch_kit/data/timing/cpu_toy_calibration.json",
                    "varbatch_kit/data/runs/slime_debug/rollout_8.pt",
                    "varbatch_kit/notebooks/01_packing_explorer.ipynb",
-                   "varbatch_kit/notebooks/04_metric_report_invariance.ipynb",
-                   "varbatch_kit/notebooks/05_dynamic_cp.ipynb",
-                   "varbatch_kit/notebooks/06_rl_loop.ipynb",
+                   "varbatch_kit/notebooks/06_metric_report_invariance.ipynb",
+                   "varbatch_kit/notebooks/03_dynamic_cp.ipynb",
+                   "varbatch_kit/notebooks/07_rl_loop.ipynb",
                    "varbatch_kit/py.typed"):
         assert needed in names, needed
     assert not [n for n in names if n.startswith(("tests/", "benchmarks/", "scripts/"))]

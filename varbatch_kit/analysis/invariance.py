@@ -1,4 +1,4 @@
-"""The metric-report invariance check of notebook 04 and the demo, as plain values.
+"""The metric-report invariance check of notebook 06 and the demo, as plain values.
 
 Does a report mode give the same numbers whatever the layout (DP, CP,
 micro-batch packing) the same rollouts are trained under?
@@ -66,7 +66,7 @@ class InvarianceExperiment:
 def invariance_experiment(
         layouts: Sequence[ScheduleConfig] | None = None, modes: Sequence[str] | None = None,
         rollouts: Rollouts | None = None, **train_kwargs: Any) -> InvarianceExperiment:
-    """The matrix notebook 04 and the demo train: 4 layouts x 4 report modes, 3 steps.
+    """The matrix notebook 06 and the demo train: 4 layouts x 4 report modes, 3 steps.
 
     Defaults: 24 synthetic rollouts of 1-4 samples (8 rollouts per step: 3
     steps of different sample counts); the layouts ``dp=1`` with one sample

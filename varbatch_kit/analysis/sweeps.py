@@ -12,7 +12,7 @@ plotting, no printing. The figures that draw these values live in
 - :func:`simulated_comparison`: simulated step times of several policies
   (:mod:`varbatch_kit.analysis.simulate`) and their total against a perfect schedule.
 
-The metric-report invariance check of notebook 04 (``invariance_experiment``,
+The metric-report invariance check of notebook 06 (``invariance_experiment``,
 ``worst_rel_diff``, ``invariance_verdict``) is :mod:`varbatch_kit.analysis.invariance`;
 its names are importable from here too.
 

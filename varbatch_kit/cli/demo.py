@@ -1,7 +1,7 @@
 """``make demo``: run the six notebooks headless and render them as HTML.
 
 ``varbatch-kit demo`` (or ``python -m varbatch_kit.cli.demo``; needs the ``[ui]``
-extra, and ``[train]`` for notebooks 03 and 04) executes ``notebooks/*.ipynb`` top to bottom
+extra, and ``[train]`` for notebooks 05 and 06) executes ``notebooks/*.ipynb`` top to bottom
 in a fresh kernel each (nbclient), writes ``build/demo/<name>.html`` with
 every figure (plotly.js is written once next to them as ``plotly.min.js``, so
 the pages open offline), the executed notebooks as ``.ipynb`` and
@@ -19,8 +19,8 @@ on the bundled traces (:func:`varbatch_kit.analysis.sweeps.policy_table_by_trace
 ran, and the report-invariance verdict (the matrix of
 :func:`~varbatch_kit.analysis.invariance.invariance_experiment` trained by
 :func:`varbatch_kit.train.compare`, judged by
-:func:`~varbatch_kit.analysis.invariance.invariance_verdict`, as notebook 04; about half
-a minute more on a 2-core CPU) when notebook 04 ran.
+:func:`~varbatch_kit.analysis.invariance.invariance_verdict`, as notebook 06; about half
+a minute more on a 2-core CPU) when notebook 06 ran.
 
 Interactive explorers are shown in the HTML as static snapshots (their
 figure and summary line at the time of execution); open the notebooks in
@@ -135,7 +135,7 @@ def policy_summary(progress: bool = False) -> str:
 
 
 def invariance_summary(progress: bool = False) -> str:
-    """Train notebook 04's matrix (:func:`~varbatch_kit.analysis.invariance.invariance_experiment`)
+    """Train notebook 06's matrix (:func:`~varbatch_kit.analysis.invariance.invariance_experiment`)
     and give :func:`~varbatch_kit.analysis.invariance.invariance_verdict`'s lines."""
     from varbatch_kit.analysis import invariance
     from varbatch_kit.train import TrainConfig, compare
@@ -152,7 +152,7 @@ def invariance_summary(progress: bool = False) -> str:
 SUMMARIES: tuple[tuple[str, str, Callable[..., str]], ...] = (
     ("02", "Policy comparison on the bundled traces (dp 16, max_tokens_per_gpu 16384, "
            "Qwen3-8B; as notebook 02)", policy_summary),
-    ("04", "Metric report invariance (as notebook 04)", invariance_summary),
+    ("06", "Metric report invariance (as notebook 06)", invariance_summary),
 )
 
 
@@ -353,7 +353,7 @@ def main(argv: list[str] | None = None) -> int:
         runs.append(run)
     total = time.perf_counter() - t_all
 
-    print("\ncomputing the summary with the library (the calls notebooks 02 and 04 make) ...",
+    print("\ncomputing the summary with the library (the calls notebooks 02 and 06 make) ...",
           flush=True)
     # a live bar only on a terminal: piped output (CI, logs) gets the printed lines alone
     sections = _summary(runs, progress=not args.no_progress and sys.stdout.isatty())

@@ -1,4 +1,4 @@
-"""invariance: the report-invariance matrix of notebook 04, the worst differences, the verdict.
+"""invariance: the report-invariance matrix of notebook 06, the worst differences, the verdict.
 
 The verdict is tried on both sides of its thresholds on hand-made
 ``train.compare`` tables.

@@ -172,7 +172,7 @@ def test_a_group_of_non_adjacent_ranks_gets_one_outline_per_run():
 
 
 def test_static_snapshot_draws_the_dynamic_plan_its_title_points_to():
-    """The HTML snapshot (the demo's page of notebook 05) holds the CP plan figure below the
+    """The HTML snapshot (the demo's page of notebook 03) holds the CP plan figure below the
     packing figure whose title says "(dynamic plan below)"."""
     from varbatch_kit.ui import widgets
 

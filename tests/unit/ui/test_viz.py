@@ -517,7 +517,7 @@ def test_notebook_02_names_the_two_bounds_and_uses_the_shared_figure():
 
 
 def test_report_figure_keeps_equal_curves_visible():
-    """Notebook 04's dp 2 runs report equal values: 4 configurations, 4 distinguishable
+    """Notebook 06's dp 2 runs report equal values: 4 configurations, 4 distinguishable
     curves (each its own dash and marker; later ones, on top, thinner and smaller)."""
     same = pd.DataFrame({"step": [0, 1, 2], "loss": [2.0, 1.0, 0.5]})
     reports = {f"dp2 layout {k}": same for k in range(4)}
