@@ -45,6 +45,8 @@ each writing ``build/bench/<name>.json``):
   8k-token sample under all-gather CP at cp 1 / 2 / 4.
 - ``b`` **Measured pipeline order** (``benchmarks/pp_measured.py``): pp=2 CPU training per
   micro-batch order, each stage's measured idle time next to the calibrated simulation's.
+- ``w`` **Worker allocations** (``benchmarks/worker_malloc.py``): a float64 SmolLM2 launch with
+  the CPU workers' large allocations kept in glibc's heap against glibc's defaults.
 
 Run ``python -m benchmarks.run`` (``--quick`` for a short run, ``--help``).
 The step-time model: H100, efficiency 0.45, 4 ms per micro-batch, pp 1.
@@ -320,7 +322,7 @@ def section_gap(count: int, time_limit_s: float) -> None:
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="small sizes, 30 gap instances")
-    ap.add_argument("--sections", default="12345mpdoklcb",
+    ap.add_argument("--sections", default="12345mpdoklcbw",
                     help="which sections to run, e.g. 12 or mp (see the module docstring)")
     ap.add_argument("--peer-packages", default=None, metavar="DIR",
                     help="section p: folder holding verl / areal / openrlhf (pip --target)")
@@ -354,7 +356,7 @@ def main(argv=None) -> None:
     quick = ["--quick"] if args.quick else []
     for key, name in (("m", "measured"), ("p", "peers"), ("d", "dynamic_cp"), ("o", "pp_order"),
                       ("k", "checkpoint"), ("l", "logprob_memory"), ("c", "cp_memory"),
-                      ("b", "pp_measured")):
+                      ("b", "pp_measured"), ("w", "worker_malloc")):
         if key not in args.sections:
             continue
         import importlib

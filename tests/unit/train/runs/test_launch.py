@@ -26,3 +26,24 @@ def test_run_rejects_bad_inputs_before_launching():
     with pytest.raises(ValueError, match="global_batch_size"):
         run(TrainConfig(schedule=ScheduleConfig(global_batch_size=3, micro_batch_size=1),
                         data=DataConfig(n_samples_per_prompt=2)), r)
+
+
+def test_cpu_workers_keep_large_allocations_in_the_heap_unless_the_user_says_otherwise(
+        tmp_path, monkeypatch):
+    """glibc's mmap for every allocation above 32 MiB (zero-filled by the kernel each
+    micro-batch) is replaced for CPU workers; GPU workers and a user's own setting keep
+    theirs (benchmarks/worker_malloc.py measures the gain)."""
+    from varbatch_kit.train import TrainConfig
+    from varbatch_kit.train.runs.launch import CPU_MALLOC_ENV, _torchrun_command
+
+    for key in CPU_MALLOC_ENV:
+        monkeypatch.delenv(key, raising=False)
+    cfg = TrainConfig()
+    _, env = _torchrun_command(cfg, tmp_path, None, "cpu")
+    assert {k: env[k] for k in CPU_MALLOC_ENV} == CPU_MALLOC_ENV
+    assert env["MALLOC_MMAP_MAX_"] == "0"
+    _, env = _torchrun_command(cfg, tmp_path, None, "cuda")
+    assert not set(CPU_MALLOC_ENV) & set(env)
+    monkeypatch.setenv("MALLOC_MMAP_MAX_", "65536")
+    _, env = _torchrun_command(cfg, tmp_path, None, "cpu")
+    assert env["MALLOC_MMAP_MAX_"] == "65536"
