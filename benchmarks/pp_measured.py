@@ -16,7 +16,7 @@ launch; each step keeps its fastest round (other processes only ever add time).
 
 **Measured** (per stage, mean over the timed steps; the first step is warm-up): the engine
 times every forward and backward of every micro-batch on every stage
-(:class:`varbatch_kit.train.step.pipeline_schedule.StageTimer`, around megatron's
+(:class:`varbatch_kit.train.step.microbatch_timer.MicroBatchTimer`, around megatron's
 ``forward_step`` / ``backward_step``); the stage's *idle* time is the schedule's span on
 that stage minus that work (the waits for the other stage: the bubble, plus p2p).
 ``bubble`` is the step's pipeline span (the longest stage's) minus the stage's work, the

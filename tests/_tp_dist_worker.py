@@ -32,13 +32,15 @@ def _forward(spec, tp: int) -> dict:
     )
     from varbatch_kit.train.step.packed_batch import pack, response_logits, response_token_stats
 
-    use_layout(ParallelLayout(dp=2 // tp, tp=tp))
+    layout = ParallelLayout(dp=2 // tp, tp=tp)
+    use_layout(layout)  # megatron's groups; the sizes and this rank's shard come from layout
+    here = layout.coords(dist.get_rank())
     torch.manual_seed(0)
     model_parallel_cuda_manual_seed(0, inference_rng_tracker=True, force_reset_rng=True)
-    gpt = build_gpt(spec, max_seq_len=16)
+    gpt = build_gpt(spec, max_seq_len=16, layout=layout, world_rank=dist.get_rank())
     batch = pack(SEQS, PROMPTS)
     logits = response_logits(gpt, batch)[0]  # [R, V / tp]
-    stats = response_token_stats(logits, batch, at_response_rows=True, **vocab_shard(logits))
+    stats = response_token_stats(logits, batch, at_response_rows=True, **vocab_shard(logits, tp_rank=here.tp_rank, tp_size=tp))
     stats["logprob"].sum().backward()
     grads = {n: p.grad for n, p in gpt.named_parameters()}
     if tp > 1:
@@ -50,7 +52,7 @@ def _forward(spec, tp: int) -> dict:
         logits = torch.cat(shards, dim=-1)
     return {"params": gather_full_parameters(gpt), "grads": gather_full_parameters(gpt, grads),
             "logits": logits.detach(), "logprob": stats["logprob"].detach(),
-            "count": full_parameter_count(gpt)}
+            "count": full_parameter_count(gpt, tp)}
 
 
 def run(rank: int, world: int, port: int, out: str, hf_dir: str) -> None:

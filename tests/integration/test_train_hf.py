@@ -448,8 +448,9 @@ def test_smollm2_training_step_descends_on_a_repeated_batch(smollm2, megatron_si
     old = compute_log_probs(model, [step], rollouts, data.tokens, device)
     adv = token_advantages(data, rollouts, loss=cfg.loss, data_cfg=cfg.data)
     inputs = PolicyInputs(advantages=dict(enumerate(adv)), old_log_probs=old)
-    losses = [train_step(cfg, mode, model, optimizer, step, rollouts, data, inputs,
-                         device)["loss"] for _ in range(4)]
+    losses = [train_step(cfg.layout, cfg.loss, cfg.faults, mode, model, optimizer, step,
+                         rollouts, data, inputs, device, run_name=cfg.name)["loss"]
+              for _ in range(4)]
     print("loss on the repeated batch:", [round(x, 4) for x in losses])
     assert all(math.isfinite(x) for x in losses)
     assert all(b < a for a, b in zip(losses, losses[1:])), losses

@@ -149,7 +149,7 @@ def matrix(base: TrainConfig, rollouts: Rollouts, out_dir, *, cap: int, bugs: di
 def differences(table: pd.DataFrame, runs: dict, label: str, ref: str) -> dict[str, float]:
     """Each metric's relative difference of run ``label`` to run ``ref`` (module docstring):
     every report metric, ``grad_norm``, and ``params`` over the saved steps."""
-    keys = [*report_keys(runs[ref].config, False), "grad_norm"]
+    keys = [*report_keys(runs[ref].config.loss, False), "grad_norm"]
     a = table[table.label == label].set_index("step")
     b = table[table.label == ref].set_index("step")
     assert list(a.index) == list(b.index) == [1, 2], (label, ref)

@@ -31,6 +31,10 @@ __all__ = ["CP_IMPLS", "ParallelLayout", "RankCoords"]
 #: zigzag share, K/V all-gathered over the micro-batch's CP group) or ``emulated`` (every CP rank
 #: runs the full forward and keeps only its slice of the loss: the reference)
 CP_IMPLS = ("allgather", "emulated")
+#: the layout's sizes and what each counts (the error of a size that is not a positive integer)
+_COUNTS = {"dp": "data-parallel replicas", "cp": "context-parallel ranks",
+           "pp": "pipeline stages", "vpp": "model chunks per pipeline stage",
+           "tp": "tensor-parallel ranks", "mb_group": "micro-batches per virtual-stage group"}
 
 
 @dataclass(frozen=True)
@@ -47,9 +51,12 @@ class RankCoords:
 class ParallelLayout:
     """The parallel layout of a run (see the module docstring).
 
-    ``dp``, ``cp``, ``pp``, ``vpp`` come from the schedule, ``tp`` and ``cp_impl``
-    from the :class:`~varbatch_kit.train.config.train_config.TrainConfig`; ``cp_mode`` is the
-    schedule's (``"fixed"`` or ``"dynamic"``).
+    ``dp``, ``cp``, ``pp``, ``vpp``, ``mb_group`` come from the schedule, ``tp`` and
+    ``cp_impl`` from the :class:`~varbatch_kit.train.config.train_config.TrainConfig`;
+    ``cp_mode`` is the schedule's (``"fixed"`` or ``"dynamic"``). A run builds it once
+    (``TrainConfig.layout``) and hands it to the model builders, the step and the log-prob
+    pass: the tensor-parallel size and rank they use are this object's, never read back from
+    megatron's parallel state.
     """
 
     dp: int = 1
@@ -59,12 +66,13 @@ class ParallelLayout:
     tp: int = 1
     cp_impl: str = "allgather"
     cp_mode: str = "fixed"
+    mb_group: int = 1
 
     def __post_init__(self) -> None:
         from varbatch_kit.checks import positive_int
 
-        for name in ("dp", "cp", "pp", "vpp", "tp"):
-            positive_int(name, getattr(self, name))
+        for name, what in _COUNTS.items():
+            positive_int(name, getattr(self, name), note=f" ({what})", numpy=False)
         if self.cp_impl not in CP_IMPLS:
             raise ValueError(f"cp_impl={self.cp_impl!r}: use one of {', '.join(CP_IMPLS)}")
 
@@ -132,5 +140,10 @@ class ParallelLayout:
                        "with pp=1 and tp=1 only; use cp=1, or pp=1 and tp=1")
         if self.cp_mode == "dynamic" and self.pp > 1:
             out.append(f"cp_mode='dynamic' with pp={self.pp}: dynamic CP needs pp=1")
+        if self.pp > 1 and self.vpp > 1 and self.mb_group < self.pp:
+            out.append(f"mb_group={self.mb_group} with pp={self.pp}, vpp={self.vpp}: megatron's "
+                       "interleaved schedule runs micro-batches in groups of mb_group per "
+                       f"virtual stage, at least pp; set mb_group >= {self.pp} (e.g. "
+                       f"mb_group={self.pp})")
         # parts being built: each line goes when its engine path lands
         return out

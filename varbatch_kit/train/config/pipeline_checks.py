@@ -3,27 +3,18 @@
 
 from __future__ import annotations
 
-__all__ = ['interleaved_count_problem', 'pipeline_problems']
+__all__ = ["interleaved_count_problem", "pipeline_depth_problem"]
 
 
-def pipeline_problems(*, pp: int, vpp: int = 1, mb_group: int = 1,
-                      num_layers: int | None = None) -> list[str]:
-    """Why ``pp`` stages of ``vpp`` chunks cannot run (empty: they can).
-
-    ``num_layers`` (when known) must split into ``pp * vpp`` equal chunks; with ``vpp > 1``
-    megatron's interleaved schedule runs the micro-batches in groups of
-    ``microbatch_group_size_per_vp_stage`` (here ``mb_group``), which must be at least ``pp``;
-    the schedule then gives every rank a multiple of ``mb_group`` micro-batches.
-    """
-    out = []
-    if pp > 1 and num_layers is not None and num_layers % (pp * vpp):
-        out.append(f"num_layers={num_layers} does not split into pp*vpp={pp * vpp} equal "
-                   f"pipeline chunks: use a num_layers divisible by {pp * vpp}")
-    if pp > 1 and vpp > 1 and mb_group < pp:
-        out.append(f"mb_group={mb_group} with pp={pp}, vpp={vpp}: megatron's interleaved "
-                   f"schedule runs micro-batches in groups of mb_group per virtual stage, at "
-                   f"least pp; set mb_group >= {pp} (e.g. mb_group={pp})")
-    return out
+def pipeline_depth_problem(*, num_layers: int, pp: int, vpp: int = 1) -> str | None:
+    """Why ``num_layers`` layers cannot split into ``pp`` stages of ``vpp`` equal chunks (None:
+    they can). The layout's other pipeline rules (``vpp`` needs ``pp``, ``mb_group >= pp``)
+    are :meth:`~varbatch_kit.train.config.parallel_layout.ParallelLayout.check`'s; this one
+    needs the model's depth, known once the model is resolved (``plan_runs``)."""
+    if pp > 1 and num_layers % (pp * vpp):
+        return (f"num_layers={num_layers} does not split into pp*vpp={pp * vpp} equal "
+                f"pipeline chunks: use a num_layers divisible by {pp * vpp}")
+    return None
 
 
 def interleaved_count_problem(num_microbatches: int, group: int, pp: int, *, vpp: int = 2,

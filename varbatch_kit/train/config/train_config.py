@@ -15,13 +15,13 @@ documentation and the help of its generated CLI flag (:mod:`~varbatch_kit.train.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields, replace
+from functools import cached_property
 from typing import Any
 
 from varbatch_kit.core.config import ScheduleConfig
 from varbatch_kit.core.flops import ModelShape
 from varbatch_kit.train.config.field_checks import documented as _f
 from varbatch_kit.train.config.model_config import (
-    TOY_DEFAULTS,
     ModelConfig,
     ResolvedModel,
     resolve_model,
@@ -140,26 +140,16 @@ class TrainConfig:
                 raise ValueError(f"{name}={value!r}: give a {cls.__name__} (TrainConfig's "
                                  f"{name} sub-config)")
         get_report_mode(self.mode)
-        if not (type(self.tp) is int and self.tp >= 1):
-            raise ValueError(f"tp={self.tp!r}: the tensor-parallel size is an integer >= 1")
         if self.precision not in PRECISIONS:
             raise ValueError(f"precision={self.precision!r}: choose one of {PRECISIONS}")
-        if self.cp_impl not in CP_IMPLS:
-            raise ValueError(f"cp_impl={self.cp_impl!r}: choose one of {CP_IMPLS}")
-        # accepted and ignored would be a bug: a layout the engine cannot run is refused here
+        # accepted and ignored would be a bug: a layout the engine cannot run is refused here,
+        # once (building the layout checks its sizes and cp_impl; a model-dependent rule, the
+        # pipeline's depth or tp's split of the heads, once the model is read, in plan_runs)
         self.layout.check()
         if self.tp > 1 and self.checkpoint.save_every:  # rank 0 saves its own TP shard only
             raise ValueError(f"checkpoint.save_every={self.checkpoint.save_every} with tp="
                              f"{self.tp}: checkpoints hold one rank's full state, not tensor-"
                              "parallel shards; use checkpoint.save_every=0 or tp=1")
-        from varbatch_kit.train.config.pipeline_checks import pipeline_problems
-
-        layers = self.model.num_layers
-        if layers is None and self.model.path is None:
-            layers = TOY_DEFAULTS["num_layers"]
-        for problem in pipeline_problems(pp=self.schedule.pp, vpp=self.schedule.vpp,
-                                         mb_group=self.schedule.mb_group, num_layers=layers):
-            raise ValueError(problem)  # a checkpoint's own depth is checked once it is read
         self._check_injected_bugs()
         if not self.faults.fail_rank < self.world_size:
             raise ValueError(f"faults.fail_rank={self.faults.fail_rank}: give a rank of the "
@@ -200,13 +190,14 @@ class TrainConfig:
     def pp(self) -> int:
         return self.schedule.pp
 
-    @property
+    @cached_property
     def layout(self) -> ParallelLayout:
         """The whole parallel layout
-        (:class:`~varbatch_kit.train.config.parallel_layout.ParallelLayout`)."""
+        (:class:`~varbatch_kit.train.config.parallel_layout.ParallelLayout`), built (and
+        checked) once per configuration."""
         s = self.schedule
         return ParallelLayout(dp=s.dp, cp=s.cp, pp=s.pp, vpp=s.vpp, tp=self.tp,
-                              cp_impl=self.cp_impl, cp_mode=s.cp_mode)
+                              cp_impl=self.cp_impl, cp_mode=s.cp_mode, mb_group=s.mb_group)
 
     @property
     def world_size(self) -> int:

@@ -230,14 +230,15 @@ def _sweep(cfg, model, dev, fit_set, out_set, longest, repeats, warmup, seed,
     def one(lengths, timer):
         seqs = [rng.integers(0, model.vocab_size, n) for n in lengths]
         batch = pack(seqs, [1] * len(lengths), device=dev)
-        timer.forward_start(batch.lengths)
-        logits = response_logits(gpt, batch)  # as the training engine does
-        stats = response_token_stats(logits, batch, at_response_rows=True)
-        # a policy-gradient loss of advantage 1 (on-policy: -log p), the training step's cost
-        loss = -stats["logprob"].sum() / max(1, stats["logprob"].numel())
-        timer.forward_end()
-        loss.backward()
-        timer.finish()
+        timer.lengths = batch.lengths
+
+        def forward():
+            logits = response_logits(gpt, batch)  # as the training engine does
+            stats = response_token_stats(logits, batch, at_response_rows=True)
+            # a policy-gradient loss of advantage 1 (on-policy: -log p), the step's cost
+            return -stats["logprob"].sum() / max(1, stats["logprob"].numel())
+
+        timer.backward(timer.forward(forward).backward)
         gpt.zero_grad(set_to_none=True)
 
     cuda = dev.type == "cuda"

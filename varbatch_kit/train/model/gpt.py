@@ -51,23 +51,14 @@ def _check(model) -> None:
             "(varbatch_kit.train.config.model_config.resolve_model(ModelConfig(...)))")
 
 
-def _tp_size() -> int:
-    """megatron's tensor-parallel size (1 before its parallel state is initialised)."""
-    from megatron.core import parallel_state
-
-    if not parallel_state.model_parallel_is_initialized():
-        return 1
-    return parallel_state.get_tensor_model_parallel_world_size()
-
-
-def _common(per_token_loss: bool, precision: str = "fp32") -> dict:
+def _common(per_token_loss: bool, precision: str, tp: int) -> dict:
     """TransformerConfig settings shared by both kinds: deterministic, built in float32 on
     CPU too (``precision="bf16"`` sets megatron's ``bf16``: :func:`wrap_precision` then
     casts the built model, whose weights were made or loaded in float32); the
-    tensor-parallel size of megatron's parallel state (the run's layout)."""
+    tensor-parallel size ``tp`` of the run's layout."""
     return dict(
         bf16=precision == "bf16",
-        tensor_model_parallel_size=_tp_size(),
+        tensor_model_parallel_size=tp,
         sequence_parallel=False,
         hidden_dropout=0.0,
         attention_dropout=0.0,
@@ -82,14 +73,16 @@ def _common(per_token_loss: bool, precision: str = "fp32") -> dict:
     )
 
 
-def transformer_config(model: ResolvedModel, *, per_token_loss: bool = False,
+def transformer_config(model: ResolvedModel, *, layout=None, per_token_loss: bool = False,
                        precision: str = "fp32"):
     """The megatron-core ``TransformerConfig`` of ``model``.
 
     No dropout (training must be deterministic and layout-independent), float32,
     CPU initialisation (so the initial weights are the same on CPU and GPU for a
     given seed, and under every tensor-parallel size: megatron draws the full
-    master weight and keeps this rank's shard, :mod:`~varbatch_kit.train.parallel.tensor_parallel`).
+    master weight and keeps this rank's shard, :mod:`~varbatch_kit.train.parallel.tensor_parallel`);
+    the tensor-parallel size is ``layout.tp`` (a
+    :class:`~varbatch_kit.train.config.parallel_layout.ParallelLayout`; None: 1).
     ``per_token_loss`` sets ``calculate_per_token_loss`` (Megatron's per-token
     path, used by the ``per_token`` report mode). For a checkpoint
     the shape, norms, MLP and attention options come from its ``config.json``
@@ -100,13 +93,14 @@ def transformer_config(model: ResolvedModel, *, per_token_loss: bool = False,
     from megatron.core.transformer.transformer_config import TransformerConfig
 
     _check(model)
+    tp = 1 if layout is None else layout.tp
     if model.is_toy:
         return TransformerConfig(
             num_layers=model.num_layers,
             hidden_size=model.hidden_size,
             num_attention_heads=model.num_attention_heads,
             ffn_hidden_size=model.ffn_hidden_size,
-            **_common(per_token_loss, precision),
+            **_common(per_token_loss, precision, tp),
         )
     import torch.nn.functional as F
 
@@ -129,14 +123,19 @@ def transformer_config(model: ResolvedModel, *, per_token_loss: bool = False,
         # every parameter is overwritten by the checkpoint; under tensor parallelism megatron
         # marks its split parameters (tensor_model_parallel, partition_dim / stride: the grad
         # norm, the loader's and the gather's splits) only when it initialises them
-        perform_initialization=_tp_size() > 1,
-        **_common(per_token_loss, precision),
+        perform_initialization=tp > 1,
+        **_common(per_token_loss, precision, tp),
     )
 
 
-def build_gpt(model: ResolvedModel, *, max_seq_len: int, per_token_loss: bool = False,
-              precision: str = "fp32", config=None, stage: dict | None = None):
+def build_gpt(model: ResolvedModel, *, max_seq_len: int, layout=None, world_rank: int = 0,
+              per_token_loss: bool = False, precision: str = "fp32", config=None,
+              stage: dict | None = None):
     """A ``GPTModel`` for ``model``, on the CPU.
+
+    ``layout`` (the run's :class:`~varbatch_kit.train.config.parallel_layout.ParallelLayout`;
+    None: no parallelism) and ``world_rank``: the tensor-parallel size the model is split
+    into and the shard of the checkpoint's weights this rank holds.
 
     ``config`` replaces :func:`transformer_config`'s; ``stage`` (``pre_process``,
     ``post_process``, ``vp_stage``): one pipeline model chunk, built without
@@ -151,7 +150,8 @@ def build_gpt(model: ResolvedModel, *, max_seq_len: int, per_token_loss: bool = 
     from megatron.core.models.gpt.gpt_model import GPTModel
 
     if config is None:
-        config = transformer_config(model, per_token_loss=per_token_loss, precision=precision)
+        config = transformer_config(model, layout=layout, per_token_loss=per_token_loss,
+                                    precision=precision)
     stage = dict(stage or {})
     if model.is_toy:
         return GPTModel(
@@ -185,7 +185,9 @@ def build_gpt(model: ResolvedModel, *, max_seq_len: int, per_token_loss: bool = 
     )
     rope.attach_position_ids_rope(gpt, spec)
     if not stage:
-        hf_import.load_hf_weights(gpt, spec, model.num_layers)
+        tp_rank = 0 if layout is None else layout.coords(world_rank).tp_rank
+        hf_import.load_hf_weights(gpt, spec, model.num_layers, tp_rank=tp_rank,
+                                  tp_size=1 if layout is None else layout.tp)
     return gpt
 
 

@@ -123,13 +123,14 @@ def megatron_state_dict(spec: HFModelSpec, num_layers: int | None = None, *,
     return sd
 
 
-def load_hf_weights(gpt, spec: HFModelSpec, num_layers: int | None = None) -> None:
+def load_hf_weights(gpt, spec: HFModelSpec, num_layers: int | None = None, *, tp_rank: int = 0,
+                    tp_size: int = 1) -> None:
     """Copy the checkpoint's weights into ``gpt`` (a GPTModel built for ``spec``), in place.
 
     Every parameter of ``gpt`` must receive a tensor of its exact shape, and
     every mapped tensor must find its parameter; anything else raises. Under
-    tensor parallelism each parameter receives this TP rank's shard of the full
-    tensor (:func:`varbatch_kit.train.parallel.tensor_parallel.shard_of`, by the layer's
+    tensor parallelism (``tp_size`` ranks) each parameter receives TP rank ``tp_rank``'s shard
+    of the full tensor (:func:`varbatch_kit.train.parallel.tensor_parallel.shard_of`, by the layer's
     own split: fused QKV by query group, ``[gate; up]`` per rank, row-parallel
     input dimensions, vocab ranges).
     """
@@ -148,7 +149,7 @@ def load_hf_weights(gpt, spec: HFModelSpec, num_layers: int | None = None) -> No
     with torch.no_grad():
         for name, tensor in sd.items():
             param = params[name]
-            tensor = tp_rank_shard(tensor, param)  # the full tensor without TP
+            tensor = tp_rank_shard(tensor, param, tp_rank=tp_rank, tp_size=tp_size)
             if tuple(param.shape) != tuple(tensor.shape):
                 raise RuntimeError(f"{spec.name}: {name} has shape {list(param.shape)}, the "
                                    f"checkpoint gives {list(tensor.shape)}")

@@ -27,11 +27,12 @@ the micro-batches of ``step.rank_program(r)`` on every stage, in the schedule's
   first) and ``pipeline_dtype=float32``. Losses exist on the last stage only: the report is
   reduced there over its DP group, as slime does, and handed to world rank 0
   (:func:`from_last_stage`).
-- **Timing** (:class:`~varbatch_kit.train.step.pipeline_schedule.StageTimer`): every forward and
+- **Timing** (:class:`~varbatch_kit.train.step.microbatch_timer.MicroBatchTimer`): every forward and
   backward of every chunk; the rest of the schedule's span is the stage's idle time.
 
-:func:`pipeline_problems` lists what cannot run (the layout check refuses it before any worker
-starts).
+What cannot run is refused before any worker starts: the layout's own rules by
+:meth:`~varbatch_kit.train.config.parallel_layout.ParallelLayout.check`, the model's depth
+(:func:`~varbatch_kit.train.config.pipeline_checks.pipeline_depth_problem`) by ``plan_runs``.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ import contextlib
 import re
 from functools import partial
 
-from varbatch_kit.train.config.pipeline_checks import pipeline_problems
+from varbatch_kit.train.config.pipeline_checks import pipeline_depth_problem
 
 __all__ = ["Chunks", "build_chunks", "from_last_stage", "full_name", "gather_full_params",
            "gather_grads", "stage_layers", "stage_tensors"]
@@ -55,9 +56,9 @@ _LAYER = re.compile(r"^decoder\.layers\.(\d+)\.")
 
 def stage_layers(num_layers: int, pp: int, vpp: int, pp_rank: int, vp_stage: int = 0) -> range:
     """The global (0-based) layer indices of chunk ``vp_stage`` of stage ``pp_rank``."""
-    problems = pipeline_problems(pp=pp, vpp=vpp, mb_group=pp, num_layers=num_layers)
-    if problems:
-        raise ValueError(problems[0])
+    problem = pipeline_depth_problem(num_layers=num_layers, pp=pp, vpp=vpp)
+    if problem:
+        raise ValueError(problem)
     if not (0 <= pp_rank < pp and 0 <= vp_stage < vpp):
         raise ValueError(f"pp_rank={pp_rank}, vp_stage={vp_stage}: give a stage in [0, {pp}) "
                          f"and a chunk in [0, {vpp})")
@@ -154,13 +155,15 @@ def _no_embedding_init_sync():
 
 
 def build_chunks(model_spec, layout, world_rank: int, *, max_seq_len: int,
-                 per_token_loss: bool = False, mb_group: int = 1,
-                 precision: str = "fp32") -> Chunks:
+                 per_token_loss: bool = False, precision: str = "fp32") -> Chunks:
     """This rank's model chunks, holding the dp 1 model's weights of their layers.
 
-    The toy GPT is built whole first, from the current torch RNG state (so its weights are
-    those dp 1 builds), and each chunk copies its share; a checkpoint's stage layers are read
-    from its files. Needs megatron's parallel state for ``layout``.
+    ``layout`` (the run's :class:`~varbatch_kit.train.config.parallel_layout.ParallelLayout`,
+    checked when it was built; the depth by ``plan_runs``) gives the stages, chunks,
+    ``mb_group`` and this rank's tensor-parallel shard. The toy GPT is built whole first, from
+    the current torch RNG state (so its weights are those dp 1 builds), and each chunk copies
+    its share; a checkpoint's stage layers are read from its files. Needs megatron's parallel
+    state for ``layout``.
     """
     import dataclasses
 
@@ -171,11 +174,10 @@ def build_chunks(model_spec, layout, world_rank: int, *, max_seq_len: int,
 
     pp, vpp = layout.pp, layout.vpp
     n = model_spec.num_layers
-    problems = pipeline_problems(pp=pp, vpp=vpp, mb_group=max(mb_group, pp), num_layers=n)
-    if problems:
-        raise ValueError(problems[0])
     pp_rank = layout.coords(world_rank).pp_rank
-    base = transformer_config(model_spec, per_token_loss=per_token_loss, precision=precision)
+    base = transformer_config(model_spec, layout=layout, per_token_loss=per_token_loss,
+                              precision=precision)
+    mb_group = layout.mb_group
     config = dataclasses.replace(
         base, pipeline_model_parallel_size=pp,
         virtual_pipeline_model_parallel_size=vpp if vpp > 1 else None,
@@ -188,7 +190,8 @@ def build_chunks(model_spec, layout, world_rank: int, *, max_seq_len: int,
     full = None
     tied = False
     if model_spec.is_toy:  # the whole model from the seed, as dp 1 builds it (its TP shards)
-        whole = build_gpt(model_spec, max_seq_len=max_seq_len, per_token_loss=per_token_loss)
+        whole = build_gpt(model_spec, max_seq_len=max_seq_len, per_token_loss=per_token_loss,
+                          layout=layout, world_rank=world_rank)
         full = {k: v.detach().clone() for k, v in whole.named_parameters()}
         del whole
     else:
@@ -209,7 +212,8 @@ def build_chunks(model_spec, layout, world_rank: int, *, max_seq_len: int,
             from varbatch_kit.train.model.hf_import import megatron_state_dict
 
             sd = megatron_state_dict(model_spec.hf, n, layers=layers)
-        _load(chunk, stage_tensors(sd, layers, pre_process=pre, post_process=post, tied=tied))
+        _load(chunk, stage_tensors(sd, layers, pre_process=pre, post_process=post, tied=tied),
+              tp_rank=layout.coords(world_rank).tp_rank, tp_size=layout.tp)
         chunk.full_name_of = partial(full_name, layers=layers, pre_process=pre, tied=tied)
         chunks.append(chunk)
         ranges.append(layers)
@@ -219,7 +223,7 @@ def build_chunks(model_spec, layout, world_rank: int, *, max_seq_len: int,
     return Chunks(chunks, ranges, flags, tied)
 
 
-def _load(chunk, tensors: dict) -> None:
+def _load(chunk, tensors: dict, *, tp_rank: int, tp_size: int) -> None:
     import torch
 
     params = dict(chunk.named_parameters())
@@ -233,7 +237,7 @@ def _load(chunk, tensors: dict) -> None:
         for name, t in tensors.items():
             p = params[name]
             if tuple(p.shape) != tuple(t.shape):  # a checkpoint's full tensor: this TP shard
-                t = tp_rank_shard(t, p)
+                t = tp_rank_shard(t, p, tp_rank=tp_rank, tp_size=tp_size)
             if tuple(p.shape) != tuple(t.shape):
                 raise RuntimeError(f"{name}: chunk shape {list(p.shape)}, weights "
                                    f"{list(t.shape)}")

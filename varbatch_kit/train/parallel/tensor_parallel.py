@@ -95,28 +95,14 @@ def shard_of(full: torch.Tensor, *, rank: int, size: int, dim: int, stride: int 
     return torch.cat(pieces[rank::size], dim=dim)
 
 
-def tp_rank_shard(full: torch.Tensor, param) -> torch.Tensor:
-    """This TP rank's shard of ``full`` for ``param`` (by its split attributes); ``full``
-    itself for a replicated parameter or without tensor parallelism."""
+def tp_rank_shard(full: torch.Tensor, param, *, tp_rank: int, tp_size: int) -> torch.Tensor:
+    """TP rank ``tp_rank``'s shard (of ``tp_size``: the run's layout) of ``full`` for ``param``
+    (by its split attributes); ``full`` itself for a replicated parameter or at tp 1."""
     attrs = _split_attrs(param)
-    rank, size = _tp_rank_and_size()
-    if attrs is None or size == 1:
+    if attrs is None or tp_size == 1:
         return full
     dim, stride = attrs
-    return shard_of(full, rank=rank, size=size, dim=dim, stride=stride)
-
-
-def _tp_rank_and_size() -> tuple[int, int]:
-    import torch.distributed as dist
-
-    if not dist.is_initialized():
-        return 0, 1
-    from megatron.core import parallel_state
-
-    if not parallel_state.model_parallel_is_initialized():
-        return 0, 1
-    return (parallel_state.get_tensor_model_parallel_rank(),
-            parallel_state.get_tensor_model_parallel_world_size())
+    return shard_of(full, rank=tp_rank, size=tp_size, dim=dim, stride=stride)
 
 
 def full_from_shards(shards: list[torch.Tensor], *, dim: int, stride: int = 1) -> torch.Tensor:
@@ -162,28 +148,22 @@ def gather_full_parameters(module, tensors: Mapping[str, torch.Tensor] | None = 
     return out
 
 
-def full_parameter_count(module) -> int:
-    """The parameters of ``module`` counted at tp 1 (a split parameter counts ``tp`` times its
-    shard); no communication."""
-    _, size = _tp_rank_and_size()
-    return sum(p.numel() * (size if _split_attrs(p) else 1) for p in module.parameters())
+def full_parameter_count(module, tp_size: int = 1) -> int:
+    """The parameters of ``module`` counted at tp 1 (a split parameter counts ``tp_size`` times
+    its shard); no communication."""
+    return sum(p.numel() * (tp_size if _split_attrs(p) else 1) for p in module.parameters())
 
 
-def vocab_shard(logits: torch.Tensor) -> dict:
-    """``{"tp_group": ..., "vocab_start": ...}`` of this rank's vocab-parallel ``logits``
-    (``[..., V / tp]``, megatron's contiguous vocab ranges) for
-    :func:`~varbatch_kit.train.step.packed_batch.response_token_stats`; ``tp_group=None`` without
-    tensor parallelism."""
-    import torch.distributed as dist
-
-    none = {"tp_group": None, "vocab_start": 0}
-    if not dist.is_initialized():
-        return none
+def vocab_shard(logits: torch.Tensor, *, tp_rank: int = 0, tp_size: int = 1) -> dict:
+    """``{"tp_group": ..., "vocab_start": ...}`` of TP rank ``tp_rank``'s vocab-parallel
+    ``logits`` (``[..., V / tp_size]``, megatron's contiguous vocab ranges; rank and size from
+    the run's layout) for
+    :func:`~varbatch_kit.train.step.packed_batch.response_token_stats`; ``tp_group=None`` at
+    tp 1. The group is megatron's tensor-parallel process group (a communicator: its size is
+    the layout's)."""
+    if tp_size == 1:
+        return {"tp_group": None, "vocab_start": 0}
     from megatron.core import parallel_state
 
-    if (not parallel_state.model_parallel_is_initialized()
-            or parallel_state.get_tensor_model_parallel_world_size() == 1):
-        return none
-    rank = parallel_state.get_tensor_model_parallel_rank()
     return {"tp_group": parallel_state.get_tensor_model_parallel_group(),
-            "vocab_start": rank * int(logits.shape[-1])}
+            "vocab_start": tp_rank * int(logits.shape[-1])}

@@ -21,6 +21,7 @@ from varbatch_kit.core.build import build_schedule
 from varbatch_kit.core.log_prob_schedule import build_log_prob_schedule
 from varbatch_kit.core.rollouts import Rollouts
 from varbatch_kit.train.config.model_config import ResolvedModel, resolve_model
+from varbatch_kit.train.config.pipeline_checks import pipeline_depth_problem
 from varbatch_kit.train.config.train_config import TrainConfig
 from varbatch_kit.train.parallel.tensor_parallel import check_tp_split
 
@@ -90,12 +91,11 @@ def plan_runs(configs: Sequence[TrainConfig], rollouts: Rollouts) -> list[Planne
         if cfg.model not in models:
             models[cfg.model] = resolve_model(cfg.model)
         model = models[cfg.model]
+        # the layout's rules that need the model (its own rules: TrainConfig, once)
         check_tp_split(model, cfg.tp)  # heads, query groups, FFN, vocab divisible by tp
-        from varbatch_kit.train.config.pipeline_checks import pipeline_problems
-
-        for problem in pipeline_problems(pp=cfg.pp, vpp=cfg.schedule.vpp,
-                                         mb_group=cfg.schedule.mb_group,
-                                         num_layers=model.num_layers):
+        problem = pipeline_depth_problem(num_layers=model.num_layers, pp=cfg.pp,
+                                         vpp=cfg.schedule.vpp)
+        if problem:
             raise ValueError(f"{problem} ({model.path or 'the toy GPT'})")
         _check_rollouts(cfg, model, rollouts)
         schedule = build_schedule(rollouts, cfg.schedule, model=model.shape)

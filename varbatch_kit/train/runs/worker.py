@@ -121,6 +121,7 @@ def train(cfg: TrainConfig, model_spec, steps: list, log_prob_steps: list, rollo
     out_dir = Path(out_dir)
     mode = get_report_mode(cfg.mode)
     opt, faults = cfg.optim, cfg.faults
+    layout = cfg.layout  # the run's parallel layout, built once: every builder and step take it
 
     # the tokens and advantages: the rollouts' own (Rollouts.extra tokens/reward/advantage),
     # else the toy task's (train/data/rollout_data.py)
@@ -133,16 +134,16 @@ def train(cfg: TrainConfig, model_spec, steps: list, log_prob_steps: list, rollo
     model_parallel_cuda_manual_seed(cfg.data.seed, inference_rng_tracker=True,
                                     force_reset_rng=True)
     stage = None  # pp > 1: this rank's model chunks (train/model/pipeline_stages.py)
-    if cfg.pp > 1:
+    if layout.pp > 1:
         from varbatch_kit.train.model.pipeline_stages import build_chunks
 
-        stage = build_chunks(model_spec, cfg.layout, rank, max_seq_len=max_seq_len,
+        stage = build_chunks(model_spec, layout, rank, max_seq_len=max_seq_len,
                              per_token_loss=mode.megatron_per_token_loss,
-                             mb_group=cfg.schedule.mb_group, precision=cfg.precision)
+                             precision=cfg.precision)
         chunks = [c.to(device) for c in stage.chunks]
         gpt = stage.module  # the stage's chunks as one module (its state, its parameters)
     else:
-        gpt = build_gpt(model_spec, max_seq_len=max_seq_len,
+        gpt = build_gpt(model_spec, max_seq_len=max_seq_len, layout=layout, world_rank=rank,
                         per_token_loss=mode.megatron_per_token_loss,
                         precision=cfg.precision).to(device)
         chunks = [gpt]
@@ -174,12 +175,12 @@ def train(cfg: TrainConfig, model_spec, steps: list, log_prob_steps: list, rollo
         end_wd=opt.weight_decay, wd_incr_steps=horizon, wd_incr_style="constant",
     )
 
-    initial = initial_state_if_needed(cfg, gpt)  # the reference model's weights (a KL term)
+    initial = initial_state_if_needed(cfg.loss, gpt)  # the reference model's weights (a KL term)
     start, consumed, load_s = 0, 0, None
     if resume_from is not None:
         t_load = time.perf_counter()
         start, consumed = restore(resume_from, gpt, optimizer, scheduler,
-                                  stage=cfg.layout.coords(rank).pp_rank if stage else None)
+                                  stage=layout.coords(rank).pp_rank if stage else None)
         load_s = time.perf_counter() - t_load
     # rollout batches of data.num_steps_per_rollout steps: before the first step of each, the
     # log-prob pass, the advantages and the rollout log-probs (train/step/policy_inputs.py)
@@ -192,8 +193,8 @@ def train(cfg: TrainConfig, model_spec, steps: list, log_prob_steps: list, rollo
         if inputs_of != k:
             t_pass = time.perf_counter()
             inputs = prepare_policy_inputs(
-                cfg, model, gpt, batches.steps(log_prob_steps, k), rollouts, data, device,
-                out_dir, rollout_batch=k, initial_state=initial,
+                layout, cfg.loss, cfg.data, model, gpt, batches.steps(log_prob_steps, k),
+                rollouts, data, device, out_dir, rollout_batch=k, initial_state=initial,
                 resumed=not batches.starts(number) and resume_from is not None)
             inputs_of, pass_s = k, time.perf_counter() - t_pass
         return inputs
@@ -209,28 +210,29 @@ def train(cfg: TrainConfig, model_spec, steps: list, log_prob_steps: list, rollo
         if kill is not None and kill == (point, number):
             kill_self()
 
+    emulated = layout.cp > 1 and layout.cp_impl == "emulated"
     if rank == 0:
         out_dir.mkdir(parents=True, exist_ok=True)
         meta = {
             "config": cfg.summary(), "device": device.type, "world_size": world,
-            "layout": cfg.layout.describe(),
-            "cp_emulated": cfg.cp > 1 and cfg.cp_impl == "emulated",
-            "cp_note": CP_NOTE if cfg.cp > 1 and cfg.cp_impl == "emulated" else "",
+            "layout": layout.describe(),
+            "cp_emulated": emulated,
+            "cp_note": CP_NOTE if emulated else "",
             # the model, for `varbatch-kit export RUN_DIR` (train/runs/run_export.py)
             "model": {"path": model_spec.path, "num_layers": model_spec.num_layers},
-            "parameters": full_parameter_count(gpt),  # the whole model's, at any tp
+            "parameters": full_parameter_count(gpt, layout.tp),  # the whole model's, at any tp
             "max_seq_len": max_seq_len, "num_steps": len(steps), "lr_increment": unit,
             "data": data.source, "rollout_log_probs": data.rollout_log_probs is not None,
-            "metrics": list(report_keys(cfg, data.rollout_log_probs is not None)),
+            "metrics": list(report_keys(cfg.loss, data.rollout_log_probs is not None)),
             "steps_per_rollout_batch": batches.per_batch,
             "torch": torch.__version__, "resumed_from_step": start if resume_from else None,
             "checkpoint_load_s": load_s,
         }
         write_atomic(out_dir / "meta.json", json.dumps(meta, indent=1).encode())
-    if cfg.cp > 1 and cfg.cp_impl == "allgather":  # every CP group the steps use, made once
+    if layout.cp > 1 and layout.cp_impl == "allgather":  # every CP group the steps use, made once
         from varbatch_kit.train.parallel.cp_groups import cp_groups_for_run
 
-        cp_groups_for_run(cfg.layout, [*steps, *log_prob_steps])
+        cp_groups_for_run(layout, [*steps, *log_prob_steps])
     for number, step in enumerate(steps, start=1):
         if number <= start:
             continue  # trained before the checkpoint
@@ -242,8 +244,9 @@ def train(cfg: TrainConfig, model_spec, steps: list, log_prob_steps: list, rollo
                 time.sleep(1)
         at("before_step", number)
         grads = {} if number in cfg.run.save_grads_at else None
-        record = train_step(cfg, mode, model, optimizer, step, rollouts, data,
-                            inputs_for(number), device, grads_out=grads)
+        record = train_step(layout, cfg.loss, faults, mode, model, optimizer, step, rollouts,
+                            data, inputs_for(number), device, run_name=cfg.name,
+                            grads_out=grads)
         # the rollout batch's log-prob pass (and advantages) ran before this step: its time
         record["log_prob_pass_s"] = pass_s if batches.starts(number) else 0.0
         at("after_step", number)
@@ -259,11 +262,11 @@ def train(cfg: TrainConfig, model_spec, steps: list, log_prob_steps: list, rollo
             from varbatch_kit.train.runs.run_state import gather_stage_shards
 
             if number in cfg.run.save_params_at:
-                params = gather_full_params(stage, cfg.layout)
+                params = gather_full_params(stage, layout)
             if grads is not None:
-                grads = gather_grads(grads, cfg.layout)
+                grads = gather_grads(grads, layout)
             if every and number % every == 0:
-                shards = gather_stage_shards(gpt, optimizer, cfg.layout)
+                shards = gather_stage_shards(gpt, optimizer, layout)
         elif number in cfg.run.save_params_at:
             # the full tensors under tp 1's names (a collective over the TP group: every rank)
             params = gather_full_parameters(gpt)
@@ -296,7 +299,7 @@ def _ordered(record: dict, cfg: TrainConfig, device: torch.device) -> dict:
     layout = cfg.layout
     tail = {"mode": cfg.mode, **layout.as_dict(), "layout": layout.describe(),
             "precision": cfg.precision,
-            "cp_emulated": cfg.cp > 1 and cfg.cp_impl == "emulated",
+            "cp_emulated": layout.cp > 1 and layout.cp_impl == "emulated",
             "packing": cfg.schedule.packing, "distribution": cfg.schedule.distribution,
             "device": device.type, "label": cfg.name}
     return {**head, **record, **tail}

@@ -86,6 +86,7 @@ def compute_log_probs(model, steps, rollouts, tokens, device, *, temperature: fl
     models = model if isinstance(model, list) else [model]
     rank = dist.get_rank()
     pool_rank = rank if layout is None else layout.coords(rank).pool_rank
+    tp = _tp_of(layout, rank)
     was_training = models[0].training
     for m in models:
         m.eval()
@@ -101,13 +102,14 @@ def compute_log_probs(model, steps, rollouts, tokens, device, *, temperature: fl
         batches = [pack([tokens[g] for g in rnd.samples], rollouts.prompt_len[rnd.samples],
                         rnd.samples, device=device) for rnd in rounds]
         if isinstance(model, list):  # pipeline stages (cp = 1 there)
-            _pipelined(models, batches, keep, layout, temperature)
+            _pipelined(models, batches, keep, layout, temperature, tp)
         for rnd, batch in zip(rounds, batches) if not isinstance(model, list) else ():
             share = share_for(rnd, batch)
             if share is None:
                 logits = response_logits(model, batch)
                 stats = response_token_stats(logits, batch, at_response_rows=True,
-                                             temperature=temperature, **vocab_shard(logits))
+                                             temperature=temperature,
+                                             **vocab_shard(logits, **tp))
             else:
                 stats = cp_response_stats(cp_response_logits(model, batch, share), batch,
                                           share, temperature=temperature)
@@ -125,7 +127,15 @@ def compute_log_probs(model, steps, rollouts, tokens, device, *, temperature: fl
     return out
 
 
-def _pipelined(models, batches, keep, layout, temperature) -> None:
+def _tp_of(layout, rank: int) -> dict:
+    """This rank's tensor-parallel rank and size in ``layout`` (None: tp 1), for
+    :func:`~varbatch_kit.train.parallel.tensor_parallel.vocab_shard`."""
+    if layout is None:
+        return {"tp_rank": 0, "tp_size": 1}
+    return {"tp_rank": layout.coords(rank).tp_rank, "tp_size": layout.tp}
+
+
+def _pipelined(models, batches, keep, layout, temperature, tp: dict) -> None:
     """The forward-only pipeline over ``batches``
     (:mod:`~varbatch_kit.train.step.pipeline_schedule`); the last stage keeps
     the log-probs. The interleaved schedule takes all micro-batches as one group of at least
@@ -153,7 +163,7 @@ def _pipelined(models, batches, keep, layout, temperature) -> None:
 
         def loss_func(out):
             lp = response_token_stats(out, batch, at_response_rows=True, temperature=temperature,
-                                      **vocab_shard(out))["logprob"].cpu().numpy()
+                                      **vocab_shard(out, **tp))["logprob"].cpu().numpy()
             keep(batch, lp)
             return torch.zeros((), device=out.device), {}
         return logits, loss_func

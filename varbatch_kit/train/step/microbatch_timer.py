@@ -1,26 +1,25 @@
-"""Wall time of every micro-batch's forward and backward pass on one rank.
+"""Wall time of every micro-batch's forward and backward pass on one rank, for every
+megatron-core schedule (no pipelining, 1F1B, interleaved).
 
-megatron-core's no-pipelining schedule runs, for each micro-batch in turn,
-``forward_step`` (our ``forward_step_func`` and then the loss function it
-returns) and then the backward pass; after the last backward it calls
-``config.finalize_model_grads_func`` (the DDP gradient all-reduce). So the
-boundaries between the phases are visible from the training step's own
-callbacks:
+Each of megatron's schedules calls, per micro-batch and model chunk, its module-level
+``schedules.forward_step`` (our ``forward_step_func`` and the loss function it returns)
+and later ``schedules.backward_step`` on that forward's output; after the last backward
+it calls ``config.finalize_model_grads_func`` (the DDP gradient all-reduce).
+:meth:`MicroBatchTimer.around` wraps those two functions for the duration of one schedule,
+so that:
 
-- **forward** of micro-batch ``i``: from the entry into ``forward_step_func``
-  to the return of its loss function;
-- **backward** of micro-batch ``i``: from that return to the entry into the
-  next ``forward_step_func``, or, for the last micro-batch, to the entry into
-  ``finalize_model_grads_func`` (so the gradient all-reduce, where a fast
-  rank waits for the slowest one, is *not* counted as backward time).
+- **forward** of a micro-batch on a chunk: megatron's ``forward_step`` call, loss included;
+- **backward**: the ``backward_step`` call on that forward's output;
+- the schedule's **span** runs from its start to the gradient finalisation (the all-reduce,
+  where a fast rank waits for the slowest, is not counted); under pipelining the span minus
+  the stage's forward and backward work is its **idle** time (p2p waits: the bubble).
 
-On CUDA every boundary calls ``torch.cuda.synchronize()`` first, so the
-times are those of the kernels, not of their launches.
-
-:class:`MicroBatchTimer` records the boundaries; :func:`gather_timings`
-collects every rank's list on all ranks (``all_gather_object``);
-:func:`busy_and_straggler` turns them into each rank's busy time and its
-straggler wait (slowest rank's busy time minus its own).
+:meth:`MicroBatchTimer.forward` / :meth:`MicroBatchTimer.backward` time a pass run by hand
+(the calibration's loop, no schedule). On CUDA every boundary calls
+``torch.cuda.synchronize()`` first, so the times are those of the kernels, not of their
+launches. :func:`gather_timings` collects every rank's records on all ranks
+(``all_gather_object``); :func:`busy_and_straggler` turns them into each rank's busy time and
+its straggler wait (slowest rank's busy time minus its own).
 """
 
 from __future__ import annotations
@@ -28,35 +27,28 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Callable, Sequence
-from functools import wraps
 
 __all__ = ["MicroBatchTimer", "busy_and_straggler", "gather_timings"]
 
-_ORIGINAL = "_varbatch_kit_original_finalize"
-
 
 class MicroBatchTimer:
-    """Forward and backward wall time of each micro-batch of one training step on one rank.
+    """Forward and backward wall time of every micro-batch (on every model chunk) of one step
+    on one rank, and the schedule's span and idle time.
 
-    Call :meth:`forward_start` when a micro-batch's forward begins (with its
-    sample lengths), wrap its loss function with :meth:`wrap_loss` (the
-    forward ends when it returns), and run the schedule between
-    :meth:`attach` and :meth:`detach` (or inside :meth:`around_finalize`):
-    the last backward ends when the gradient finalisation starts, or at
-    :meth:`detach`. :attr:`records` then holds
-    one ``{"lengths": [...], "fwd_s": ..., "bwd_s": ...}`` per micro-batch, in
-    training order.
+    Set :attr:`lengths` (the micro-batch's sample lengths) in the ``forward_step_func`` before
+    the model runs; run megatron's schedule inside :meth:`around`. :attr:`records` then holds
+    one ``{"lengths", "chunk", "fwd_s", "bwd_s"}`` per micro-batch and chunk, in forward order.
     """
 
     def __init__(self, *, cuda: bool = False, clock: Callable[[], float] = time.perf_counter):
         self._cuda = bool(cuda)
         self._clock = clock
         self.records: list[dict] = []
-        self._fwd_start: float | None = None
-        self._bwd_start: float | None = None
-        self._lengths: list[int] = []
-        self._config = None
-        self._original = None
+        self.lengths: list[int] = []
+        self.span_s = float("nan")
+        self._pending: dict[int, int] = {}  # forward output (its id) -> its record
+        self._start: float | None = None
+        self._end: float | None = None
 
     def _now(self) -> float:
         if self._cuda:
@@ -65,78 +57,87 @@ class MicroBatchTimer:
             torch.cuda.synchronize()
         return self._clock()
 
-    def _close_backward(self, now: float) -> None:
-        if self._bwd_start is not None:
-            self.records[-1]["bwd_s"] = now - self._bwd_start
-            self._bwd_start = None
+    @staticmethod
+    def _key(output) -> int:
+        return id(output[0] if isinstance(output, (list, tuple)) else output)
 
-    def forward_start(self, lengths: Sequence[int]) -> None:
-        """A micro-batch of samples of these total lengths starts its forward pass."""
-        now = self._now()
-        self._close_backward(now)
-        if self._fwd_start is not None:
-            raise RuntimeError("forward_start called twice without the loss function returning")
-        self._lengths = [int(n) for n in lengths]
-        self._fwd_start = now
+    # ----------------------------------------------------------------- one pass
+    def forward(self, fn: Callable, *args, chunk: int = 0, **kwargs):
+        """``fn(*args, **kwargs)`` timed as a micro-batch's forward pass (of model chunk
+        ``chunk``), recorded under :attr:`lengths` as they are when it returns; its result."""
+        t0 = self._now()
+        out = fn(*args, **kwargs)
+        self.records.append({"lengths": [int(n) for n in self.lengths], "chunk": chunk,
+                             "fwd_s": self._now() - t0, "bwd_s": 0.0})
+        return out
 
-    def forward_end(self) -> None:
-        """The micro-batch's loss is computed: the forward pass ends, the backward begins."""
-        now = self._now()
-        if self._fwd_start is None:
-            raise RuntimeError("forward_end without forward_start")
-        self.records.append({"lengths": self._lengths, "fwd_s": now - self._fwd_start,
-                             "bwd_s": float("nan")})
-        self._fwd_start = None
-        self._bwd_start = now
+    def backward(self, fn: Callable, *args, record: int = -1, **kwargs):
+        """``fn(*args, **kwargs)`` timed as the backward pass of record ``record`` (default:
+        the last forward); its result."""
+        if not self.records:
+            raise RuntimeError("backward without a timed forward")
+        t0 = self._now()
+        out = fn(*args, **kwargs)
+        self.records[record]["bwd_s"] += self._now() - t0
+        return out
 
-    def finish(self) -> None:
-        """The last backward pass ends now (idempotent)."""
-        self._close_backward(self._now())
+    # ----------------------------------------------------------------- a schedule
+    @property
+    def busy_s(self) -> float:
+        """Forward and backward seconds of every record."""
+        return float(sum(r["fwd_s"] + r["bwd_s"] for r in self.records))
 
-    def wrap_loss(self, loss_func: Callable) -> Callable:
-        """``loss_func`` that calls :meth:`forward_end` after it returns."""
-        @wraps(loss_func)
-        def timed(*args, **kwargs):
-            out = loss_func(*args, **kwargs)
-            self.forward_end()
-            return out
-        return timed
+    @property
+    def idle_s(self) -> float:
+        """The schedule's span minus this rank's forward and backward work."""
+        return self.span_s - self.busy_s
 
-    def attach(self, config) -> None:
-        """Before a megatron schedule: wrap ``config.finalize_model_grads_func`` so the last
-        backward ends where the gradient all-reduce starts (a wrapper left by an earlier timer
-        is replaced, never stacked). :meth:`detach` restores it."""
-        current = getattr(config, "finalize_model_grads_func", None)
-        original = getattr(current, _ORIGINAL, current)
-        self._config, self._original = config, original
-        if original is None:
-            return
-
-        @wraps(original)
-        def finalize(*args, **kwargs):
-            self.finish()
-            return original(*args, **kwargs)
-
-        setattr(finalize, _ORIGINAL, original)
-        config.finalize_model_grads_func = finalize
-
-    def detach(self) -> None:
-        """After the schedule: restore the config's gradient finalisation; end the last backward
-        (if no finalisation ended it)."""
-        config = getattr(self, "_config", None)
-        if config is not None and self._original is not None:
-            config.finalize_model_grads_func = self._original
-        self._config = None
-        self.finish()
+    def _end_span(self) -> None:
+        if self._end is None:
+            self._end = self._now()
 
     @contextlib.contextmanager
-    def around_finalize(self, config):
-        """:meth:`attach` for the duration of a ``with`` block, then :meth:`detach`."""
-        self.attach(config)
+    def around(self, config, chunks: Sequence = ()):
+        """Time one megatron schedule run inside the block: its ``forward_step`` and
+        ``backward_step`` calls (``chunks``: the model chunks, to name a record's chunk; a
+        DDP wrapper or its module) and its span, up to ``config.finalize_model_grads_func``.
+        Everything is restored on exit."""
+        from megatron.core.pipeline_parallel import schedules
+
+        from varbatch_kit.train.step.packed_batch import unwrap_model
+
+        fwd, bwd = schedules.forward_step, schedules.backward_step
+        finalize = getattr(config, "finalize_model_grads_func", None)
+        index = {id(c): k for k, m in enumerate(chunks) for c in (m, unwrap_model(m))}
+
+        def timed_forward(forward_step_func, data_iterator, model, *args, **kwargs):
+            out = self.forward(fwd, forward_step_func, data_iterator, model, *args,
+                               chunk=index.get(id(model), 0), **kwargs)
+            self._pending[self._key(out[0])] = len(self.records) - 1
+            return out
+
+        def timed_backward(input_tensor, output_tensor, *args, **kwargs):
+            k = self._pending.pop(self._key(output_tensor), None)
+            if k is None:  # not a forward of this block (never seen): run it untimed
+                return bwd(input_tensor, output_tensor, *args, **kwargs)
+            return self.backward(bwd, input_tensor, output_tensor, *args, record=k, **kwargs)
+
+        def timed_finalize(*args, **kwargs):
+            self._end_span()
+            return finalize(*args, **kwargs)
+
+        schedules.forward_step, schedules.backward_step = timed_forward, timed_backward
+        if finalize is not None:
+            config.finalize_model_grads_func = timed_finalize
+        self._start, self._end = self._now(), None
         try:
             yield self
         finally:
-            self.detach()
+            self._end_span()
+            self.span_s = self._end - self._start
+            schedules.forward_step, schedules.backward_step = fwd, bwd
+            if finalize is not None:
+                config.finalize_model_grads_func = finalize
 
 
 def gather_timings(records: list[dict]) -> list[list[dict]]:

@@ -1,12 +1,13 @@
 """Pipeline parallelism, the schedule side: megatron-core's pipelined schedule over a rank's
-model chunks (:func:`forward_backward`), timed per stage (:class:`StageTimer`).
+model chunks (:func:`forward_backward`), timed per stage
+(:class:`~varbatch_kit.train.step.microbatch_timer.MicroBatchTimer`, as every schedule).
 
 :func:`forward_backward` calls ``get_forward_backward_func()``: megatron's
 ``forward_backward_pipelining_without_interleaving`` (1F1B) or, with several chunks per
 stage, ``..._with_interleaving`` (micro-batches in groups of ``mb_group`` per virtual
 stage, :func:`varbatch_kit.train.config.pipeline_checks.interleaved_count_problem`). The interleaved
 schedule gets a communicator that keeps messages between one pair of ranks in order
-(:func:`_ordered_p2p`). :class:`StageTimer` times every forward and backward of every chunk
+(:func:`_ordered_p2p`). The timer times every forward and backward of every chunk
 around megatron's ``forward_step`` / ``backward_step``; the rest of the schedule's span is
 the stage's idle time (p2p waits: the bubble), which :mod:`benchmarks.pp_measured` reports.
 The chunks themselves are built by :mod:`varbatch_kit.train.model.pipeline_stages`.
@@ -14,106 +15,19 @@ The chunks themselves are built by :mod:`varbatch_kit.train.model.pipeline_stage
 
 from __future__ import annotations
 
-import contextlib
-import time
-
 from varbatch_kit.train.config.pipeline_checks import interleaved_count_problem
 
-__all__ = ["StageTimer", "forward_backward", "is_post_process"]
-
-
-class StageTimer:
-    """Forward and backward wall time of every micro-batch on every chunk of one stage, and
-    the stage's idle time in the schedule (its span minus that work).
-
-    Inside :meth:`around` megatron's ``schedules.forward_step`` and ``backward_step`` (the
-    functions its pipelined schedules call per micro-batch and chunk) are wrapped; the span
-    runs from the schedule's start to the gradient finalisation (the DP all-reduce, not
-    counted). :attr:`records`: one ``{"lengths", "chunk", "fwd_s", "bwd_s"}`` per chunk
-    and micro-batch, in forward order; :attr:`idle_s`.
-    """
-
-    def __init__(self, clock=time.perf_counter, cuda: bool = False):
-        self._clock, self._cuda = clock, cuda
-        self.records: list[dict] = []
-        self.span_s = float("nan")
-        self.lengths: list[int] = []  # set by the forward_step_func of the micro-batch
-        self._by_output: dict[int, int] = {}
-        self._start = None
-        self._end = None
-
-    def _now(self) -> float:
-        if self._cuda:
-            import torch
-
-            torch.cuda.synchronize()
-        return self._clock()
-
-    @staticmethod
-    def _key(t) -> int:
-        return id(t[0] if isinstance(t, (list, tuple)) else t)
-
-    @property
-    def busy_s(self) -> float:
-        return float(sum(r["fwd_s"] + r["bwd_s"] for r in self.records))
-
-    @property
-    def idle_s(self) -> float:
-        return self.span_s - self.busy_s
-
-    def _end_span(self) -> None:
-        if self._end is None:
-            self._end = self._now()
-
-    @contextlib.contextmanager
-    def around(self, config, chunks: list):
-        from megatron.core.pipeline_parallel import schedules
-
-        fwd, bwd = schedules.forward_step, schedules.backward_step
-        finalize = config.finalize_model_grads_func
-        index = {id(c): k for k, m in enumerate(chunks) for c in (m, _unwrap(m))}  # or DDP
-
-        def timed_forward(forward_step_func, data_iterator, model, *args, **kwargs):
-            t0 = self._now()
-            out = fwd(forward_step_func, data_iterator, model, *args, **kwargs)
-            self.records.append({"lengths": list(self.lengths),
-                                 "chunk": index.get(id(model), 0),
-                                 "fwd_s": self._now() - t0, "bwd_s": 0.0})
-            self._by_output[self._key(out[0])] = len(self.records) - 1
-            return out
-
-        def timed_backward(input_tensor, output_tensor, *args, **kwargs):
-            t0 = self._now()
-            out = bwd(input_tensor, output_tensor, *args, **kwargs)
-            k = self._by_output.pop(self._key(output_tensor), None)
-            if k is not None:
-                self.records[k]["bwd_s"] += self._now() - t0
-            return out
-
-        def timed_finalize(*args, **kwargs):
-            self._end_span()
-            return finalize(*args, **kwargs)
-
-        schedules.forward_step, schedules.backward_step = timed_forward, timed_backward
-        if finalize is not None:
-            config.finalize_model_grads_func = timed_finalize
-        self._start, self._end = self._now(), None
-        try:
-            yield self
-        finally:
-            self._end_span()
-            self.span_s = self._end - self._start
-            schedules.forward_step, schedules.backward_step = fwd, bwd
-            config.finalize_model_grads_func = finalize
+__all__ = ["forward_backward", "is_post_process"]
 
 
 def forward_backward(models: list, batches: list, forward_step, *, forward_only: bool = False,
-                     timer: StageTimer | None = None) -> list:
+                     timer=None) -> list:
     """megatron's pipelined schedule over ``batches`` (the rank's micro-batches, in training
     order) on this rank's model chunks ``models``; the loss outputs (last stage only).
 
     ``forward_step(data_iterator, model)`` is megatron's ``forward_step_func``; with several
-    chunks each reads the micro-batches from its own iterator over ``batches``.
+    chunks each reads the micro-batches from its own iterator over ``batches``. ``timer``: a
+    :class:`~varbatch_kit.train.step.microbatch_timer.MicroBatchTimer` to time it with.
     """
     from megatron.core.pipeline_parallel import get_forward_backward_func
     from megatron.core.utils import get_model_config
@@ -215,12 +129,8 @@ def _tokens(item) -> int:
     return int(batch.num_tokens)
 
 
-def _unwrap(model):
-    while hasattr(model, "module"):
-        model = model.module
-    return model
-
-
 def is_post_process(model) -> bool:
     """Whether a chunk (or its DDP wrapper) ends the model: its output is the logits."""
-    return bool(getattr(_unwrap(model), "post_process", True))
+    from varbatch_kit.train.step.packed_batch import unwrap_model
+
+    return bool(getattr(unwrap_model(model), "post_process", True))

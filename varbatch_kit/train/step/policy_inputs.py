@@ -58,11 +58,13 @@ def _samples(steps) -> np.ndarray:
     return np.unique(np.concatenate([s.sample_indices for s in steps]))
 
 
-def prepare_policy_inputs(cfg, model, gpt, log_prob_steps, rollouts, data, device,
-                          out_dir: Path, *, rollout_batch: int, initial_state: dict | None,
-                          resumed: bool = False) -> PolicyInputs:
+def prepare_policy_inputs(layout, loss, data_cfg, model, gpt, log_prob_steps, rollouts, data,
+                          device, out_dir: Path, *, rollout_batch: int,
+                          initial_state: dict | None, resumed: bool = False) -> PolicyInputs:
     """The :class:`PolicyInputs` of rollout batch ``rollout_batch`` (collective).
 
+    ``layout``: the run's :class:`~varbatch_kit.train.config.parallel_layout.ParallelLayout`;
+    ``loss``, ``data_cfg``: its ``LossConfig`` and ``DataConfig``;
     ``log_prob_steps``: the batch's steps of the log-prob schedule; ``gpt``: the
     model inside ``model``'s DDP wrapper; ``initial_state``: the initial
     model's weights (None when no reference is needed); ``resumed``: the run
@@ -75,15 +77,14 @@ def prepare_policy_inputs(cfg, model, gpt, log_prob_steps, rollouts, data, devic
         log_probs_file,
     )
 
-    loss = cfg.loss
     needs_ref = loss.use_kl_loss or loss.kl_coef > 0
     temperature = loss.rollout_temperature
     # all-gather CP: the pass runs each micro-batch over its CP group too, as training does
-    cp_allgather = cfg.cp > 1 and cfg.cp_impl == "allgather"
+    cp_allgather = layout.cp > 1 and layout.cp_impl == "allgather"
 
     def run_pass() -> dict:
         old = compute_log_probs(model, log_prob_steps, rollouts, data.tokens, device,
-                                temperature=temperature, layout=cfg.layout,
+                                temperature=temperature, layout=layout,
                                 cp_allgather=cp_allgather)
         ref = None
         if needs_ref and rollout_batch == 0:
@@ -93,7 +94,7 @@ def prepare_policy_inputs(cfg, model, gpt, log_prob_steps, rollouts, data, devic
             _load(gpt, initial_state)
             try:
                 ref = compute_log_probs(model, log_prob_steps, rollouts, data.tokens, device,
-                                        temperature=temperature, layout=cfg.layout,
+                                        temperature=temperature, layout=layout,
                                         cp_allgather=cp_allgather)
             finally:
                 _load(gpt, current)
@@ -103,7 +104,7 @@ def prepare_policy_inputs(cfg, model, gpt, log_prob_steps, rollouts, data, devic
     old, ref = saved["old"], saved["ref"]
     samples = _samples(log_prob_steps)
     advantages = token_advantages(
-        data, rollouts, loss=loss, data_cfg=cfg.data, samples=samples,
+        data, rollouts, loss=loss, data_cfg=data_cfg, samples=samples,
         log_probs=[old[int(i)] for i in samples],
         ref_log_probs=None if ref is None else [ref[int(i)] for i in samples])
     by_sample = dict(zip(samples.tolist(), advantages))
@@ -122,8 +123,9 @@ def _load(gpt, weights: dict) -> None:
         p.copy_(weights[n])
 
 
-def initial_state_if_needed(cfg, gpt) -> dict | None:
-    """A frozen copy of the initial model's weights when a reference model is needed."""
-    if not (cfg.loss.use_kl_loss or cfg.loss.kl_coef > 0):
+def initial_state_if_needed(loss, gpt) -> dict | None:
+    """A frozen copy of the initial model's weights when ``loss`` (a ``LossConfig``) needs a
+    reference model."""
+    if not (loss.use_kl_loss or loss.kl_coef > 0):
         return None
     return _weights(gpt)

@@ -104,17 +104,24 @@ class PolicyInputs:
     rollout_log_probs: list | None = None
 
 
-def report_keys(cfg, has_rollout_log_probs: bool) -> tuple[str, ...]:
-    """The reported metric names of a run: slime's policy-loss metrics, then the extras."""
+def report_keys(loss, has_rollout_log_probs: bool) -> tuple[str, ...]:
+    """The reported metric names of a run with ``loss`` (its ``LossConfig``): slime's
+    policy-loss metrics, then the extras."""
     from varbatch_kit.report.objective import metric_keys
 
-    return metric_keys(cfg.loss.objective_options(),
+    return metric_keys(loss.objective_options(),
                        has_rollout_log_probs=has_rollout_log_probs) + EXTRA_METRIC_KEYS
 
 
-def train_step(cfg, mode, model, optimizer, step, rollouts, data, inputs: PolicyInputs,
-               device, *, grads_out: dict | None = None) -> dict:
+def train_step(layout, loss, faults, mode, model, optimizer, step, rollouts, data,
+               inputs: PolicyInputs, device, *, run_name: str,
+               grads_out: dict | None = None) -> dict:
     """Forward/backward over this rank's micro-batches, optimizer step, reduced report.
+
+    ``layout``: the run's :class:`~varbatch_kit.train.config.parallel_layout.ParallelLayout`
+    (built once per run: which micro-batches this rank trains, its CP, TP and pipeline
+    coordinates); ``loss``, ``faults``: the run's ``LossConfig`` and ``FaultConfig``;
+    ``run_name``: its label (an injected stale count is kept per run).
 
     ``grads_out`` (a dict): receives the gradients (name -> CPU tensor) after the backward,
     reduced over the ranks, before clipping and the optimiser step.
@@ -138,7 +145,8 @@ def train_step(cfg, mode, model, optimizer, step, rollouts, data, inputs: Policy
     rank, world = dist.get_rank(), dist.get_world_size()
     # the schedule places micro-batches on the dp * cp pool; tp / pp replicate it
     # (train/config/parallel_layout.py): this rank trains the micro-batches of its pool rank
-    pool_rank = cfg.layout.coords(rank).pool_rank
+    here = layout.coords(rank)
+    pool_rank = here.pool_rank
     dynamic = not step.is_fixed_shape
     # this pool rank's rounds: fixed CP, DP rank pool_rank // cp's micro-batches at cp_rank
     # pool_rank % cp; dynamic CP, the micro-batch of the group holding it (own degree and CP
@@ -157,19 +165,18 @@ def train_step(cfg, mode, model, optimizer, step, rollouts, data, inputs: Policy
     masks = {int(g): torch.as_tensor(all_masks[g], dtype=torch.float64) for g in samples}
     rank_of_sample = np.empty(samples.size, dtype=np.int64)
     for mb, p in zip(step.micro_batches, step.placements):  # fixed CP: its DP rank
-        rank_of_sample[[local_of[int(g)] for g in mb]] = min(p.ranks) // cfg.cp
+        rank_of_sample[[local_of[int(g)] for g in mb]] = min(p.ranks) // layout.cp
     norm = mode.step_normalizers(
         rollouts.rollout_id[samples], [masks[g] for g in samples],
-        global_batch_size=step.num_rollouts, dp_size=cfg.dp,
-        cp_size=step.sample_cp_sizes().tolist() if dynamic else cfg.cp,
+        global_batch_size=step.num_rollouts, dp_size=layout.dp,
+        cp_size=step.sample_cp_sizes().tolist() if dynamic else layout.cp,
         num_microbatches=step.num_rounds, dp_rank_of_sample=rank_of_sample,
     )
-    faults = cfg.faults
     counted = max(n_mb, 1)
     if faults.stale_loss_prescale:  # injected bug: the first step's count, never refreshed
-        counted = _stale_counts.setdefault(cfg.name, counted)
-    prescale = mode.loss_prescale(norm, num_microbatches=counted, dp_size=cfg.dp,
-                                  cp_size=cfg.cp)
+        counted = _stale_counts.setdefault(run_name, counted)
+    prescale = mode.loss_prescale(norm, num_microbatches=counted, dp_size=layout.dp,
+                                  cp_size=layout.cp)
     report_cp = norm.reference_cp
     if faults.cp_duplicate_token_counts:  # injected bug: the CP ranks' counts as distinct tokens
         prescale, report_cp = prescale / norm.reference_cp, 1
@@ -185,23 +192,24 @@ def train_step(cfg, mode, model, optimizer, step, rollouts, data, inputs: Policy
                  device=device)
         # all-gather CP: this rank's zigzag share of b and its group (None: the whole row)
         share = (share_for(w, b, swap_chunks_of=faults.cp_swap_chunks_rank)
-                 if cfg.cp_impl == "allgather" else None)
+                 if layout.cp_impl == "allgather" else None)
         batches.append((b, w.cp_size, w.cp_rank, share))
 
-    options = cfg.loss.objective_options()
-    keys = report_keys(cfg, inputs.rollout_log_probs is not None)
+    options = loss.objective_options()
+    keys = report_keys(loss, inputs.rollout_log_probs is not None)
 
     def _f64(arrays, idx):
         return [torch.as_tensor(np.asarray(arrays[g], dtype=np.float64)).to(device) for g in idx]
 
     def loss_func(batch, cp_size, cp_rank, share, logits):
         idx = [int(g) for g in batch.sample_indices]
-        stat_kw = dict(temperature=cfg.loss.rollout_temperature,
-                       entropy_grad=cfg.loss.entropy_coef != 0)
+        stat_kw = dict(temperature=loss.rollout_temperature,
+                       entropy_grad=loss.entropy_coef != 0)
         # the full responses' values (all-gather CP: gathered from the group's shares;
         # tp > 1: vocab-parallel)
         stats = (response_token_stats(logits, batch, at_response_rows=True, **stat_kw,
-                                      **vocab_shard(logits))
+                                      **vocab_shard(logits, tp_rank=here.tp_rank,
+                                                    tp_size=layout.tp))
                  if share is None else cp_response_stats(logits, batch, share, **stat_kw))
         splits = list(batch.response_lens)
         adv = _f64(inputs.advantages, idx)
@@ -225,7 +233,7 @@ def train_step(cfg, mode, model, optimizer, step, rollouts, data, inputs: Policy
                 norm.denominators_for([local_of[g] for g in idx])
                 if not faults.microbatch_denominators  # injected bug: over this micro-batch
                 else mode.step_normalizers(rollouts.rollout_id[idx], [masks[g] for g in idx],
-                                           dp_size=cfg.dp).sample_denominators),
+                                           dp_size=layout.dp).sample_denominators),
             "cp_rank": cp_rank,
             "cp_size": cp_size,
         }
@@ -245,29 +253,26 @@ def train_step(cfg, mode, model, optimizer, step, rollouts, data, inputs: Policy
                 {"values": values})
 
     models = model if isinstance(model, list) else [model]
-    staged = cfg.pp > 1  # pipeline parallelism: megatron's 1F1B over model chunks
+    staged = layout.pp > 1  # pipeline parallelism: megatron's 1F1B over model chunks
     if staged:
         from varbatch_kit.train.model import pipeline_stages as pipeline
         from varbatch_kit.train.step import pipeline_schedule
 
-        timer = pipeline_schedule.StageTimer(cuda=device.type == "cuda")
-    else:
-        timer = MicroBatchTimer(cuda=device.type == "cuda")  # fwd/bwd wall time per micro-batch
+    # fwd/bwd wall time per micro-batch (and chunk), the schedule's span and idle time
+    timer = MicroBatchTimer(cuda=device.type == "cuda")
 
     def forward_step(data_iterator, model):
         batch, cp_size, cp_rank, share = next(data_iterator)
+        timer.lengths = list(batch.lengths)
+        loss = partial(loss_func, batch, cp_size, cp_rank, share)
         if staged:  # pipeline stages (cp = 1, no share)
-            timer.lengths = list(batch.lengths)
             if not pipeline_schedule.is_post_process(model):  # hidden states to the next stage
-                return (model(batch.tokens, batch.position_ids, **batch.model_inputs()),
-                        partial(loss_func, batch, cp_size, cp_rank, share))
-            logits = response_logits(model, batch)
-            return logits, partial(loss_func, batch, cp_size, cp_rank, share)
-        timer.forward_start(batch.lengths)
+                return model(batch.tokens, batch.position_ids, **batch.model_inputs()), loss
+            return response_logits(model, batch), loss
         # the output layer on response rows only (all-gather CP: on this rank's share)
         logits = (response_logits(model, batch) if share is None
                   else cp_response_logits(model, batch, share))
-        return logits, timer.wrap_loss(partial(loss_func, batch, cp_size, cp_rank, share))
+        return logits, loss
 
     # 3. megatron-core's forward/backward schedule (no pipelining, or 1F1B over pp stages),
     # DDP grad sync at the end
@@ -277,17 +282,17 @@ def train_step(cfg, mode, model, optimizer, step, rollouts, data, inputs: Policy
     if staged:
         outputs = pipeline_schedule.forward_backward(models, batches, forward_step, timer=timer)
     else:
-        timer.attach(get_model_config(model))  # the last backward ends where the grad sync starts
-        outputs = get_forward_backward_func()(
-            forward_step_func=forward_step,
-            data_iterator=iter(batches),
-            model=[model],
-            num_microbatches=len(batches),
-            seq_length=max(b.num_tokens for b, *_ in batches),
-            micro_batch_size=1,
-            forward_only=False,
-        )
-        timer.detach()
+        # the last backward ends where the grad sync starts (not counted)
+        with timer.around(get_model_config(model), [model]):
+            outputs = get_forward_backward_func()(
+                forward_step_func=forward_step,
+                data_iterator=iter(batches),
+                model=[model],
+                num_microbatches=len(batches),
+                seq_length=max(b.num_tokens for b, *_ in batches),
+                micro_batch_size=1,
+                forward_only=False,
+            )
         for rec, (_, cp_size, _, share) in zip(timer.records, batches):  # what this rank
             rec.update(cp_size=cp_size, cp_share=share is not None)  # computed: share or row
     if grads_out is not None:  # DDP has reduced them into main_grad (finalize_model_grads)
@@ -314,7 +319,6 @@ def train_step(cfg, mode, model, optimizer, step, rollouts, data, inputs: Policy
     wall = time.perf_counter() - t0
 
     # 5. report: sum micro-batch vectors, all-reduce over DP x CP, divide by the step divisor
-    layout = cfg.layout
     if layout.coords(rank).pp_rank == layout.pp - 1:  # the losses are on the last stage
         report = reduce_step_report([o["values"] for o in outputs], keys=keys, mode=mode,
                                     norm=norm, cp_size=report_cp)

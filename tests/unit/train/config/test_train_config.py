@@ -14,7 +14,7 @@ import pytest
 from _factories import synthetic_rollouts
 from _fake_hf import fake_checkpoint, llama_like
 
-from varbatch_kit import ScheduleConfig
+from varbatch_kit import Rollouts, ScheduleConfig
 from varbatch_kit.train import (
     CheckpointConfig,
     DataConfig,
@@ -117,15 +117,28 @@ def test_train_config_checks_what_spans_sub_configs():
     (dict(vpp=2), r"vpp=2 needs pipeline parallelism: set pp > 1 or vpp=1"),
     (dict(cp=2, tp=2), r"cp=2 with pp=1, tp=2: context parallelism runs with pp=1 and tp=1"),
     (dict(cp=2, pp=2), r"cp=2 with pp=2, tp=1: context parallelism runs with pp=1 and tp=1"),
-    # the toy GPT's 2 layers cannot fill 4 stages; 3 layers cannot be cut in 2 equal ones
-    (dict(pp=4), r"num_layers=2 does not split into pp\*vpp=4 equal pipeline chunks"),
-    (dict(pp=2, num_layers=3), r"num_layers=3 does not split into pp\*vpp=2"),
     (dict(pp=2, vpp=2, num_layers=4), r"mb_group=1 with pp=2, vpp=2: .* set mb_group >= 2"),
 ])
 def test_layouts_the_engine_cannot_run_are_refused_not_ignored(changes, match):
     """Accepted and ignored would be a bug: refused in the constructor, before any worker."""
     with pytest.raises(ValueError, match=match):
         TrainConfig().with_(**changes)
+
+
+@pytest.mark.parametrize("changes, match", [
+    # the toy GPT's 2 layers cannot fill 4 stages; 3 layers cannot be cut in 2 equal ones
+    (dict(pp=4), r"num_layers=2 does not split into pp\*vpp=4 equal pipeline chunks"),
+    (dict(pp=2, num_layers=3), r"num_layers=3 does not split into pp\*vpp=2"),
+])
+def test_a_depth_the_pipeline_cannot_split_is_refused_once_the_model_is_read(changes, match):
+    """The depth rule needs the model (a checkpoint's depth is in its files): the config is
+    built, the plan (before any worker starts) refuses it, once."""
+    from varbatch_kit.train.runs.plan import plan_runs
+
+    cfg = TrainConfig().with_(global_batch_size=2, max_tokens_per_gpu=64, **changes)
+    rollouts = Rollouts([3, 3, 3, 3], [5, 6, 7, 8], [0, 1, 2, 3])
+    with pytest.raises(ValueError, match=match + r".*\(the toy GPT\)"):
+        plan_runs([cfg], rollouts)
 
 
 def test_pipeline_layouts_the_engine_runs_are_accepted():
@@ -142,9 +155,12 @@ def test_the_layout_spans_the_schedule_and_tp():
     summary = cfg.summary()
     assert (summary["pp"], summary["tp"], summary["cp_impl"], summary["world_size"]) == (
         1, 1, "emulated", 4)
-    with pytest.raises(ValueError, match=r"tp=0: the tensor-parallel size is an integer >= 1"):
+    with pytest.raises(ValueError, match=r"tp must be a positive integer \(tensor-parallel "
+                                         r"ranks\), got 0"):
         TrainConfig(tp=0)
-    with pytest.raises(ValueError, match=r"cp_impl='ring': choose one of"):
+    with pytest.raises(ValueError, match=r"tp must be a positive integer .*, got 2.0"):
+        TrainConfig(tp=2.0)
+    with pytest.raises(ValueError, match=r"cp_impl='ring': use one of allgather, emulated"):
         TrainConfig(cp_impl="ring")
 
 

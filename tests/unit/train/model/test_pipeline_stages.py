@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from varbatch_kit.train.config.pipeline_checks import pipeline_problems
+from varbatch_kit.train.config.pipeline_checks import pipeline_depth_problem
 from varbatch_kit.train.model.pipeline_stages import full_name, stage_layers, stage_tensors
 
 
@@ -76,11 +76,15 @@ def test_tied_embeddings_give_the_last_stage_a_copy_not_saved_twice():
 
 
 def test_what_the_pipeline_cannot_run_is_named():
-    assert pipeline_problems(pp=2, vpp=2, mb_group=2, num_layers=4) == []
-    assert pipeline_problems(pp=1, num_layers=3) == []
-    (msg,) = pipeline_problems(pp=2, num_layers=3)
+    from varbatch_kit.train.config.parallel_layout import ParallelLayout
+
+    assert pipeline_depth_problem(num_layers=4, pp=2, vpp=2) is None
+    assert pipeline_depth_problem(num_layers=3, pp=1) is None
+    msg = pipeline_depth_problem(num_layers=3, pp=2)
     assert msg.startswith("num_layers=3 does not split into pp*vpp=2 equal pipeline chunks")
-    (msg,) = pipeline_problems(pp=2, vpp=2, mb_group=1, num_layers=4)
+    # the group rule is the layout's own (no model needed)
+    assert ParallelLayout(pp=2, vpp=2, mb_group=2).unsupported() == []
+    (msg,) = ParallelLayout(pp=2, vpp=2, mb_group=1).unsupported()
     assert msg.startswith("mb_group=1 with pp=2, vpp=2") and "set mb_group >= 2" in msg
     with pytest.raises(ValueError, match=r"num_layers=6 does not split into pp\*vpp=4"):
         stage_layers(6, 2, 2, 0, 0)
