@@ -47,3 +47,31 @@ def test_cpu_workers_keep_large_allocations_in_the_heap_unless_the_user_says_oth
     monkeypatch.setenv("MALLOC_MMAP_MAX_", "65536")
     _, env = _torchrun_command(cfg, tmp_path, None, "cpu")
     assert env["MALLOC_MMAP_MAX_"] == "65536"
+
+
+def test_cpu_workers_run_adam_with_torchs_fused_kernel():
+    """The same update as the per-tensor loop (up to rounding), switched on inside megatron's
+    chained optimizer; an optimizer that is not Adam is left alone."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from varbatch_kit.train.runs.worker import fuse_cpu_adam
+
+    torch.manual_seed(0)
+    params = [torch.nn.Parameter(torch.randn(50, dtype=torch.float64)) for _ in range(2)]
+    twins = [torch.nn.Parameter(p.detach().clone()) for p in params]
+    fused, plain = torch.optim.Adam(params, lr=1e-2), torch.optim.Adam(twins, lr=1e-2)
+    sgd = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+    chained = SimpleNamespace(chained_optimizers=[SimpleNamespace(optimizer=fused),
+                                                  SimpleNamespace(optimizer=sgd)])
+    assert fuse_cpu_adam(chained) == 1
+    assert fused.param_groups[0]["fused"] and not sgd.param_groups[0].get("fused")
+    for _ in range(3):
+        for p, q in zip(params, twins):
+            g = torch.randn_like(p)
+            p.grad, q.grad = g, g.clone()
+        fused.step()
+        plain.step()
+    for p, q in zip(params, twins):
+        assert torch.allclose(p, q, rtol=1e-13, atol=1e-15)
