@@ -22,11 +22,13 @@ from varbatch_kit.core.config import ScheduleConfig
 from varbatch_kit.core.flops import ModelShape
 from varbatch_kit.train.config.field_checks import documented as _f
 from varbatch_kit.train.config.model_config import (
+    TOY_DEFAULTS,
     ModelConfig,
     ResolvedModel,
     resolve_model,
 )
 from varbatch_kit.train.config.parallel_layout import CP_IMPLS, ParallelLayout
+from varbatch_kit.train.config.pipeline_checks import pipeline_depth_problem
 from varbatch_kit.train.config.sub_configs import (
     CheckpointConfig,
     DataConfig,
@@ -143,9 +145,15 @@ class TrainConfig:
         if self.precision not in PRECISIONS:
             raise ValueError(f"precision={self.precision!r}: choose one of {PRECISIONS}")
         # accepted and ignored would be a bug: a layout the engine cannot run is refused here,
-        # once (building the layout checks its sizes and cp_impl; a model-dependent rule, the
-        # pipeline's depth or tp's split of the heads, once the model is read, in plan_runs)
+        # once (building the layout checks its sizes and cp_impl); the pipeline's depth here
+        # when the config gives it, else once the checkpoint is read (plan_runs), and tp's
+        # split of the heads there too
         self.layout.check()
+        depth = self.known_depth()
+        problem = depth and pipeline_depth_problem(num_layers=depth, pp=self.schedule.pp,
+                                                   vpp=self.schedule.vpp)
+        if problem:
+            raise ValueError(problem)
         if self.tp > 1 and self.checkpoint.save_every:  # rank 0 saves its own TP shard only
             raise ValueError(f"checkpoint.save_every={self.checkpoint.save_every} with tp="
                              f"{self.tp}: checkpoints hold one rank's full state, not tensor-"
@@ -178,6 +186,13 @@ class TrainConfig:
                              "a mode with per-rollout denominators such as 'per_rollout_mean'")
 
     # ----------------------------------------------------------------- derived
+    def known_depth(self) -> int | None:
+        """The model's layer count when the config alone gives it (``num_layers``, or the toy
+        GPT's default); None for a checkpoint at its own depth (read by ``plan_runs``)."""
+        if self.model.num_layers is not None:
+            return self.model.num_layers
+        return TOY_DEFAULTS["num_layers"] if self.model.path is None else None
+
     @property
     def dp(self) -> int:
         return self.schedule.dp

@@ -91,10 +91,10 @@ def plan_runs(configs: Sequence[TrainConfig], rollouts: Rollouts) -> list[Planne
         if cfg.model not in models:
             models[cfg.model] = resolve_model(cfg.model)
         model = models[cfg.model]
-        # the layout's rules that need the model (its own rules: TrainConfig, once)
+        # the layout's rules that need the model read (the others: TrainConfig, once)
         check_tp_split(model, cfg.tp)  # heads, query groups, FFN, vocab divisible by tp
-        problem = pipeline_depth_problem(num_layers=model.num_layers, pp=cfg.pp,
-                                         vpp=cfg.schedule.vpp)
+        problem = cfg.known_depth() is None and pipeline_depth_problem(
+            num_layers=model.num_layers, pp=cfg.pp, vpp=cfg.schedule.vpp)
         if problem:
             raise ValueError(f"{problem} ({model.path or 'the toy GPT'})")
         _check_rollouts(cfg, model, rollouts)

@@ -117,6 +117,9 @@ def test_train_config_checks_what_spans_sub_configs():
     (dict(vpp=2), r"vpp=2 needs pipeline parallelism: set pp > 1 or vpp=1"),
     (dict(cp=2, tp=2), r"cp=2 with pp=1, tp=2: context parallelism runs with pp=1 and tp=1"),
     (dict(cp=2, pp=2), r"cp=2 with pp=2, tp=1: context parallelism runs with pp=1 and tp=1"),
+    # the toy GPT's 2 layers cannot fill 4 stages; 3 layers cannot be cut in 2 equal ones
+    (dict(pp=4), r"num_layers=2 does not split into pp\*vpp=4 equal pipeline chunks"),
+    (dict(pp=2, num_layers=3), r"num_layers=3 does not split into pp\*vpp=2"),
     (dict(pp=2, vpp=2, num_layers=4), r"mb_group=1 with pp=2, vpp=2: .* set mb_group >= 2"),
 ])
 def test_layouts_the_engine_cannot_run_are_refused_not_ignored(changes, match):
@@ -125,20 +128,19 @@ def test_layouts_the_engine_cannot_run_are_refused_not_ignored(changes, match):
         TrainConfig().with_(**changes)
 
 
-@pytest.mark.parametrize("changes, match", [
-    # the toy GPT's 2 layers cannot fill 4 stages; 3 layers cannot be cut in 2 equal ones
-    (dict(pp=4), r"num_layers=2 does not split into pp\*vpp=4 equal pipeline chunks"),
-    (dict(pp=2, num_layers=3), r"num_layers=3 does not split into pp\*vpp=2"),
-])
-def test_a_depth_the_pipeline_cannot_split_is_refused_once_the_model_is_read(changes, match):
-    """The depth rule needs the model (a checkpoint's depth is in its files): the config is
-    built, the plan (before any worker starts) refuses it, once."""
+def test_a_checkpoints_own_depth_is_checked_once_it_is_read(tmp_path):
+    """A checkpoint at its own depth: the config cannot know it, the plan (before any worker
+    starts) reads it and refuses 3 layers over 2 stages; given num_layers, the config does."""
     from varbatch_kit.train.runs.plan import plan_runs
 
-    cfg = TrainConfig().with_(global_batch_size=2, max_tokens_per_gpu=64, **changes)
+    ckpt = fake_checkpoint(tmp_path / "llama", *llama_like(layers=3))
+    cfg = TrainConfig().with_(path=str(ckpt), pp=2, global_batch_size=2, max_tokens_per_gpu=64)
+    assert cfg.known_depth() is None
     rollouts = Rollouts([3, 3, 3, 3], [5, 6, 7, 8], [0, 1, 2, 3])
-    with pytest.raises(ValueError, match=match + r".*\(the toy GPT\)"):
+    with pytest.raises(ValueError, match=r"num_layers=3 does not split into pp\*vpp=2 .*llama"):
         plan_runs([cfg], rollouts)
+    with pytest.raises(ValueError, match=r"num_layers=1 does not split into pp\*vpp=2"):
+        cfg.with_(num_layers=1)
 
 
 def test_pipeline_layouts_the_engine_runs_are_accepted():

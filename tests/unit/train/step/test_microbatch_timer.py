@@ -1,4 +1,5 @@
-"""MicroBatchTimer: passes on a hand-driven clock, a megatron schedule timed per micro-batch and\nchunk up to the grad sync, busy/straggler."""
+"""MicroBatchTimer: passes on a hand-driven clock, a megatron schedule timed per micro-batch and
+chunk up to the grad sync, busy/straggler."""
 
 from types import SimpleNamespace
 
