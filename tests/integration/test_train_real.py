@@ -2,11 +2,11 @@
 
 The objective is slime's, from slime's own command line (``SLIME_FLAGS``: GRPO with the
 asymmetric clip, the low_var_kl KL loss and the entropy bonus, through
-``compat.slime.train_config_from_slime_args``), on slime's advantages from the rewards (the
-generated ``advantage`` column dropped). The layout matrix: dp {1, 2} x all-gather cp {1, 2} x
-packing {first_fit, balanced} for per_rollout_mean and per_token give the same step-1 and
-step-2 loss, every objective metric (pg_loss, pg_clipfrac, ppo_kl, entropy_loss, kl_loss),
-gradient norm and parameters; the naive micro-batch mean drifts.
+``compat.slime.train_config_from_slime_args``), on slime's advantages, which the engine
+computes from the generated rewards (generation writes none). The layout matrix: dp {1, 2}
+x all-gather cp {1, 2} x packing {first_fit, balanced} for per_rollout_mean and per_token
+give the same step-1 and step-2 loss, every objective metric (pg_loss, pg_clipfrac, ppo_kl,
+entropy_loss, kl_loss), gradient norm and parameters; the naive micro-batch mean drifts.
 
 The matrix runs in float64 (``precision="fp64"``, CPU): a first version in fp32 took its
 tolerance from a floor measured in the same run (dp 1 with each step's micro-batches in
@@ -142,9 +142,6 @@ def test_notebook_04_runs_this_matrix_on_these_rollouts(tmp_path):
         def __init__(self, path, kw):
             seen["rollouts"] = (path, kw)
 
-        def without_columns(self, *names):
-            return ("without_columns", names)
-
     ns = {"os": os, "Path": Path, "torch": torch, "ScheduleConfig": ScheduleConfig,
           "TrainConfig": TrainConfig, "GenerationStats": GenerationStats,
           "train_config_from_slime_args": train_config_from_slime_args,
@@ -162,13 +159,13 @@ def test_notebook_04_runs_this_matrix_on_these_rollouts(tmp_path):
     assert path == checkpoint
     assert {k: v for k, v in kw.items() if k != "stats"} == {**GEN, "device": "cpu"}
     configs, rollouts = seen["compare"]
-    assert rollouts == ("without_columns", ("advantage",))  # slime's advantages, from rewards
+    assert isinstance(rollouts, Generated)  # as generated: the engine's advantages from rewards
     assert ns["SLIME_FLAGS"] == SLIME_FLAGS
     assert [repr(c) for c in configs] == [repr(c) for c in _matrix_configs(checkpoint)]
 
 
 def test_smollm2_layout_matrix(real_rollouts, smollm2_path):
-    r = real_rollouts.without_columns("advantage")  # train on slime's advantages from rewards
+    r = real_rollouts  # rewards, no advantages: the engine computes slime's from the rewards
     reward = r.extra["reward"].to_numpy(dtype=float)
     assert len(r) == 24 and r.num_rollouts == 12
     # real data: slime normalises the 24 samples as one group (24 != 3 prompts x 4), so a

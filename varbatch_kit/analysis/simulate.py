@@ -39,24 +39,29 @@ A measured :class:`~varbatch_kit.analysis.cost_model.MicroBatchCostModel`
 can stand in for the hardware profile (``simulate(schedule, hardware=model)``:
 :func:`varbatch_kit.analysis.simulate_cost_model.simulate_with_cost_model`).
 The result of every path is a
-:class:`~varbatch_kit.analysis.simulate_common.SimulationResult`.
+:class:`~varbatch_kit.analysis.simulate_common.SimulationResult`. The model's settings
+(hardware, efficiency, overheads, ``pp``, ``tp``, ``backward_factor``) are one
+:class:`~varbatch_kit.analysis.simulate_common.SimulationSettings`: :func:`simulate`,
+:func:`simulated_step_time_bound` and :func:`compare_cp_modes` take its fields as their own
+arguments, or the object as ``settings=``.
 """
 
 from __future__ import annotations
 
+import inspect
 import math
 
 import numpy as np
 
-from varbatch_kit.analysis.cost_model import MicroBatchCostModel
 from varbatch_kit.analysis.quality import micro_batch_arrays
 from varbatch_kit.analysis.simulate_common import (
     SimulationResult,
+    SimulationSettings,
     _cost,
     _fixed_shape,
     _mb_sq_tokens,
     _Params,
-    _params,
+    _resolve,
     _run_steps,
 )
 from varbatch_kit.analysis.simulate_cost_model import (
@@ -66,14 +71,6 @@ from varbatch_kit.analysis.simulate_dynamic_cp import _dynamic_bound, _simulate_
 from varbatch_kit.core.build import build_schedule
 from varbatch_kit.core.config import ScheduleConfig
 from varbatch_kit.core.flops import ModelShape
-from varbatch_kit.core.hardware import (
-    DEFAULT_BACKWARD_FACTOR,
-    DEFAULT_EFFICIENCY,
-    DEFAULT_HARDWARE,
-    DEFAULT_MICROBATCH_OVERHEAD_S,
-    HardwareProfile,
-    cp_cost_model,
-)
 from varbatch_kit.core.rollouts import Rollouts
 from varbatch_kit.core.schedule import Schedule
 from varbatch_kit.policies.order import apply_order
@@ -121,22 +118,52 @@ def _check_schedule(schedule: Schedule) -> None:
                          "e.g. build_schedule(rollouts, config, ModelShape.preset('qwen3-8b'))")
 
 
-def simulated_step_time_bound(
-    schedule: Schedule,
-    hardware: str | HardwareProfile = DEFAULT_HARDWARE,
-    efficiency: float = DEFAULT_EFFICIENCY,
-    microbatch_overhead_s: float = DEFAULT_MICROBATCH_OVERHEAD_S,
-    pp: int | None = None,
-    *,
-    tp: int = 1,
-    step_overhead_s: float = 0.0,
-    backward_factor: float = DEFAULT_BACKWARD_FACTOR,
-) -> np.ndarray:
-    """Per step, the simulated time of a perfect schedule of the same step (see module doc)."""
+def _settings(args: tuple, kwargs: dict, settings: SimulationSettings | None
+              ) -> SimulationSettings:
+    """The model's settings of a call: given as arguments, or as ``settings=``."""
+    if settings is None:
+        return SimulationSettings(*args, **kwargs)
+    if not isinstance(settings, SimulationSettings):
+        raise ValueError(f"settings must be a SimulationSettings, got {type(settings).__name__}")
+    if args or kwargs:
+        given = [repr(a) for a in args] + sorted(kwargs)
+        raise ValueError(f"settings=... and the settings' own arguments ({', '.join(given)}) "
+                         "given together; pass one or the other")
+    return settings
+
+
+def _takes_settings(fn):
+    """Show :class:`SimulationSettings`' parameters where ``fn`` takes ``*args, **kwargs``.
+
+    ``fn``'s own positional parameters, then the settings' (positional or keyword as in
+    the dataclass), then ``fn``'s keyword-only ones: the signature ``help()`` and tab
+    completion show, and what a call binds to (``_settings``).
+    """
+    sig = inspect.signature(fn)
+    own = [q for q in sig.parameters.values()
+           if q.kind not in (q.VAR_POSITIONAL, q.VAR_KEYWORD)]
+    shared = list(inspect.signature(SimulationSettings).parameters.values())
+    fn.__signature__ = sig.replace(parameters=[
+        *(q for q in own if q.kind is not q.KEYWORD_ONLY), *shared,
+        *(q for q in own if q.kind is q.KEYWORD_ONLY)])
+    return fn
+
+
+@_takes_settings
+def simulated_step_time_bound(schedule: Schedule, *args,
+                              settings: SimulationSettings | None = None,
+                              **kwargs) -> np.ndarray:
+    """Per step, the simulated time of a perfect schedule of the same step (see module doc).
+
+    The model's settings as :func:`simulate` takes them (:class:`SimulationSettings`); the
+    result is ``simulate``'s ``step_times["bound_s"]``.
+    """
+    settings = _settings(args, kwargs, settings)
+    if settings.measured:
+        return simulate(schedule, settings=settings, timelines=False).step_times[
+            "bound_s"].to_numpy()
     _check_schedule(schedule)
-    pp = schedule.config.pp if pp is None else pp
-    p = _params(hardware, efficiency, microbatch_overhead_s, pp, tp, step_overhead_s,
-                backward_factor)
+    p = _resolve(settings, schedule.config.pp)
     if not _fixed_shape(schedule):
         return np.array([_dynamic_bound(schedule, st, _cost(schedule.model, p), p)
                          for st in schedule.steps])
@@ -144,20 +171,14 @@ def simulated_step_time_bound(
                      for st in schedule.steps])
 
 
-
-
+@_takes_settings
 def simulate(
     schedule: Schedule,
-    hardware: str | HardwareProfile = DEFAULT_HARDWARE,
-    efficiency: float = DEFAULT_EFFICIENCY,
-    microbatch_overhead_s: float = DEFAULT_MICROBATCH_OVERHEAD_S,
-    pp: int | None = None,
-    *,
-    tp: int = 1,
-    step_overhead_s: float = 0.0,
-    backward_factor: float = DEFAULT_BACKWARD_FACTOR,
+    *args,
+    settings: SimulationSettings | None = None,
     timelines: bool = True,
     order: str | None = None,
+    **kwargs,
 ) -> SimulationResult:
     """Predict the time of every step of ``schedule``.
 
@@ -165,26 +186,11 @@ def simulate(
     ----------
     schedule:
         Built with a model shape (its FLOPs drive the model).
-    hardware:
-        A key of :data:`varbatch_kit.core.hardware.HARDWARE` (``"H100"``,
-        ``"H200"``, ``"A100"``), a :class:`~varbatch_kit.core.hardware.HardwareProfile`,
-        or a measured
-        :class:`~varbatch_kit.analysis.cost_model.MicroBatchCostModel`
-        (then ``efficiency``, ``microbatch_overhead_s``, ``tp`` and
-        ``backward_factor`` do not apply:
-        :func:`~varbatch_kit.analysis.simulate_cost_model.simulate_with_cost_model`).
-    efficiency:
-        Share of the peak reached by the training kernels (model FLOPs
-        utilisation), in ``(0, 1]``.
-    microbatch_overhead_s:
-        Fixed seconds per micro-batch and pipeline stage.
-    pp, tp:
-        Pipeline and tensor parallel sizes of one DP replica (``cp`` comes
-        from the schedule's config; ``pp`` defaults to ``config.pp``).
-    step_overhead_s:
-        Fixed seconds per step (optimizer, gradient all-reduce).
-    backward_factor:
-        Backward FLOPs / forward FLOPs (2 for full backward).
+    hardware, efficiency, microbatch_overhead_s, pp, tp, step_overhead_s, backward_factor:
+        The model's settings, :class:`~varbatch_kit.analysis.simulate_common.SimulationSettings`
+        (``hardware`` may be a measured
+        :class:`~varbatch_kit.analysis.cost_model.MicroBatchCostModel`); or all of them as
+        one object, ``settings=``.
     timelines:
         Build the per-micro-batch table (skip it for very large schedules
         when only step times are needed).
@@ -198,14 +204,13 @@ def simulate(
         only: the schedule is not changed (``ScheduleConfig.microbatch_order``
         changes it).
     """
-    if isinstance(hardware, MicroBatchCostModel):  # measured seconds instead of FLOPs
-        return _simulate_with_cost_model(schedule, hardware, pp=pp,
-                                         step_overhead_s=step_overhead_s, timelines=timelines,
-                                         order=order)
+    settings = _settings(args, kwargs, settings)
+    if settings.measured:  # measured seconds instead of FLOPs
+        return _simulate_with_cost_model(schedule, settings.hardware, pp=settings.pp,
+                                         step_overhead_s=settings.step_overhead_s,
+                                         timelines=timelines, order=order)
     _check_schedule(schedule)
-    pp = schedule.config.pp if pp is None else pp
-    p = _params(hardware, efficiency, microbatch_overhead_s, pp, tp, step_overhead_s,
-                backward_factor)
+    p = _resolve(settings, schedule.config.pp)
     if order is not None:
         apply_order(order, np.zeros(0), np.zeros(0), p.pp)  # validates the name
     cfg = schedule.config
@@ -232,32 +237,30 @@ def simulate(
     )
 
 
-def compare_cp_modes(rollouts: Rollouts, config: ScheduleConfig, model: ModelShape,
-                     hardware: str | HardwareProfile = DEFAULT_HARDWARE,
-                     efficiency: float = DEFAULT_EFFICIENCY,
-                     microbatch_overhead_s: float = DEFAULT_MICROBATCH_OVERHEAD_S, *, tp: int = 1,
-                     backward_factor: float = DEFAULT_BACKWARD_FACTOR):
+@_takes_settings
+def compare_cp_modes(rollouts: Rollouts, config: ScheduleConfig, model: ModelShape, *args,
+                     settings: SimulationSettings | None = None, **kwargs):
     """Fixed vs dynamic CP for one layout: a pandas table indexed ``fixed``, ``dynamic``.
 
-    Both schedules use ``config`` (its ``cp_mode`` replaced); the dynamic one is
-    planned with the cost model of these simulator settings
-    (:func:`varbatch_kit.core.hardware.cp_cost_model`). Columns: ``time_s``, ``bound_s``, ``ratio``
-    (time / bound), ``micro_batches`` (all steps), ``rounds`` (per step, mean),
-    ``share_c1`` (share of samples trained without CP), ``speedup`` (fixed
-    time / this time).
+    Both schedules use ``config`` (its ``cp_mode`` replaced) and are timed with the model's
+    settings as :func:`simulate` takes them (:class:`SimulationSettings`, a hardware profile:
+    the dynamic plan needs the FLOPs model); the dynamic one is planned with the cost model
+    of these settings (:func:`varbatch_kit.core.hardware.cp_cost_model`). Columns:
+    ``time_s``, ``bound_s``, ``ratio`` (time / bound), ``micro_batches`` (all steps),
+    ``rounds`` (per step, mean), ``share_c1`` (share of samples trained without CP),
+    ``speedup`` (fixed time / this time).
     """
     import pandas as pd
 
     if not isinstance(config, ScheduleConfig):
         raise ValueError(f"config must be a ScheduleConfig, got {type(config).__name__}")
-    kw = dict(hardware=hardware, efficiency=efficiency, microbatch_overhead_s=microbatch_overhead_s,
-              tp=tp, backward_factor=backward_factor)
-    cost = cp_cost_model(model, **kw)
+    settings = _settings(args, kwargs, settings)
+    cost = _cost(model, _resolve(settings, config.pp))
     rows = {}
     for mode in ("fixed", "dynamic"):
         sched = build_schedule(rollouts, config.with_(cp_mode=mode), model,
                                cp_cost=cost if mode == "dynamic" else None)
-        sim = simulate(sched, timelines=False, **kw)
+        sim = simulate(sched, settings=settings, timelines=False)
         sizes = np.concatenate([s.sample_cp_sizes() for s in sched.steps])
         rows[mode] = {"time_s": sim.total_time_s, "bound_s": sim.total_bound_s,
                       "ratio": sim.total_time_s / sim.total_bound_s,

@@ -1,32 +1,45 @@
-"""What the step-time simulators share: their result, the FLOPs model's settings, the step loop.
+"""What the step-time simulators share: their settings, their result, the step loop.
 
-:class:`SimulationResult` is what :func:`varbatch_kit.analysis.simulate.simulate`
-(fixed and dynamic CP) and
+:class:`SimulationSettings` are the step-time model's settings (hardware,
+efficiency, overheads, pipeline and tensor parallel sizes), the one list that
+:func:`varbatch_kit.analysis.simulate.simulate`,
+:func:`~varbatch_kit.analysis.simulate.simulated_step_time_bound` and
+:func:`~varbatch_kit.analysis.simulate.compare_cp_modes` take.
+:class:`SimulationResult` is what ``simulate`` (fixed and dynamic CP) and
 :func:`varbatch_kit.analysis.simulate_cost_model.simulate_with_cost_model`
 return. The private helpers here are the pieces those simulators have in
-common: the checked hardware settings of the FLOPs model (``_Params``) and
-the :class:`~varbatch_kit.policies.dynamic_cp.CPCostModel` they give, the
-test for the fixed-CP step shape, and the fixed-shape step loop
-(``_run_steps``: 1F1B on every DP rank, the ranks meet at the end of the step).
+common: the settings resolved for one schedule (``_Params``) and the
+:class:`~varbatch_kit.policies.dynamic_cp.CPCostModel` they give, the test for
+the fixed-CP step shape, and the fixed-shape step loop (``_run_steps``: 1F1B on
+every DP rank, the ranks meet at the end of the step).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import KW_ONLY, dataclass, field
 
 import numpy as np
 
+from varbatch_kit.analysis.cost_model import MicroBatchCostModel
 from varbatch_kit.analysis.quality import micro_batch_arrays
 from varbatch_kit.checks import positive_int
 from varbatch_kit.core.flops import ModelShape
-from varbatch_kit.core.hardware import HardwareProfile, cp_cost_model, hardware_profile
+from varbatch_kit.core.hardware import (
+    DEFAULT_BACKWARD_FACTOR,
+    DEFAULT_EFFICIENCY,
+    DEFAULT_HARDWARE,
+    DEFAULT_MICROBATCH_OVERHEAD_S,
+    HardwareProfile,
+    cp_cost_model,
+    hardware_profile,
+)
 from varbatch_kit.core.schedule import Schedule
 from varbatch_kit.policies.dynamic_cp import CPCostModel
 from varbatch_kit.policies.order import apply_order
 from varbatch_kit.policies.pipeline import one_f_one_b
 
-__all__ = ["SimulationResult"]
+__all__ = ["SimulationResult", "SimulationSettings"]
 
 
 @dataclass(frozen=True)
@@ -45,22 +58,81 @@ class _Params:
         return self.profile.peak_flops * self.efficiency
 
 
-def _params(hardware, efficiency, microbatch_overhead_s, pp, tp, step_overhead_s,
-            backward_factor) -> _Params:
-    prof = hardware_profile(hardware)
-    if not (isinstance(efficiency, (int, float)) and 0 < efficiency <= 1):
-        raise ValueError(
-            f"efficiency must be in (0, 1] (share of peak reached), got {efficiency!r}")
-    for name, v in (("microbatch_overhead_s", microbatch_overhead_s),
-                    ("step_overhead_s", step_overhead_s)):
-        if not (isinstance(v, (int, float)) and v >= 0 and math.isfinite(v)):
-            raise ValueError(f"{name} must be a finite number of seconds >= 0, got {v!r}")
-    for name, v in (("pp", pp), ("tp", tp)):
-        positive_int(name, v)
-    if not (isinstance(backward_factor, (int, float)) and backward_factor >= 0):
-        raise ValueError(f"backward_factor must be >= 0, got {backward_factor!r}")
-    return _Params(prof, float(efficiency), float(microbatch_overhead_s), int(pp), int(tp),
-                   float(step_overhead_s), float(backward_factor))
+@dataclass(frozen=True)
+class SimulationSettings:
+    """The step-time model's settings: what ``simulate``, ``simulated_step_time_bound`` and
+    ``compare_cp_modes`` (:mod:`varbatch_kit.analysis.simulate`) take.
+
+    Each of them takes these as its own arguments, ``simulate(schedule, "H200", 0.5,
+    tp=4)``, or as one object, ``simulate(schedule, settings=SimulationSettings("H200", 0.5,
+    tp=4))``. Checked when made (ValueError).
+
+    Attributes
+    ----------
+    hardware:
+        A key of :data:`varbatch_kit.core.hardware.HARDWARE` (``"H100"``,
+        ``"H200"``, ``"A100"``), a :class:`~varbatch_kit.core.hardware.HardwareProfile`,
+        or a measured
+        :class:`~varbatch_kit.analysis.cost_model.MicroBatchCostModel`
+        (then ``efficiency``, ``microbatch_overhead_s``, ``tp`` and
+        ``backward_factor`` do not apply:
+        :func:`~varbatch_kit.analysis.simulate_cost_model.simulate_with_cost_model`).
+    efficiency:
+        Share of the peak reached by the training kernels (model FLOPs
+        utilisation), in ``(0, 1]``.
+    microbatch_overhead_s:
+        Fixed seconds per micro-batch and pipeline stage.
+    pp, tp:
+        Pipeline and tensor parallel sizes of one DP replica (``cp`` comes
+        from the schedule's config; ``pp`` None: the config's ``pp``).
+    step_overhead_s:
+        Fixed seconds per step (optimizer, gradient all-reduce).
+    backward_factor:
+        Backward FLOPs / forward FLOPs (2 for full backward).
+    """
+
+    hardware: str | HardwareProfile | MicroBatchCostModel = DEFAULT_HARDWARE
+    efficiency: float = DEFAULT_EFFICIENCY
+    microbatch_overhead_s: float = DEFAULT_MICROBATCH_OVERHEAD_S
+    pp: int | None = None
+    _: KW_ONLY
+    tp: int = 1
+    step_overhead_s: float = 0.0
+    backward_factor: float = DEFAULT_BACKWARD_FACTOR
+
+    def __post_init__(self):
+        if not self.measured:
+            hardware_profile(self.hardware)  # a known name or a profile
+        if not (isinstance(self.efficiency, (int, float)) and 0 < self.efficiency <= 1):
+            raise ValueError(
+                f"efficiency must be in (0, 1] (share of peak reached), got {self.efficiency!r}")
+        for name in ("microbatch_overhead_s", "step_overhead_s"):
+            v = getattr(self, name)
+            if not (isinstance(v, (int, float)) and v >= 0 and math.isfinite(v)):
+                raise ValueError(f"{name} must be a finite number of seconds >= 0, got {v!r}")
+        if self.pp is not None:
+            positive_int("pp", self.pp)
+        positive_int("tp", self.tp)
+        if not (isinstance(self.backward_factor, (int, float)) and self.backward_factor >= 0):
+            raise ValueError(f"backward_factor must be >= 0, got {self.backward_factor!r}")
+
+    @property
+    def measured(self) -> bool:
+        """Whether ``hardware`` is a measured cost model (not a FLOPs profile)."""
+        return isinstance(self.hardware, MicroBatchCostModel)
+
+
+def _resolve(settings: SimulationSettings, default_pp: int) -> _Params:
+    """The FLOPs model's parameters of ``settings``, ``pp`` defaulting to ``default_pp`` (the
+    schedule's config's)."""
+    if settings.measured:
+        raise ValueError("this needs the FLOPs model: give a hardware profile or its name, not "
+                         "a MicroBatchCostModel")
+    pp = default_pp if settings.pp is None else settings.pp
+    return _Params(hardware_profile(settings.hardware), float(settings.efficiency),
+                   float(settings.microbatch_overhead_s), positive_int("pp", pp),
+                   int(settings.tp), float(settings.step_overhead_s),
+                   float(settings.backward_factor))
 
 
 def _cost(model: ModelShape, p: _Params) -> CPCostModel:

@@ -1,11 +1,16 @@
-"""Step-time model: hand-computed times, 1F1B bubble, stragglers, errors."""
+"""Step-time model: hand-computed times, 1F1B bubble, stragglers, errors, its settings."""
+
+import inspect
+from dataclasses import fields
 
 import numpy as np
 import pytest
 from _factories import TINY
 
 from varbatch_kit import Rollouts, ScheduleConfig, build_schedule
-from varbatch_kit.analysis.simulate import simulate, simulated_step_time_bound
+from varbatch_kit.analysis.cost_model import MicroBatchCostModel
+from varbatch_kit.analysis.simulate import compare_cp_modes, simulate, simulated_step_time_bound
+from varbatch_kit.analysis.simulate_common import SimulationSettings
 from varbatch_kit.core.hardware import HardwareProfile
 
 UNIT = HardwareProfile("unit", peak_flops=1.0, memory_gib=1.0)  # 1 FLOP/s: times = FLOPs
@@ -84,3 +89,66 @@ def test_needs_flops():
         simulate(s)
     with pytest.raises(ValueError, match="must be a varbatch_kit Schedule"):
         simulate("schedule")
+
+
+# --------------------------------------------------------------------------- the settings
+SETTINGS = [f.name for f in fields(SimulationSettings)]
+
+
+@pytest.mark.parametrize("fn", [simulate, simulated_step_time_bound, compare_cp_modes])
+def test_the_simulators_take_the_settings_in_their_signature(fn):
+    """The settings' list is written once (the dataclass); each function shows it as its own."""
+    assert SETTINGS == ["hardware", "efficiency", "microbatch_overhead_s", "pp", "tp",
+                        "step_overhead_s", "backward_factor"]
+    params = inspect.signature(fn).parameters
+    shared = inspect.signature(SimulationSettings).parameters
+    assert [params[n] for n in SETTINGS] == [shared[n] for n in SETTINGS]  # kind and default
+    assert params["tp"].kind is inspect.Parameter.KEYWORD_ONLY
+    assert params["pp"].kind is inspect.Parameter.POSITIONAL_OR_KEYWORD
+    assert params["settings"].default is None
+
+
+def test_arguments_and_one_settings_object_give_the_same_times():
+    s = schedule_of([10, 20, 30, 40], dp=2, max_tokens_per_gpu=25, cp=2)
+    kw = dict(tp=2, step_overhead_s=0.25, backward_factor=1.5)
+    obj = SimulationSettings(UNIT, 0.5, 0.125, 2, **kw)
+    a = simulate(s, UNIT, 0.5, 0.125, 2, **kw)
+    b = simulate(s, settings=obj)
+    assert a.step_times.equals(b.step_times) and a.params == b.params
+    bound = simulated_step_time_bound(s, UNIT, 0.5, 0.125, 2, **kw)
+    assert bound.tolist() == simulated_step_time_bound(s, settings=obj).tolist()
+    assert bound.tolist() == a.step_times["bound_s"].tolist()
+    r = Rollouts.synthetic(32, seed=1)
+    cfg = ScheduleConfig(dp=2, cp=2, global_batch_size=8, max_tokens_per_gpu=8192)
+    cp_kw = dict(tp=2, backward_factor=1.5)
+    assert compare_cp_modes(r, cfg, TINY, "H200", 0.5, **cp_kw).equals(
+        compare_cp_modes(r, cfg, TINY, settings=SimulationSettings("H200", 0.5, **cp_kw)))
+
+
+def test_the_bound_of_a_measured_cost_model_is_simulates():
+    s = schedule_of([10, 20, 30, 40], dp=2, max_tokens_per_gpu=50)
+    m = MicroBatchCostModel(0.01, 1e-3, 1e-6)
+    want = simulate(s, hardware=m, step_overhead_s=0.5).step_times["bound_s"].tolist()
+    assert simulated_step_time_bound(s, hardware=m, step_overhead_s=0.5).tolist() == want
+    r = Rollouts.synthetic(16, seed=1)
+    with pytest.raises(ValueError, match="not a MicroBatchCostModel"):
+        compare_cp_modes(r, ScheduleConfig(cp=2, global_batch_size=8, max_tokens_per_gpu=4096),
+                         TINY, hardware=m)
+
+
+def test_settings_errors():
+    s = schedule_of([10, 20, 30, 40], dp=2, max_tokens_per_gpu=50)
+    with pytest.raises(ValueError, match="efficiency must be in"):
+        SimulationSettings(efficiency=1.5)  # checked when made
+    with pytest.raises(ValueError, match="unknown hardware 'TPU'"):
+        SimulationSettings("TPU")
+    with pytest.raises(ValueError, match="tp must be a positive integer"):
+        SimulationSettings(tp=0)
+    for fn in (simulate, simulated_step_time_bound):
+        with pytest.raises(ValueError, match=r"settings=\.\.\. and the settings' own arguments "
+                                             r"\('H200', tp\) given together"):
+            fn(s, "H200", tp=2, settings=SimulationSettings())
+        with pytest.raises(ValueError, match="settings must be a SimulationSettings"):
+            fn(s, settings={"tp": 2})
+        with pytest.raises(TypeError, match="unexpected keyword argument 'gpu'"):
+            fn(s, gpu="H100")

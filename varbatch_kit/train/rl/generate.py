@@ -26,17 +26,19 @@ Rollouts and samples
     fixed number of rollouts then hold varying numbers of samples), with
     ``"always"`` every rollout does.
 
-Rewards and advantages
+Rewards, not advantages
     A rollout's reward is the mean exact-match reward over its turns
-    (``turn_reward``); every sample of the rollout carries it as ``reward``.
-    Advantages are GRPO-normalised per prompt group over the rollouts'
-    rewards, :func:`group_advantages` (``(r - mean) / (std + 1e-6)``,
-    unbiased std). The engine uses a given ``advantage`` column as it is;
-    drop the column to train on slime's advantages from the per-sample
-    rewards (:mod:`varbatch_kit.train.data.rollout_advantages`).
+    (``turn_reward``); every sample of the rollout carries it as ``reward``,
+    and its prompt group as ``group_index``. Generation writes no advantages:
+    the training engine turns the rewards into advantages as
+    ``TrainConfig.loss`` says (:mod:`varbatch_kit.train.data.rollout_advantages`:
+    ``advantage_estimator``, ``"grpo"`` by default; ``advantage_grouping="prompt"``
+    normalises per prompt group, ``"slime"`` by slime's rule). Like slime, the
+    engine normalises per *sample*: a rollout of two samples counts twice in its
+    group's mean and std.
 
 ``Rollouts.extra`` columns (one row per sample)
-    ``tokens`` (prompt + response token ids), ``reward``, ``advantage``,
+    ``tokens`` (prompt + response token ids), ``reward``,
     ``group_index``, ``turn`` (0-based), ``turn_reward``, ``question``,
     ``answer``, ``response`` (decoded text). ``trace_path=...`` writes them
     as a JSONL / Parquet trace (:func:`varbatch_kit.core.traces.write_trace`
@@ -72,31 +74,10 @@ __all__ = [
     "exact_match_reward",
     "first_integer",
     "generate_rollouts",
-    "group_advantages",
     "load_model",
 ]
 
 SYSTEM_PROMPT = "Reply with only the number."
-
-
-def group_advantages(rewards: np.ndarray, groups: np.ndarray) -> np.ndarray:
-    """GRPO advantages with explicit group labels: ``(r - mean) / (std + 1e-6)`` per group.
-
-    ``groups[k]`` is the group of reward ``k`` (any hashable labels; members
-    need not be adjacent). Unbiased std; a group of one gets 0.
-    """
-    rewards = np.asarray(rewards, dtype=np.float64)
-    groups = np.asarray(groups)
-    if groups.shape != rewards.shape:
-        raise ValueError(f"{groups.size} group labels for {rewards.size} rewards")
-    adv = np.zeros_like(rewards)
-    _, inverse = np.unique(groups, return_inverse=True)
-    for g in range(int(inverse.max()) + 1 if inverse.size else 0):
-        members = np.flatnonzero(inverse == g)
-        if members.size > 1:
-            r = rewards[members]
-            adv[members] = (r - r.mean()) / (r.std(ddof=1) + 1e-6)
-    return adv
 #: one worked example shown before every question (the chat's first exchange)
 EXAMPLE = ("What is 2 + 3?", "5")
 FOLLOW_UP = "Are you sure? Answer again."
@@ -296,7 +277,7 @@ def generate_rollouts(
         A checkpoint directory, or a loaded ``transformers`` model (then pass
         ``tokenizer`` too); default: SmolLM2-135M-Instruct.
     n_prompts, n_samples_per_prompt:
-        Questions, and rollouts per question (one GRPO group each).
+        Questions, and rollouts per question (one prompt group each, ``group_index``).
     turns, follow_up:
         ``turns=1``: one sample per rollout. ``turns=2``: after the answer the
         model is asked "Are you sure? Answer again." — ``follow_up="always"``
@@ -332,10 +313,10 @@ def generate_rollouts(
     Sampling reseeds torch's global RNG (``torch.manual_seed``) before every
     ``generate`` call.
 
-    Returns ``Rollouts`` with ``extra`` columns tokens, reward, advantage,
-    group_index, turn, turn_reward, question, answer, response (and
-    rollout_log_probs when asked). Rollout ids
-    are ``prompt * n_samples_per_prompt + k``.
+    Returns ``Rollouts`` with ``extra`` columns tokens, reward, group_index,
+    turn, turn_reward, question, answer, response (and rollout_log_probs when
+    asked); no advantages (the engine computes them from the rewards,
+    ``TrainConfig.loss``). Rollout ids are ``prompt * n_samples_per_prompt + k``.
     """
     import pandas as pd
 
@@ -425,12 +406,8 @@ def generate_rollouts(
     stats.wall_s = time.perf_counter() - t0
 
     frame = pd.DataFrame(rows)
-    # GRPO per prompt group, one reward per rollout, shared by its samples
-    first_rows = frame.drop_duplicates("rollout_id")
-    adv = group_advantages(first_rows["reward"].to_numpy(), first_rows["group_index"].to_numpy())
-    frame["advantage"] = frame["rollout_id"].map(dict(zip(first_rows["rollout_id"], adv)))
-    columns = ["tokens", "reward", "advantage", "group_index", "turn", "turn_reward",
-               "question", "answer", "response"]
+    columns = ["tokens", "reward", "group_index", "turn", "turn_reward", "question", "answer",
+               "response"]
     extra = frame[columns + (["rollout_log_probs"] if rollout_log_probs else [])]
     rollouts = Rollouts(prompt_len=frame["prompt_len"].to_numpy(),
                         response_len=frame["response_len"].to_numpy(),

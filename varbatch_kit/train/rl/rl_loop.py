@@ -6,8 +6,8 @@
    :func:`~varbatch_kit.train.rl.generate.generate_rollouts`: arithmetic questions,
    exact-match rewards), recording the generator's log-probability of every
    sampled token (``rollout_log_probs``);
-2. **score**: the rewards become slime's advantages in the engine (the
-   generator's own ``advantage`` column is dropped, so ``TrainConfig.loss`` decides);
+2. **score**: the engine turns the rewards into advantages as ``TrainConfig.loss``
+   says (generation records rewards and prompt groups, no advantages);
 3. **schedule and train**: one training run of ``config`` on the rollout batch
    (variable global batch size: a step holds ``global_batch_size`` rollouts,
    each of one or two samples), the log-prob pass first (old log-probs), then
@@ -218,15 +218,14 @@ def rl_loop(config, prompts, *, iterations: int = 2, out_dir, n_samples_per_prom
             del model
             gen_s = time.perf_counter() - t0
             write_trace(rollouts, it_dir / "rollouts.jsonl", extra=True)
-            # 2. score: slime's advantages from the rewards (the engine's LossConfig)
-            train_on = rollouts.without_columns("advantage")
+            # 2. score: the engine's advantages from the rewards (TrainConfig.loss), in run
             # 3. schedule and train from the generator's weights (= the trainer's so far)
-            n_steps = len(_steps_of(config, train_on, resolved))
+            n_steps = len(_steps_of(config, rollouts, resolved))
             cfg = config.with_(path=str(generator), num_layers=None,
                                n_samples_per_prompt=n_samples_per_prompt,
                                save_params_at=(n_steps,), label=f"iteration {k}")
             t1 = time.perf_counter()
-            result = run(cfg, train_on, out_dir=it_dir / "train", progress=False,
+            result = run(cfg, rollouts, out_dir=it_dir / "train", progress=False,
                          resume=resume and (it_dir / "train").is_dir())
             train_s = time.perf_counter() - t1
             # 4. export, and the sync check: the export as the loader reads it == the trainer's

@@ -18,24 +18,6 @@ from varbatch_kit.train.data.rollout_data import (
     rollout_training_data,
     validate_rollout_data,
 )
-from varbatch_kit.train.rl.generate import group_advantages
-
-
-# --------------------------------------------------------------------------- advantages
-def test_group_advantages_by_hand():
-    """generate_rollouts' advantage column: GRPO over rollout rewards per prompt group."""
-    r = np.array([1.0, 0.0, 0.0, 0.5, 0.5, 1.0])
-    g = np.array([0, 0, 0, 1, 1, 2])  # groups of 3, 2 (equal rewards) and 1
-    adv = group_advantages(r, g)
-    mean, std = 1 / 3, np.std([1.0, 0.0, 0.0], ddof=1)  # std = 0.57735
-    assert adv[:3] == pytest.approx([(1 - mean) / (std + 1e-6), -mean / (std + 1e-6),
-                                     -mean / (std + 1e-6)])
-    assert adv[:3] == pytest.approx([1.1547, -0.57735, -0.57735], abs=1e-4)
-    assert adv[3:].tolist() == [0.0, 0.0, 0.0]
-    # labels need not be adjacent
-    assert group_advantages(r[[0, 3, 1, 4, 2, 5]], g[[0, 3, 1, 4, 2, 5]]) == pytest.approx(
-        adv[[0, 3, 1, 4, 2, 5]])
-
 
 DATA, LOSS = DataConfig(n_samples_per_prompt=2), LossConfig()
 
