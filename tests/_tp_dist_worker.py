@@ -40,7 +40,8 @@ def _forward(spec, tp: int) -> dict:
     gpt = build_gpt(spec, max_seq_len=16, layout=layout, world_rank=dist.get_rank())
     batch = pack(SEQS, PROMPTS)
     logits = response_logits(gpt, batch)[0]  # [R, V / tp]
-    stats = response_token_stats(logits, batch, at_response_rows=True, **vocab_shard(logits, tp_rank=here.tp_rank, tp_size=tp))
+    stats = response_token_stats(logits, batch, at_response_rows=True,
+                                 **vocab_shard(logits, tp_rank=here.tp_rank, tp_size=tp))
     stats["logprob"].sum().backward()
     grads = {n: p.grad for n, p in gpt.named_parameters()}
     if tp > 1:

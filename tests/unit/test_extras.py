@@ -7,7 +7,9 @@ real import machinery and our real modules run; nothing of ours is mocked.
 
 from __future__ import annotations
 
+import ast
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -17,7 +19,7 @@ from _paths import REPO
 
 pytestmark = pytest.mark.timeout(300)
 
-UI_LIBS = ("plotly", "ipywidgets", "anywidget", "nbclient", "nbconvert")
+UI_LIBS = ("plotly", "ipywidgets", "nbclient", "nbconvert")
 TRAIN_LIBS = ("megatron", "transformers")
 
 #: a meta-path finder refusing the top-level packages in BLOCKED (first in sys.meta_path)
@@ -73,6 +75,38 @@ def test_ui_names_every_missing_library_and_is_an_import_error():
     assert res.stdout.strip() == (
         "True plotly | varbatch_kit.ui needs the [ui] extra: pip install 'varbatch_kit[ui]' "
         "(missing: plotly, ipywidgets)")
+
+
+def _extra(name: str) -> set[str]:
+    """The distribution names an extra of pyproject.toml lists."""
+    tomllib = pytest.importorskip("tomllib")
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    return {re.split(r"[<>=!~;\[ ]", req, maxsplit=1)[0].strip().lower()
+            for req in project["optional-dependencies"][name]}
+
+
+def _imported_by_the_package() -> set[str]:
+    """Top-level names of everything the package's modules import (also inside functions)."""
+    names = set()
+    for path in (REPO / "varbatch_kit").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, ast.Import):
+                names |= {a.name.split(".")[0] for a in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                names.add(node.module.split(".")[0])
+    return names
+
+
+def test_the_ui_extra_lists_only_libraries_the_package_uses():
+    """Every [ui] library is imported somewhere in the package, except JupyterLab (the app the
+    notebooks open in); the explorers show figures in an ipywidgets Output, not an anywidget,
+    so anywidget is not in the extra. UI_LIBS above are the extra's imported libraries."""
+    ui = _extra("ui")
+    assert "anywidget" not in ui
+    used = _imported_by_the_package()
+    assert ui - {"jupyterlab"} <= used, sorted(ui - {"jupyterlab"} - used)
+    assert "anywidget" not in used
+    assert set(UI_LIBS) <= ui
 
 
 def test_train_without_megatron_names_the_train_extra():

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
+from varbatch_kit.analysis.warn_once import warn_once
 from varbatch_kit.core.build import build_schedule
 from varbatch_kit.core.config import ScheduleConfig
 from varbatch_kit.core.flops import ModelShape
@@ -52,8 +53,11 @@ def cp_report_check(rollouts: Rollouts, config: ScheduleConfig, model: ModelShap
     import pandas as pd
 
     plans = {}
-    for kind in ("fixed", "dynamic"):
-        plans[kind] = build_schedule(rollouts, config.with_(cp_mode=kind), model).step(step)
+    with warn_once("CP modes") as tally:  # each scheduler warning once, not once per plan
+        for kind in ("fixed", "dynamic"):
+            with tally.case():
+                sched = build_schedule(rollouts, config.with_(cp_mode=kind), model)
+            plans[kind] = sched.step(step)
     st = plans["fixed"]
     idx = st.sample_indices
     if not np.array_equal(idx, plans["dynamic"].sample_indices):

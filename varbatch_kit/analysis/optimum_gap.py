@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from varbatch_kit.analysis.warn_once import warn_once
 from varbatch_kit.core.build import build_schedule
 from varbatch_kit.core.config import ScheduleConfig
 from varbatch_kit.core.rollouts import Rollouts
@@ -63,10 +64,14 @@ def gap_to_optimal(step: SmallStep, model, policies=(("balanced", "balanced"),),
     rollouts = Rollouts(prompt_len=np.zeros(n, dtype=np.int64), response_len=step.lengths)
     flops = model.forward_flops(step.lengths)
     rows, cache = [], {}
-    for packing, distribution in policies:
-        cfg = ScheduleConfig(dp=step.dp, global_batch_size=n, max_tokens_per_gpu=step.cap,
-                             packing=packing, distribution=distribution)
-        sched = build_schedule(rollouts, cfg, model)
+    policies, scheds = list(policies), []
+    with warn_once("policies") as tally:  # each scheduler warning once, not once per policy
+        for packing, distribution in policies:
+            cfg = ScheduleConfig(dp=step.dp, global_batch_size=n, max_tokens_per_gpu=step.cap,
+                                 packing=packing, distribution=distribution)
+            with tally.case():
+                scheds.append(build_schedule(rollouts, cfg, model))
+    for (packing, distribution), sched in zip(policies, scheds):
         st = sched.steps[0]
         m = st.num_microbatches
         heur = max(float(sum(flops[mb].sum() for mb in rank)) for rank in st.dp_ranks)

@@ -30,9 +30,26 @@ import numpy as np
 
 from varbatch_kit.core.schedule import Schedule
 
-__all__ = ["bin_efficiency", "compare", "load_cv", "load_imbalance", "load_spread",
-           "micro_batch_arrays", "peer_quality", "peer_step_quality", "plan_quality",
-           "slot_imbalance", "step_quality", "summary"]
+__all__ = ["CAP_VIOLATIONS", "OVER_CAP_HELP", "OVERSIZE_ALONE", "bin_efficiency", "compare",
+           "load_cv", "load_imbalance", "load_spread", "micro_batch_arrays", "peer_quality",
+           "peer_step_quality", "plan_quality", "slot_imbalance", "step_quality", "summary"]
+
+#: The two kinds of micro-batch over the token cap, named the same way in every table,
+#: figure, legend and help text: a micro-batch of two or more samples over the cap is a
+#: *cap violation* (column ``cap_violations``: a packing could have avoided it); a single
+#: sample longer than the cap, alone in its micro-batch, is *oversize (alone)* (column
+#: ``oversize_alone``: no packing can avoid it).
+CAP_VIOLATIONS = "cap violations"
+OVERSIZE_ALONE = "oversize (alone)"
+#: the help texts of the two columns (the tables' legends use them)
+OVER_CAP_HELP = {
+    "cap_violations": f"{CAP_VIOLATIONS}: micro-batches of two or more samples over the token "
+                      "cap, which a packing could avoid (count; a single sample longer than "
+                      f"the cap is {OVERSIZE_ALONE}, not this)",
+    "oversize_alone": f"{OVERSIZE_ALONE}: single samples longer than the token cap, each alone "
+                      "in its micro-batch, which no packing can avoid (count; raise the cap to "
+                      "fit them)",
+}
 
 
 def micro_batch_arrays(schedule: Schedule, step) -> dict[str, np.ndarray]:

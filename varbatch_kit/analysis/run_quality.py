@@ -15,14 +15,14 @@ Pure: no plotting, no printing.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Mapping, Sequence
-from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
 
-from varbatch_kit.core.build import build_schedule
+from varbatch_kit.analysis.quality import OVER_CAP_HELP
+from varbatch_kit.analysis.warn_once import warn_once
+from varbatch_kit.core.build import DROPPED_ROLLOUTS_MESSAGE, build_schedule
 from varbatch_kit.core.config import ScheduleConfig
 from varbatch_kit.core.flops import ModelShape
 from varbatch_kit.core.hardware import DEFAULT_HARDWARE
@@ -44,8 +44,8 @@ RUN_QUALITY_COLUMNS = {
     "dropped_samples": "samples of the trailing rollouts that fill no training step, left out "
                        "(count)",
     "micro_batches": "micro-batches over the training steps and ranks (count)",
-    "cap_violations": "micro-batches of two or more samples over the token cap (count)",
-    "oversize_alone": "single samples longer than the cap, alone in a micro-batch (count)",
+    "cap_violations": OVER_CAP_HELP["cap_violations"],
+    "oversize_alone": OVER_CAP_HELP["oversize_alone"],
     "flops_imbalance": "busiest rank's forward FLOPs / the mean rank's, worst training step "
                        "(ratio; 1 = even)",
     "makespan_ratio": "busiest rank's FLOPs / the bound for any packing (max(step FLOPs / dp, "
@@ -70,19 +70,6 @@ def _config_for(config: ScheduleConfig, packing: str, distribution: str) -> Sche
     if (packing, distribution) == (config.packing, config.distribution):
         return config
     return config.with_batching(packing=packing, distribution=distribution)
-
-
-@contextmanager
-def _quiet_drops():
-    """Hold back the scheduler's "dropping trailing rollouts" warnings (``dropped_samples``
-    reports them)."""
-    log = logging.getLogger("varbatch_kit")
-    level = log.level
-    log.setLevel(logging.ERROR)
-    try:
-        yield
-    finally:
-        log.setLevel(level)
 
 
 def run_quality_table(run: RunDumps, config: ScheduleConfig, model: ModelShape,
@@ -117,7 +104,9 @@ def run_quality_table(run: RunDumps, config: ScheduleConfig, model: ModelShape,
     :data:`RUN_QUALITY_COLUMNS` (and ``slime``). A policy that cannot run a
     step does not raise: its row holds NaN and the message in ``error``. The
     scheduler's warning about trailing rollouts that fill no training step is
-    not logged here: ``dropped_samples`` counts them.
+    not logged here: ``dropped_samples`` counts them; its other warnings
+    (samples longer than the cap, ...) are said once for the table, counted
+    over its schedules (:func:`varbatch_kit.analysis.warn_once.warn_once`).
     """
     import pandas as pd
 
@@ -139,38 +128,41 @@ def run_quality_table(run: RunDumps, config: ScheduleConfig, model: ModelShape,
         except ValueError as e:  # e.g. balanced on a static layout: no cap
             configs[(packing, distribution)] = str(e)
     rows = []
-    for step in run:
-        for packing, distribution in pairs:
-            row: dict[str, Any] = {"rollout_id": step.rollout_id,
-                                   "policy": f"{packing} + {distribution}",
-                                   "packing": packing, "distribution": distribution,
-                                   **dict.fromkeys(_NUMBERS, np.nan), "error": ""}
-            row["samples"] = len(step.rollouts)
-            if flag_names is not None:
-                row["slime"] = flag_names.get((packing, distribution), "")
-            cfg = configs[(packing, distribution)]
-            try:
-                if isinstance(cfg, str):
-                    raise ValueError(cfg)
-                with _quiet_drops():  # the row counts them: no warning per step and policy
-                    sched = build_schedule(step.rollouts, cfg, model)
-            except ValueError as e:
-                row["error"] = str(e)
+    # the rows count the dropped rollouts: no warning about them per step and policy
+    with warn_once("schedules (rollout steps x policies)",
+                   hold_back=(DROPPED_ROLLOUTS_MESSAGE,)) as tally:
+        for step in run:
+            for packing, distribution in pairs:
+                row: dict[str, Any] = {"rollout_id": step.rollout_id,
+                                       "policy": f"{packing} + {distribution}",
+                                       "packing": packing, "distribution": distribution,
+                                       **dict.fromkeys(_NUMBERS, np.nan), "error": ""}
+                row["samples"] = len(step.rollouts)
+                if flag_names is not None:
+                    row["slime"] = flag_names.get((packing, distribution), "")
+                cfg = configs[(packing, distribution)]
+                try:
+                    if isinstance(cfg, str):
+                        raise ValueError(cfg)
+                    with tally.case():
+                        sched = build_schedule(step.rollouts, cfg, model)
+                except ValueError as e:
+                    row["error"] = str(e)
+                    rows.append(row)
+                    continue
+                q = step_quality(sched)
+                t = simulate(sched, hardware=hardware, timelines=False,
+                             **simulate_kwargs).step_times
+                time_s, bound_s = float(t["time_s"].sum()), float(t["bound_s"].sum())
+                row.update(steps=len(q), dropped_samples=int(sched.dropped_samples.size),
+                           micro_batches=int(q["micro_batches"].sum()),
+                           cap_violations=int(q["cap_violations"].sum()),
+                           oversize_alone=int(q["oversize_alone"].sum()),
+                           flops_imbalance=float(q["flops_imbalance"].max()),
+                           makespan_ratio=float(q["makespan_ratio"].mean()),
+                           time_s=time_s, bound_s=bound_s,
+                           above_bound_pct=100 * (time_s / bound_s - 1) if bound_s else np.nan)
                 rows.append(row)
-                continue
-            q = step_quality(sched)
-            t = simulate(sched, hardware=hardware, timelines=False,
-                         **simulate_kwargs).step_times
-            time_s, bound_s = float(t["time_s"].sum()), float(t["bound_s"].sum())
-            row.update(steps=len(q), dropped_samples=int(sched.dropped_samples.size),
-                       micro_batches=int(q["micro_batches"].sum()),
-                       cap_violations=int(q["cap_violations"].sum()),
-                       oversize_alone=int(q["oversize_alone"].sum()),
-                       flops_imbalance=float(q["flops_imbalance"].max()),
-                       makespan_ratio=float(q["makespan_ratio"].mean()),
-                       time_s=time_s, bound_s=bound_s,
-                       above_bound_pct=100 * (time_s / bound_s - 1) if bound_s else np.nan)
-            rows.append(row)
     cols = list(RUN_QUALITY_COLUMNS) + (["slime"] if flag_names is not None else [])
     table = pd.DataFrame(rows)[cols]
     for c in ("samples", "steps", "dropped_samples", "micro_batches", "cap_violations",

@@ -68,6 +68,7 @@ from varbatch_kit.analysis.simulate_cost_model import (
     simulate_with_cost_model as _simulate_with_cost_model,  # its one import path is its module
 )
 from varbatch_kit.analysis.simulate_dynamic_cp import _dynamic_bound, _simulate_dynamic
+from varbatch_kit.analysis.warn_once import warn_once
 from varbatch_kit.core.build import build_schedule
 from varbatch_kit.core.config import ScheduleConfig
 from varbatch_kit.core.flops import ModelShape
@@ -257,9 +258,13 @@ def compare_cp_modes(rollouts: Rollouts, config: ScheduleConfig, model: ModelSha
     settings = _settings(args, kwargs, settings)
     cost = _cost(model, _resolve(settings, config.pp))
     rows = {}
-    for mode in ("fixed", "dynamic"):
-        sched = build_schedule(rollouts, config.with_(cp_mode=mode), model,
-                               cp_cost=cost if mode == "dynamic" else None)
+    with warn_once("CP modes") as tally:  # each scheduler warning once, not once per mode
+        scheds = {}
+        for mode in ("fixed", "dynamic"):
+            with tally.case():
+                scheds[mode] = build_schedule(rollouts, config.with_(cp_mode=mode), model,
+                                              cp_cost=cost if mode == "dynamic" else None)
+    for mode, sched in scheds.items():
         sim = simulate(sched, settings=settings, timelines=False)
         sizes = np.concatenate([s.sample_cp_sizes() for s in sched.steps])
         rows[mode] = {"time_s": sim.total_time_s, "bound_s": sim.total_bound_s,

@@ -16,6 +16,10 @@ The metric-report invariance check of notebook 06 (``invariance_experiment``,
 ``worst_rel_diff``, ``invariance_verdict``) is :mod:`varbatch_kit.analysis.invariance`;
 its names are importable from here too.
 
+Each function builds many schedules and says each of their warnings once, with the
+number of schedules that raised it (:func:`varbatch_kit.analysis.warn_once.warn_once`):
+e.g. one ``OversizeSampleWarning`` "in 13 of 13 policies: ...", not thirteen.
+
 Nothing here imports plotly, torch or the training engine: ``varbatch-kit
 schedule`` and the demo use this module without them.
 """
@@ -29,6 +33,7 @@ from typing import Any
 
 import numpy as np
 
+from varbatch_kit.analysis.warn_once import warn_once
 from varbatch_kit.checks import positive_int
 from varbatch_kit.core.build import build_schedule
 from varbatch_kit.core.config import ScheduleConfig
@@ -58,34 +63,38 @@ def sweep_table(rollouts: Rollouts, config: ScheduleConfig, model: ModelShape | 
     Returns a pandas table with one row per pair: ``max_tokens_per_gpu, dp,
     micro_batches, mb_lower_bound, mb_ratio, cap_violations, flops_imbalance,
     token_imbalance, makespan_ratio, error``. An impossible layout does not
-    raise: its row holds NaN and the scheduler's message in ``error``.
+    raise: its row holds NaN and the scheduler's message in ``error``. Each
+    scheduler warning is said once, counted over the layouts.
     """
     import pandas as pd
 
     from varbatch_kit.analysis.quality import step_quality
 
     rows = []
-    for d in dp:
-        for c in max_tokens_per_gpu:
-            row: dict[str, Any] = {"max_tokens_per_gpu": int(c), "dp": int(d), "error": ""}
-            try:
-                sched = build_schedule(rollouts, config.with_(dp=int(d),
-                                                              max_tokens_per_gpu=int(c)), model)
-            except ValueError as e:
-                row.update(micro_batches=np.nan, mb_lower_bound=np.nan, mb_ratio=np.nan,
-                           cap_violations=np.nan, flops_imbalance=np.nan,
-                           token_imbalance=np.nan, makespan_ratio=np.nan, error=str(e))
+    with warn_once("layouts") as tally:
+        for d in dp:
+            for c in max_tokens_per_gpu:
+                row: dict[str, Any] = {"max_tokens_per_gpu": int(c), "dp": int(d), "error": ""}
+                try:
+                    with tally.case():
+                        sched = build_schedule(rollouts, config.with_(
+                            dp=int(d), max_tokens_per_gpu=int(c)), model)
+                except ValueError as e:
+                    row.update(micro_batches=np.nan, mb_lower_bound=np.nan, mb_ratio=np.nan,
+                               cap_violations=np.nan, flops_imbalance=np.nan,
+                               token_imbalance=np.nan, makespan_ratio=np.nan, error=str(e))
+                    rows.append(row)
+                    continue
+                q = step_quality(sched)
+                mb = int(q["micro_batches"].sum())
+                lb = float(q["mb_lower_bound"].sum())
+                row.update(micro_batches=mb, mb_lower_bound=lb,
+                           mb_ratio=mb / lb if lb else np.nan,
+                           cap_violations=int(q["cap_violations"].sum()),
+                           flops_imbalance=float(q["flops_imbalance"].max()),
+                           token_imbalance=float(q["token_imbalance"].max()),
+                           makespan_ratio=float(q["makespan_ratio"].max()))
                 rows.append(row)
-                continue
-            q = step_quality(sched)
-            mb = int(q["micro_batches"].sum())
-            lb = float(q["mb_lower_bound"].sum())
-            row.update(micro_batches=mb, mb_lower_bound=lb, mb_ratio=mb / lb if lb else np.nan,
-                       cap_violations=int(q["cap_violations"].sum()),
-                       flops_imbalance=float(q["flops_imbalance"].max()),
-                       token_imbalance=float(q["token_imbalance"].max()),
-                       makespan_ratio=float(q["makespan_ratio"].max()))
-            rows.append(row)
     return pd.DataFrame(rows)
 
 
@@ -134,7 +143,8 @@ def policy_table(rollouts: Rollouts, config: ScheduleConfig, model: ModelShape |
     packing*, ``max(step FLOPs / dp, largest sample)``; both means over steps),
     ``max_makespan_ratio``, ``schedule_s`` (wall time) and ``error`` (the
     scheduler's message for a policy that cannot run this layout; its numbers
-    are NaN).
+    are NaN). Each scheduler warning (samples longer than the cap, trailing
+    rollouts dropped) is said once, with the number of policies it concerns.
 
     Parameters
     ----------
@@ -146,42 +156,51 @@ def policy_table(rollouts: Rollouts, config: ScheduleConfig, model: ModelShape |
     """
     import pandas as pd
 
-    from varbatch_kit.analysis.quality import step_quality
-
     pairs = list(policies) if policies is not None else policy_pairs(
         model, dynamic=config.dynamic)
     rows = []
-    for packing, distribution in pairs:
-        row: dict[str, Any] = {"packing": packing, "distribution": distribution}
-        if flag_names is not None:
-            row["slime"] = flag_names.get((packing, distribution), "")
-        t0 = time.perf_counter()
-        try:
+    with warn_once("policies") as tally:
+        for packing, distribution in pairs:
+            rows.append(_policy_row(tally, rollouts, config, model, packing, distribution,
+                                    flag_names))
+    return pd.DataFrame(rows)
+
+
+def _policy_row(tally, rollouts: Rollouts, config: ScheduleConfig, model: ModelShape | None,
+                packing: str, distribution: str,
+                flag_names: Mapping[tuple[str, str], str] | None) -> dict[str, Any]:
+    """One row of :func:`policy_table` (its schedule built as a case of ``tally``)."""
+    from varbatch_kit.analysis.quality import step_quality
+
+    row: dict[str, Any] = {"packing": packing, "distribution": distribution}
+    if flag_names is not None:
+        row["slime"] = flag_names.get((packing, distribution), "")
+    t0 = time.perf_counter()
+    try:
+        with tally.case():
             sched = build_schedule(rollouts, config.with_(packing=packing,
                                                           distribution=distribution), model)
-        except ValueError as e:
-            row.update(steps=np.nan, micro_batches=np.nan, mb_lower_bound=np.nan,
-                       cap_violations=np.nan, oversize_alone=np.nan, max_flops_imbalance=np.nan,
-                       mean_mb_makespan_ratio=np.nan, mean_makespan_ratio=np.nan,
-                       max_makespan_ratio=np.nan,
-                       schedule_s=time.perf_counter() - t0, error=str(e))
-            rows.append(row)
-            continue
-        dt = time.perf_counter() - t0
-        q = step_quality(sched)
-        bound = q["mb_lower_bound"]
-        row.update(
-            steps=len(q), micro_batches=int(q["micro_batches"].sum()),
-            mb_lower_bound=float(bound.sum()) if bound.notna().all() else np.nan,
-            cap_violations=int(q["cap_violations"].sum()),
-            oversize_alone=int(q["oversize_alone"].sum()),
-            max_flops_imbalance=float(q["flops_imbalance"].max()),
-            mean_mb_makespan_ratio=float(q["mb_makespan_ratio"].mean()),
-            mean_makespan_ratio=float(q["makespan_ratio"].mean()),
-            max_makespan_ratio=float(q["makespan_ratio"].max()),
-            schedule_s=dt, error="")
-        rows.append(row)
-    return pd.DataFrame(rows)
+    except ValueError as e:
+        row.update(steps=np.nan, micro_batches=np.nan, mb_lower_bound=np.nan,
+                   cap_violations=np.nan, oversize_alone=np.nan, max_flops_imbalance=np.nan,
+                   mean_mb_makespan_ratio=np.nan, mean_makespan_ratio=np.nan,
+                   max_makespan_ratio=np.nan,
+                   schedule_s=time.perf_counter() - t0, error=str(e))
+        return row
+    dt = time.perf_counter() - t0
+    q = step_quality(sched)
+    bound = q["mb_lower_bound"]
+    row.update(
+        steps=len(q), micro_batches=int(q["micro_batches"].sum()),
+        mb_lower_bound=float(bound.sum()) if bound.notna().all() else np.nan,
+        cap_violations=int(q["cap_violations"].sum()),
+        oversize_alone=int(q["oversize_alone"].sum()),
+        max_flops_imbalance=float(q["flops_imbalance"].max()),
+        mean_mb_makespan_ratio=float(q["mb_makespan_ratio"].mean()),
+        mean_makespan_ratio=float(q["makespan_ratio"].mean()),
+        max_makespan_ratio=float(q["makespan_ratio"].max()),
+        schedule_s=dt, error="")
+    return row
 
 
 def policy_table_by_trace(traces: Mapping[str, Rollouts], model: ModelShape | None, *,
@@ -194,7 +213,8 @@ def policy_table_by_trace(traces: Mapping[str, Rollouts], model: ModelShape | No
     number of rollouts ``// steps`` (at least 1). Rows come trace after
     trace, in the order of ``traces``, the policies in the order of
     ``policies`` (default :func:`policy_pairs` of the dynamic path);
-    ``flag_names`` as in :func:`policy_table`.
+    ``flag_names`` as in :func:`policy_table`. Each scheduler warning is said
+    once for the whole table, counted over its trace and policy schedules.
     """
     import pandas as pd
 
@@ -202,11 +222,13 @@ def policy_table_by_trace(traces: Mapping[str, Rollouts], model: ModelShape | No
         raise ValueError("traces is empty: pass a mapping name -> Rollouts")
     positive_int("steps", steps)
     tables = []
-    for name, r in traces.items():
-        config = ScheduleConfig(dp=dp, global_batch_size=max(1, r.num_rollouts // int(steps)),
-                                max_tokens_per_gpu=max_tokens_per_gpu)
-        tables.append(policy_table(r, config, model, policies, flag_names=flag_names)
-                      .assign(trace=str(name)))
+    with warn_once("schedules (traces x policies)"):  # the policy tables join it
+        for name, r in traces.items():
+            config = ScheduleConfig(dp=dp,
+                                    global_batch_size=max(1, r.num_rollouts // int(steps)),
+                                    max_tokens_per_gpu=max_tokens_per_gpu)
+            tables.append(policy_table(r, config, model, policies, flag_names=flag_names)
+                          .assign(trace=str(name)))
     return pd.concat(tables, ignore_index=True)
 
 
@@ -275,7 +297,8 @@ def simulated_comparison(rollouts: Rollouts, config: ScheduleConfig, model: Mode
     Every policy (default :func:`policy_pairs` for the config's path) is
     scheduled with :func:`build_schedule` and run through
     :func:`varbatch_kit.analysis.simulate.simulate` with ``hardware`` and
-    ``simulate_kwargs``.
+    ``simulate_kwargs``. Each scheduler warning is said once, counted over the
+    policies.
     """
     import pandas as pd
 
@@ -287,15 +310,18 @@ def simulated_comparison(rollouts: Rollouts, config: ScheduleConfig, model: Mode
         model, dynamic=config.dynamic)
     step_times: dict[str, Any] = {}
     errors: dict[str, str] = {}
-    for packing, distribution in pairs:
-        name = _policy_name(packing, distribution)
-        try:
-            sched = build_schedule(rollouts, config.with_(packing=packing,
-                                                          distribution=distribution), model)
-        except ValueError as e:
-            errors[name] = str(e)
-            continue
-        step_times[name] = simulate(sched, hardware=hardware, **simulate_kwargs).step_times
+    with warn_once("policies") as tally:
+        for packing, distribution in pairs:
+            name = _policy_name(packing, distribution)
+            try:
+                with tally.case():
+                    sched = build_schedule(rollouts, config.with_(
+                        packing=packing, distribution=distribution), model)
+            except ValueError as e:
+                errors[name] = str(e)
+                continue
+            step_times[name] = simulate(sched, hardware=hardware,
+                                        **simulate_kwargs).step_times
     totals = pd.DataFrame(
         {"time_s": [float(t["time_s"].sum()) for t in step_times.values()],
          "bound_s": [float(t["bound_s"].sum()) for t in step_times.values()]},

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from varbatch_kit.analysis import sweeps
+from varbatch_kit.analysis.quality import OVER_CAP_HELP
 from varbatch_kit.checks import int_in_range
 from varbatch_kit.compat.slime.flags import SLIME_FLAGS, schedule_config_from_slime_args
 from varbatch_kit.core.build import OversizeSampleWarning
@@ -59,11 +60,7 @@ COLUMN_LEGEND = {
     "micro_batches": "micro-batches over all steps and ranks (count)",
     "mb_lower_bound": "fewest micro-batches the cap allows: sum over steps of "
                       "ceil(step tokens / cap) (count; blank without a cap)",
-    "cap_violations": "micro-batches of two or more samples over the token cap, which a "
-                      "packing could avoid (count; a lone sample longer than the cap is "
-                      "oversize_alone, not this)",
-    "oversize_alone": "micro-batches of one sample longer than the token cap, which no "
-                      "packing can avoid (count; raise the cap to fit them)",
+    **OVER_CAP_HELP,  # cap_violations, oversize_alone: the words of every table and figure
     "max_flops_imbalance": "busiest rank's forward FLOPs / the mean rank's, worst step "
                            "(ratio; 1 = even)",
     "mean_mb_makespan_ratio": "busiest rank's FLOPs / the bound for this packing, max(step "
@@ -321,6 +318,7 @@ def write_figures(out: Path, rollouts: Rollouts, config: ScheduleConfig, model: 
     the figure files (not the index). A ``step`` the schedule does not have
     is a ``ValueError``.
     """
+    from varbatch_kit.analysis.warn_once import warn_once
     from varbatch_kit.cli.demo import write_index
     from varbatch_kit.core.build import build_schedule
     from varbatch_kit.ui import viz
@@ -333,11 +331,14 @@ def write_figures(out: Path, rollouts: Rollouts, config: ScheduleConfig, model: 
                          "every policy side by side: busiest rank against the bound for any "
                          "packing, micro-batch count against ceil(tokens / cap), micro-batches "
                          "over the cap")}
-    for _, row in table[table["error"] == ""].iterrows():
-        cfg = config.with_(packing=row["packing"], distribution=row["distribution"])
-        with warnings.catch_warnings():  # the table's run has reported them once
-            warnings.simplefilter("ignore", OversizeSampleWarning)
-            sched = build_schedule(rollouts, cfg, model)
+    ok = table[table["error"] == ""]
+    with warn_once("figures", hold_back=True) as tally:  # the table's run has said them once
+        scheds = []
+        for _, row in ok.iterrows():
+            with tally.case():
+                scheds.append(build_schedule(rollouts, config.with_(
+                    packing=row["packing"], distribution=row["distribution"]), model))
+    for (_, row), sched in zip(ok.iterrows(), scheds):
         policy = f"{row['packing']} + {row['distribution']}"
         tag = f"{row['packing']}-{row['distribution']}"
         figs[f"packing-{tag}"] = (viz.packing_figure(sched, check_step(step, sched.num_steps)),

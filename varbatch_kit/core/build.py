@@ -38,7 +38,8 @@ from varbatch_kit.policies.order import apply_order
 from varbatch_kit.policies.packers import AlignmentError, PackInput, split_to_target
 from varbatch_kit.policies.registry import get_distribution, get_packer
 
-__all__ = ["OversizeSampleWarning", "build_schedule", "order_rank_bins", "oversize_samples"]
+__all__ = ["DROPPED_ROLLOUTS_MESSAGE", "OversizeSampleWarning", "build_schedule",
+           "order_rank_bins", "oversize_samples"]
 
 log = logging.getLogger("varbatch_kit")
 
@@ -277,11 +278,15 @@ def _warn_oversize(schedule: Schedule) -> Schedule:
     return schedule
 
 
+#: the ``varbatch_kit`` logger's warning about the rollouts that fill no step (its template:
+#: :func:`varbatch_kit.analysis.warn_once.warn_once` can hold these records back by it)
+DROPPED_ROLLOUTS_MESSAGE = ("dropping %d trailing rollouts (%d samples) that do not fill a step "
+                            "of global_batch_size=%d")
+
+
 def _warn_dropped(dropped_ids: np.ndarray, dropped: np.ndarray, gbs: int) -> None:
     if dropped.size:
-        log.warning(
-            "dropping %d trailing rollouts (%d samples) that do not fill a step of "
-            "global_batch_size=%d", dropped_ids.size, dropped.size, gbs)
+        log.warning(DROPPED_ROLLOUTS_MESSAGE, dropped_ids.size, dropped.size, gbs)
 
 
 # ------------------------------------------------------------------ micro-batch order

@@ -180,6 +180,30 @@ def test_samples_over_the_cap_are_counted_and_warned_once(capsys):
         assert int(cells[TABLE_COLUMNS.index("cap_violations")]) == 0
 
 
+def test_dropped_rollouts_are_logged_once_not_once_per_policy_or_figure(tmp_path, caplog,
+                                                                        monkeypatch):
+    import logging
+
+    import varbatch_kit.cli.schedule as mod
+    from varbatch_kit.cli.main import build_parser
+
+    r = Rollouts(prompt_len=[0] * 9, response_len=[5, 30, 8, 2, 25, 1, 4, 6, 7])
+    monkeypatch.setattr(mod, "load_trace", lambda spec: ("x", r))  # 9 rollouts, steps of 4
+    parser = build_parser("schedule")
+    base = ["schedule", "x", "--dp", "2", "--global-batch-size", "4",
+            "--max-tokens-per-gpu", "2048"]
+    drop = ("dropping 1 trailing rollouts (1 samples) that do not fill a step of "
+            "global_batch_size=4")
+    n = len(sweeps.policy_pairs(ModelShape.preset("qwen3-8b")))
+    for extra, want in (([], f"in {n} of {n} policies: {drop}"),  # every policy: once
+                        (["--packing", "first_fit", "--distribution", "strided", "--html",
+                          str(tmp_path / "figs")], drop)):  # the figures' schedules: silent
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="varbatch_kit"):
+            assert mod.run(parser.parse_args(base + extra)) == 0
+        assert [x.getMessage() for x in caplog.records] == [want]
+
+
 def test_html_figures(trace_file, tmp_path, capsys):
     path, _ = trace_file
     out_dir = tmp_path / "figs"

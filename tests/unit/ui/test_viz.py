@@ -96,7 +96,10 @@ def test_packing_figure_marks_exactly_the_over_cap_micro_batches():
     assert over.any()
     np.testing.assert_array_equal(fig.data[2].x, np.asarray(fig.data[1].x)[over])
     np.testing.assert_array_equal(np.asarray(fig.data[2].customdata)[:, 0], tokens[over])
-    assert fig.data[2].name == f"over cap ({int(over.sum())})"
+    sizes = np.asarray(fig.data[2].customdata)[:, 1]  # samples of each marked micro-batch
+    assert sizes.size == int(over.sum())
+    assert fig.data[2].name == (f"over cap (▼ red: {int((sizes > 1).sum())} cap violations, "
+                                f"orange: {int((sizes == 1).sum())} oversize (alone))")
     np.testing.assert_array_equal(np.asarray(fig.data[1].marker.line.color), over.astype(int))
 
 
@@ -342,8 +345,8 @@ def test_every_legend_sits_below_the_plot():
         legend = fig.layout.legend
         shown = fig.layout.showlegend is not False and any(
             t.showlegend is not False for t in fig.data)
-        if not shown or name in ("sweep", "packing", "empty_packing"):
-            continue  # no legend, or one the figure places itself (packing: inside, top right)
+        if not shown or name == "sweep":
+            continue  # no legend (the heat-map has a colour bar)
         assert (legend.yref, legend.y, legend.yanchor) == ("container", 0, "bottom"), name
 
 
@@ -406,7 +409,7 @@ def test_packing_figure_colours_samples_by_rollout_and_compact_siblings_stand_ou
     colours (neighbours differ), single-sample rollouts grey; hover names rollout and sample."""
     import json
 
-    from varbatch_kit.ui.figures.style import PALETTE, ROLLOUT_COLORSCALE, SINGLE_SAMPLE_COLOR
+    from varbatch_kit.ui.figures.style import PALETTE, SINGLE_SAMPLE_COLOR
 
     # rollouts 7 (3 samples), 8 (1), 9 (2), 10 (1); first fit spreads the siblings
     r = rollouts([6, 5, 9, 4, 7, 3, 8], rollout_id=[7, 8, 7, 9, 10, 9, 7])
@@ -418,11 +421,10 @@ def test_packing_figure_colours_samples_by_rollout_and_compact_siblings_stand_ou
     assert sorted(sample) == list(range(7))
     by_rollout = {int(i): set(color[rid == i].tolist()) for i in np.unique(rid)}
     assert all(len(c) == 1 for c in by_rollout.values())  # one colour per rollout
-    assert by_rollout[7] == {0} and by_rollout[9] == {1}  # compact: palette, in order
-    assert by_rollout[8] == by_rollout[10] == {len(PALETTE)}  # single samples: grey
+    # compact: palette, in order; single samples: grey (colour strings, not numbers)
+    assert by_rollout[7] == {PALETTE[0]} and by_rollout[9] == {PALETTE[1]}
+    assert by_rollout[8] == by_rollout[10] == {SINGLE_SAMPLE_COLOR}
     assert dict(zip(rid.tolist(), n.tolist())) == {7: 3, 8: 1, 9: 2, 10: 1}
-    scale = dict((round(v * (len(PALETTE) + 1)), c) for v, c in ROLLOUT_COLORSCALE[1::2])
-    assert scale[len(PALETTE) + 1] == SINGLE_SAMPLE_COLOR
     assert "rollout %{customdata[1]:d}" in data["hovertemplate"]
     assert "sample %{customdata[0]:d}" in data["hovertemplate"]
     # one-sample rollouts only: every rollout cycles through the palette
@@ -431,7 +433,7 @@ def test_packing_figure_colours_samples_by_rollout_and_compact_siblings_stand_ou
     d1 = json.loads(viz.packing_figure(s1).to_json())["data"][0]
     c1 = np.asarray(plotly_array(d1["marker"]["color"]))
     ids = np.asarray(plotly_array(d1["customdata"]))[:, 1].astype(int)
-    assert dict(zip(ids.tolist(), c1.tolist())) == {0: 0, 1: 1, 2: 2, 3: 3}
+    assert dict(zip(ids.tolist(), c1.tolist())) == dict(enumerate(PALETTE[:4]))
 
 
 def plotly_array(value):
@@ -502,18 +504,24 @@ def test_measured_vs_predicted_figure_in_the_shared_style():
     np.testing.assert_allclose(fig.data[1].y, fit.measured_s[fit.heldout_index])
 
 
-def test_notebook_02_names_the_two_bounds_and_uses_the_shared_figure():
+def test_notebook_02_names_the_two_bounds_and_04_uses_the_shared_figure():
     import json as _json
 
     from _paths import REPO
 
-    nb = _json.loads((REPO / "notebooks" / "02_dp_flops_balance.ipynb").read_text())
-    text = "\n".join("".join(c["source"]) for c in nb["cells"])
+    def text_of(name):
+        nb = _json.loads((REPO / "notebooks" / name).read_text())
+        assert all(not c.get("outputs") for c in nb["cells"] if c["cell_type"] == "code")
+        return "\n".join("".join(c["source"]) for c in nb["cells"])
+
+    text = text_of("02_dp_flops_balance.ipynb")
     assert "bound for this packing = max(step FLOPs ∕ dp, largest micro-batch)" in text
     assert "bound for any packing = max(step FLOPs ∕ dp, largest sample)" in text
     assert "lower bound" not in text.replace("mb_lower_bound", "")
-    assert "viz.measured_vs_predicted_figure(" in text and "go.Figure()" not in text
-    assert all(not c.get("outputs") for c in nb["cells"] if c["cell_type"] == "code")
+    flags = text_of("04_tune_slime_flags.ipynb")  # the calibration moved there from 02
+    for t in (text, flags):
+        assert "go.Figure()" not in t
+    assert "viz.measured_vs_predicted_figure(" in flags
 
 
 def test_report_figure_keeps_equal_curves_visible():
@@ -534,3 +542,91 @@ def test_report_figure_keeps_equal_curves_visible():
     bottom = [t for t in fig.data if t.xaxis == "x2"]
     assert [(t.line.dash, t.marker.symbol) for t in bottom] == [
         (t.line.dash, t.marker.symbol) for t in top[1:]]  # same style in both panels
+
+
+# ------------------------------------------------------------- words, legend, colours
+def test_packing_figure_says_cap_violations_and_oversize_alone_as_the_tables_do():
+    """A micro-batch of two samples over the cap is a cap violation, a lone sample longer
+    than it is oversize (alone): the title, the legend, the tables and their help texts use
+    these words and the same counts."""
+    import warnings
+
+    from varbatch_kit.analysis.quality import OVER_CAP_HELP, step_quality
+    from varbatch_kit.analysis.run_quality import RUN_QUALITY_COLUMNS
+    from varbatch_kit.cli.schedule import COLUMN_LEGEND
+
+    r = rollouts([20, 7, 7, 7, 7])  # flops_kk, cap 12: [20] alone, [7, 7] over, [7], [7]
+    cfg = ScheduleConfig(dp=1, global_batch_size=5, max_tokens_per_gpu=12, packing="flops_kk",
+                         distribution="flops_kk")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        s = build_schedule(r, cfg, TINY)
+        row = sweeps.policy_table(r, cfg, TINY, [("flops_kk", "flops_kk")]).iloc[0]
+    q = step_quality(s).iloc[0]
+    assert (q.cap_violations, q.oversize_alone) == (row.cap_violations, row.oversize_alone)
+    assert (row.cap_violations, row.oversize_alone) == (1, 1)
+    data = viz.packing_traces(s)
+    assert data["layout"]["title"]["text"].endswith("— 1 cap violations, 1 oversize (alone)")
+    assert data["traces"][2]["name"] == ("over cap (▼ red: 1 cap violations, orange: 1 "
+                                         "oversize (alone))")
+    assert (data["info"]["cap_violations"], data["info"]["oversize_alone"]) == (1, 1)
+    assert "over the cap" not in data["layout"]["title"]["text"]
+    for legend in (COLUMN_LEGEND, RUN_QUALITY_COLUMNS, OVER_CAP_HELP):
+        assert legend["cap_violations"].startswith("cap violations: micro-batches of two or "
+                                                   "more samples over the token cap")
+        assert legend["oversize_alone"].startswith("oversize (alone): single samples longer "
+                                                   "than the token cap")
+    fig = viz.policy_figure(sweeps.policy_table(r, cfg.with_(max_tokens_per_gpu=30), TINY,
+                                                [("flops_kk", "flops_kk")]))
+    assert fig.layout.annotations[2].text.startswith("cap violations: micro-batches of")
+
+
+def test_packing_figure_legend_says_what_grey_means():
+    from varbatch_kit.ui.figures.style import SINGLE_SAMPLE_COLOR
+
+    cfg = ScheduleConfig(dp=2, global_batch_size=4, max_tokens_per_gpu=12)
+    compact = build_schedule(rollouts([6, 5, 9, 4, 7, 3, 8], rollout_id=[7, 8, 7, 9, 10, 9, 7]),
+                             cfg, TINY)  # rollouts 8 and 10 hold one sample: grey
+    grey = viz.packing_figure(compact).data[4]
+    assert grey.showlegend is True and grey.name.startswith("grey: single-sample rollouts")
+    assert grey.marker.color == SINGLE_SAMPLE_COLOR and grey.marker.symbol == "square"
+    assert tuple(viz.PACKING_TRACE_NAMES) == ("samples", "micro-batches", "over cap",
+                                              "token cap", "single-sample rollouts")
+    plain = build_schedule(rollouts([3, 4, 5, 6]), cfg, TINY)  # no grey: no entry
+    assert viz.packing_figure(plain).data[4].showlegend is False
+
+
+def _bars_with_numeric_colours(fig_json: dict) -> list[str]:
+    """The bar traces whose ``marker.color`` holds numbers (plotly.js maps them through a
+    colorscale but first warns "Invalid color specifier" once per bar)."""
+    bad = []
+    for i, t in enumerate(fig_json["data"]):
+        color = (t.get("marker") or {}).get("color")
+        if t.get("type") != "bar" or color is None or isinstance(color, str):
+            continue
+        values = plotly_array(color)
+        if isinstance(values, np.ndarray) or not all(isinstance(c, str) for c in values):
+            bad.append(f"{t.get('name')} (trace {i})")
+    return bad
+
+
+def test_figures_render_without_warnings_and_give_bars_colour_strings(caplog):
+    """Building, to_json and to_html say nothing; no bar gets numeric colours (the packing
+    figure's ~70 "Invalid color specifier" lines in the browser console)."""
+    import json
+    import logging
+    import warnings
+
+    figures = every_figure()  # their schedules may warn (trailing rollouts): not the figures
+    big = build_schedule(rollouts(np.arange(1, 41) % 13 + 3, rollout_id=np.arange(40) // 3),
+                         ScheduleConfig(dp=2, global_batch_size=4, max_tokens_per_gpu=16), TINY)
+    caplog.clear()
+    with warnings.catch_warnings(record=True) as caught, caplog.at_level(logging.DEBUG):
+        warnings.simplefilter("always")
+        figures["packing (compact rollouts)"] = viz.packing_figure(big, 1)
+        rendered = {name: (fig.to_json(), fig.to_html(include_plotlyjs=False))
+                    for name, fig in figures.items()}
+    assert not [str(w.message) for w in caught]
+    assert not [rec.getMessage() for rec in caplog.records if rec.levelno >= logging.WARNING]
+    for name, (js, _) in rendered.items():
+        assert not _bars_with_numeric_colours(json.loads(js)), name

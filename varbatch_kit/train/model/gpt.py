@@ -70,6 +70,7 @@ def _common(per_token_loss: bool, precision: str, tp: int) -> dict:
         gradient_accumulation_fusion=False,
         apply_rope_fusion=False,
         persist_layer_norm=False,
+        cuda_graph_scope=[],  # megatron's own default "full" warns that it is deprecated
     )
 
 

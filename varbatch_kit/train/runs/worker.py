@@ -24,7 +24,6 @@ import pickle
 import sys
 import time
 import traceback
-import warnings
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -338,6 +337,10 @@ def _write_error(job_dir: Path, rank: int, text: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    # before megatron's first import (setup_process): its optional-dependency notices
+    from varbatch_kit.train.parallel.megatron_warnings import quiet_optional_dependency_warnings
+
+    quiet_optional_dependency_warnings()
     from varbatch_kit.train.parallel.process_setup import (
         die_with_parent,
         setup_process,
@@ -350,7 +353,6 @@ def main(argv: list[str] | None = None) -> int:
     die_with_parent()
     (job_dir / "pids").mkdir(exist_ok=True)
     (job_dir / "pids" / f"rank{rank}.pid").write_text(str(os.getpid()))
-    warnings.filterwarnings("ignore", message=".*Transformer Engine and Apex are not installed.*")
     current = "setup"
     try:
         with open(job_dir / "job.pkl", "rb") as f:

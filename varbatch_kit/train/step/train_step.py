@@ -199,7 +199,9 @@ def train_step(layout, loss, faults, mode, model, optimizer, step, rollouts, dat
     keys = report_keys(loss, inputs.rollout_log_probs is not None)
 
     def _f64(arrays, idx):
-        return [torch.as_tensor(np.asarray(arrays[g], dtype=np.float64)).to(device) for g in idx]
+        # a copy: the job's arrays arrive read-only (torch warns on a non-writable buffer)
+        return [torch.tensor(np.asarray(arrays[g], dtype=np.float64), device=device)
+                for g in idx]
 
     def loss_func(batch, cp_size, cp_rank, share, logits):
         idx = [int(g) for g in batch.sample_indices]

@@ -10,6 +10,7 @@ import plotly.graph_objects as go
 from plotly.colors import qualitative
 from plotly.subplots import make_subplots
 
+from varbatch_kit.analysis.quality import CAP_VIOLATIONS, OVERSIZE_ALONE
 from varbatch_kit.ui.figures.style import (
     LEGEND_BELOW,
     TEMPLATE,
@@ -21,7 +22,7 @@ SWEEP_METRICS = {
     "makespan_ratio": "busiest rank / bound for any packing (worst step)",
     "micro_batches": "micro-batches (all steps)",
     "mb_ratio": "micro-batches / ceil(tokens / cap)",
-    "cap_violations": "micro-batches over the cap",
+    "cap_violations": f"{CAP_VIOLATIONS} (micro-batches of two or more samples over the cap)",
     "token_imbalance": "DP token imbalance (worst step)",
 }
 
@@ -86,7 +87,7 @@ def policy_figure(table, *, title: str | None = None) -> go.Figure:
     fig = make_subplots(rows=1, cols=3, horizontal_spacing=0.09, subplot_titles=(
         "busiest rank / bound for any packing − 1<br>(mean over steps)",
         "micro-batches / ceil(tokens / cap) − 1<br>(all steps)",
-        "micro-batches over the cap<br>(two or more samples)"))
+        f"{CAP_VIOLATIONS}: micro-batches of<br>two or more samples over the cap"))
     panels: list[list[Any]] = [[], [], []]
     for i, g in enumerate(groups):
         sel = df if g is None else df[df["trace"] == g]
@@ -109,7 +110,7 @@ def policy_figure(table, *, title: str | None = None) -> go.Figure:
         alone = int(df["oversize_alone"].fillna(0).sum()) if "oversize_alone" in df else 0
         note = "no micro-batch of two or more<br>samples over the cap"
         if alone:
-            note += f"<br>({alone} lone samples longer<br>than the cap: oversize_alone)"
+            note += f"<br>({alone} lone samples longer<br>than the cap: {OVERSIZE_ALONE})"
         fig.add_annotation(text=note, xref="x3 domain", yref="y3 domain", x=0.5, y=0.5,
                            showarrow=False, font={"size": 13})
         fig.update_yaxes(range=[0, 1], showticklabels=False, row=1, col=3)

@@ -12,6 +12,7 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from varbatch_kit.analysis.quality import CAP_VIOLATIONS, OVERSIZE_ALONE
 from varbatch_kit.core.flops import ModelShape
 from varbatch_kit.core.rollouts import Rollouts
 from varbatch_kit.core.schedule import Schedule
@@ -20,13 +21,17 @@ from varbatch_kit.ui.figures.style import (
     LEGEND_BELOW,
     OVER_CAP_COLOR,
     PALETTE,
-    ROLLOUT_COLORSCALE,
+    ROLLOUT_COLORS,
+    SINGLE_SAMPLE_COLOR,
     TEMPLATE,
     headroom,
 )
 
 # Trace order of the packing figure (fixed, so widgets can update in place).
-PACKING_TRACE_NAMES = ("samples", "micro-batches", "over cap", "token cap")
+PACKING_TRACE_NAMES = ("samples", "micro-batches", "over cap", "token cap",
+                       "single-sample rollouts")
+#: the legend entry that says what grey means (shown when a step has grey samples)
+SINGLE_SAMPLE_LEGEND = "grey: single-sample rollouts (a multi-sample rollout has one colour)"
 #: The two bounds on the busiest rank, named the same way in the figures, the tables
 #: (``mean_mb_makespan_ratio`` / ``mean_makespan_ratio``) and notebook 02.
 BOUND_THIS_PACKING = "bound for this packing"  # max(step / dp, largest micro-batch)
@@ -119,7 +124,7 @@ def length_figure(rollouts: Rollouts, model: ModelShape | None = None, *, bins: 
 
 def rollout_colors(step_rollout_ids: np.ndarray, sample_rollout_ids: np.ndarray
                    ) -> tuple[np.ndarray, np.ndarray]:
-    """Per sample: its colour index in :data:`ROLLOUT_COLORSCALE` and its rollout's size.
+    """Per sample: its colour index in :data:`ROLLOUT_COLORS` and its rollout's size.
 
     Every sample of a rollout gets the same colour. When the step has
     rollouts of several samples (compact / sub-agent flows), those get the
@@ -182,6 +187,8 @@ def packing_traces(schedule: Schedule, step: int = 0) -> dict[str, Any]:
 
     cap = cfg.cap
     over = (mb_tokens > cap) if cap is not None else np.zeros(k, dtype=bool)
+    violations = int((over & (sizes > 1)).sum())  # step_quality's cap_violations
+    alone = int((over & (sizes == 1)).sum())  # and its oversize_alone
     line_width = np.where(over, 2.5, 0.8)
     x_lo, x_hi = -0.6, float(x_mb[-1]) + 0.6
     y_top = float(mb_tokens.max()) if k else 0.0
@@ -191,26 +198,28 @@ def packing_traces(schedule: Schedule, step: int = 0) -> dict[str, Any]:
         # int32/float arrays travel to the browser as binary buffers (int64 would be lists)
         {"x": x_mb[mb_of].astype(np.int32), "y": tokens.astype(np.int32),
              "base": base.astype(np.int32), "customdata": custom,
-             "marker": {"color": color.astype(np.int32)}},
+             "marker": {"color": ROLLOUT_COLORS[color].tolist()}},
         {"x": x_mb.astype(np.int32), "y": mb_tokens.astype(np.int32),
              "marker": {"line": {"color": over.astype(np.int32), "width": line_width}}},
-        # red: two or more samples over the cap (a violation); orange: one sample longer
-        # than the cap, alone in its micro-batch (unavoidable)
+        # red: two or more samples over the cap (a cap violation); orange: one sample longer
+        # than the cap, alone in its micro-batch (oversize (alone): unavoidable)
         {"x": x_mb[over].astype(np.int32), "y": mb_tokens[over] + 0.03 * y_top,
              "customdata": np.column_stack([mb_tokens[over], sizes[over]]).astype(np.float64),
              "marker": {"color": (sizes[over] == 1).astype(np.int32)},
-             "name": f"over cap ({int(over.sum())})"},
+             "name": f"over cap (▼ red: {violations} {CAP_VIOLATIONS}, orange: {alone} "
+                     f"{OVERSIZE_ALONE})"},
         {"x": [x_lo, x_hi] if cap is not None else [],
              "y": [cap, cap] if cap is not None else [],
              "name": f"token cap {cap}" if cap is not None else "no token cap (static)"},
+        {"showlegend": bool((color == len(PALETTE)).any())},  # grey in this step
     ]
     n_ticks = dp if dp <= 32 else 16
     tick_ranks = np.unique(np.linspace(0, dp - 1, n_ticks).round().astype(int))
     policy = f"{cfg.packing} + {cfg.distribution}"
     title = (f"step {s}: {st.num_samples} samples, {int(tokens.sum())} tokens in {k} "
              f"micro-batches ({m} per rank × dp {dp})<br>{policy}")
-    if over.any():
-        title += f" — {int(over.sum())} over the cap"
+    if over.any():  # the words and counts of the tables' cap_violations, oversize_alone
+        title += f" — {violations} {CAP_VIOLATIONS}, {alone} {OVERSIZE_ALONE}"
     layout = {
         "title": {"text": title},
         "xaxis": {"tickvals": (tick_ranks * (m + 1) + (m - 1) / 2).tolist(),
@@ -218,17 +227,18 @@ def packing_traces(schedule: Schedule, step: int = 0) -> dict[str, Any]:
         # head-room above the tallest bar and its over-cap marker (drawn at +3%)
         "yaxis": {"range": [0, (1.03 + HEADROOM) * y_top if y_top else 1]},
     }
-    info = {"micro_batches": k, "over_cap": int(over.sum()), "samples": int(members.size),
-                "tokens": int(tokens.sum()), "cap": cap, "dp": dp, "step": s}
+    info = {"micro_batches": k, "over_cap": int(over.sum()), "cap_violations": violations,
+            "oversize_alone": alone, "samples": int(members.size), "tokens": int(tokens.sum()),
+            "cap": cap, "dp": dp, "step": s}
     return {"traces": traces, "layout": layout, "info": info}
 
 
 def empty_packing_figure() -> go.Figure:
-    """The packing figure's four traces and static layout, without data."""
+    """The packing figure's traces (:data:`PACKING_TRACE_NAMES`) and static layout, without
+    data."""
     fig = go.Figure()
     fig.add_trace(go.Bar(
-        name="samples", marker={"colorscale": ROLLOUT_COLORSCALE, "cmin": -0.5,
-                                    "cmax": len(PALETTE) + 0.5, "line": {"width": 0}},
+        name="samples", marker={"line": {"width": 0}},
         hovertemplate=("sample %{customdata[0]:d}, rollout %{customdata[1]:d} "
                        "(%{customdata[6]:d} sample(s) in this step)<br>"
                        "tokens %{y:d}, FLOPs %{customdata[2]:.3s}<br>"
@@ -249,12 +259,16 @@ def empty_packing_figure() -> go.Figure:
         name="token cap", mode="lines",
         line={"color": OVER_CAP_COLOR, "dash": "dash", "width": 1.5},
         hoverinfo="skip"))
+    fig.add_trace(go.Scatter(  # a legend entry only: no point of its own
+        name=SINGLE_SAMPLE_LEGEND, x=[None], y=[None], mode="markers", hoverinfo="skip",
+        marker={"symbol": "square", "size": 11, "color": SINGLE_SAMPLE_COLOR},
+        showlegend=False))
     fig.update_layout(
         template=TEMPLATE, barmode="overlay", bargap=0.15, height=460, hovermode="closest",
         xaxis={"title": {"text": "micro-batches, grouped by DP rank"}, "showgrid": False},
         yaxis={"title": {"text": "tokens per micro-batch"}},
-        legend={"orientation": "h", "yanchor": "bottom", "y": 1.0, "x": 1, "xanchor": "right"},
-        margin={"t": 80, "r": 20, "l": 60, "b": 50}, uirevision="packing",
+        # below the plot, as every figure's: its long entries stay clear of the two-line title
+        legend=LEGEND_BELOW, margin={"t": 80, "r": 20, "l": 60}, uirevision="packing",
     )
     return fig
 
@@ -276,17 +290,20 @@ def packing_figure(schedule: Schedule, step: int = 0) -> go.Figure:
     ... on the x axis, in training order); each bar stacks its samples,
     coloured by rollout (:func:`rollout_colors`: samples of one rollout share a
     colour; with compact rollouts in the step, single-sample rollouts are grey
-    so the siblings stand out). Hovering a segment shows the sample index, its
-    rollout id and the rollout's sample count, tokens and FLOPs. The dashed
-    line is the token cap ``max_tokens_per_gpu * cp``; a micro-batch over it
-    gets a red outline and a ▼ marker (trace ``"over cap"``): red when it
-    holds two or more samples (a cap violation), orange when it is a single
-    sample longer than the cap (unavoidable).
+    so the siblings stand out, and the legend says so). Hovering a segment shows
+    the sample index, its rollout id and the rollout's sample count, tokens and
+    FLOPs. The dashed line is the token cap ``max_tokens_per_gpu * cp``; a
+    micro-batch over it gets a red outline and a ▼ marker (trace ``"over
+    cap"``): red when it holds two or more samples (a cap violation, counted in
+    ``cap_violations``), orange when it is a single sample longer than the cap
+    (oversize (alone), counted in ``oversize_alone``: unavoidable). The title
+    and the legend give both counts in those words, as the tables do.
 
     The figure always has the traces of :data:`PACKING_TRACE_NAMES`:
     ``samples`` (one bar segment per sample), ``micro-batches`` (one outline
     bar per micro-batch), ``over cap`` (one marker per over-cap micro-batch,
-    empty when none) and ``token cap`` (empty on the static path).
+    empty when none), ``token cap`` (empty on the static path) and the legend
+    entry of the grey single-sample rollouts (hidden when the step has none).
     """
     fig = empty_packing_figure()
     apply_traces(fig, packing_traces(schedule, step))

@@ -3,7 +3,6 @@ headroom above bars, SI-prefixed numbers."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -15,22 +14,13 @@ TEMPLATE = "plotly_white"
 
 
 
-def discrete_colorscale(colors: Sequence[str]) -> list[list[Any]]:
-    """A step colorscale mapping integer ``i`` (with cmin=-0.5, cmax=n-0.5) to ``colors[i]``."""
-    n = len(colors)
-    scale: list[list[Any]] = []
-    for i, c in enumerate(colors):
-        scale.append([i / n, c])
-        scale.append([(i + 1) / n, c])
-    return scale
-
-
 #: the colour of a single-sample rollout in a step that also has multi-sample (compact)
 #: rollouts, so the compact siblings, in the palette's colours, stand out
 SINGLE_SAMPLE_COLOR = "#d0d0d0"
 #: the packing figure's sample colours: ``PALETTE[i]`` for ``i < len(PALETTE)``, then
-#: :data:`SINGLE_SAMPLE_COLOR` at ``len(PALETTE)``
-ROLLOUT_COLORSCALE = discrete_colorscale([*PALETTE, SINGLE_SAMPLE_COLOR])
+#: :data:`SINGLE_SAMPLE_COLOR` at ``len(PALETTE)``. Bars get colour strings, never numbers
+#: and a colorscale: plotly.js warns "Invalid color specifier" once per such bar
+ROLLOUT_COLORS = np.array([*PALETTE, SINGLE_SAMPLE_COLOR], dtype=object)
 
 
 #: Legend placement of every figure: a horizontal row at the bottom of the figure, in a

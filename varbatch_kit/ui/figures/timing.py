@@ -128,8 +128,9 @@ def timeline_figure(timelines, step: int = 0, *, title: str | None = None) -> go
     fig.add_trace(go.Bar(
         y=ranks.astype(str), x=(df["end_s"] - df["start_s"]).to_numpy(),
         base=df["start_s"].to_numpy(), orientation="h", name="micro-batch",
-        marker={"color": (mb % 2).astype(np.int32), "cmin": 0, "cmax": 1,
-                    "colorscale": [[0, "#1f77b4"], [1, "#6baed6"]], "line": {"width": 0}},
+        # colour strings (numbers and a colorscale make plotly.js warn once per bar)
+        marker={"color": np.where(mb % 2 == 0, "#1f77b4", "#6baed6").tolist(),
+                "line": {"width": 0}},
         customdata=custom,
         hovertemplate=("rank %{y}, micro-batch %{customdata[0]:d}: %{customdata[1]:.3f}–"
                        "%{customdata[2]:.3f} s<br>%{customdata[3]:.3s} FLOPs, "
