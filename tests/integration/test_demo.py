@@ -164,3 +164,38 @@ def test_titles_index_and_selection(tmp_path, capsys):
     assert "<pre>&lt;pre&gt;</pre>" in html
     assert demo.main(["--notebooks-dir", str(tmp_path), "--notebooks", "07"]) == 2
     assert "no notebooks to run" in capsys.readouterr().err
+
+
+def test_demo_settings_change_the_settings_cell_and_the_pages_say_so(tmp_path, capsys,
+                                                                     monkeypatch):
+    """A notebook of DEMO_SETTINGS runs with those values in its settings cell (the same
+    set_parameters the notebook tests use); its page and the index say what changed; the index
+    opens with the overview table of the notebooks that ran."""
+    nbdir, out = tmp_path / "nb", tmp_path / "out"
+    nbdir.mkdir()
+    path = nbdir / "06_stand_in.ipynb"
+    notebook(path, "# Settings: the one cell to edit\nRUNS = 21  # the full matrix\n",
+             "print(f'trained {RUNS} runs')", tags={0: "parameters"}, title="06 · Stand-in")
+    monkeypatch.setattr(demo, "DEMO_SETTINGS", {"06_stand_in": ({"RUNS": 10},
+                                                                "a smaller matrix (10 runs)")})
+    monkeypatch.setattr(demo, "SUMMARIES", ())
+    assert demo.main(["--notebooks-dir", str(nbdir), "--out", str(out), "--no-progress"]) == 0
+    text = capsys.readouterr().out
+    assert "06_stand_in" in text and "(demo settings: RUNS)" in text
+    executed = nbformat.read(out / "06_stand_in.ipynb", as_version=4)
+    assert executed.cells[1].source.startswith("# Settings") and "RUNS = 10" in \
+        executed.cells[1].source
+    assert executed.cells[2].cell_type == "markdown"
+    assert "ran this notebook with its settings changed" in executed.cells[2].source
+    assert "a smaller matrix (10 runs)" in executed.cells[2].source
+    assert "trained 10 runs" in executed.cells[3].outputs[0]["text"]
+    page = (out / "06_stand_in.html").read_text()
+    assert "a smaller matrix (10 runs)" in page and "trained 10 runs" in page
+    index = (out / "index.html").read_text()
+    assert "ran with a smaller matrix (10 runs)" in index
+    assert '<table class="overview">' in index and "<th>time on a 2-core CPU</th>" in index
+    row = next(r for r in demo.NOTEBOOK_OVERVIEW if r[0] == "06")
+    assert f"<td>06_stand_in</td><td>{row[1]}</td>" in index  # only the notebooks that ran
+    assert "<td>01_" not in index
+    # the source notebook is untouched
+    assert "RUNS = 21" in nbformat.read(path, as_version=4).cells[1].source

@@ -10,7 +10,12 @@ marked cells must print exactly what is stored.
 After a deliberate change of a printed value, regenerate the expected
 outputs with ``python tests/integration/test_notebooks.py --update [01 02 ...]`` and
 review the diff. The notebooks run with ``VARBATCH_KIT_MODELS=build/models`` and
-``VARBATCH_KIT_CACHE=build/cache`` (:data:`SHARED_CACHES`), the tests' caches.
+``VARBATCH_KIT_CACHE=build/cache`` (:data:`SHARED_CACHES`), the tests' caches. The notebooks
+call the real ``compare`` / ``rl_loop`` / ``generate_rollouts``; their kernels start with an
+IPython startup file (:func:`ipython_dir`) that runs
+:data:`varbatch_kit.cli.experiment_cache.KERNEL_SETUP`, the code ``make demo``'s kernel setup
+runs too: with the cache set, those calls become their cached twins, so a notebook and a test
+making the same call share one computation.
 """
 
 from __future__ import annotations
@@ -29,6 +34,8 @@ if __name__ == "__main__":  # run as a script (--update): tests/ on sys.path, as
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from _paths import NOTEBOOKS_DIR, REPO  # noqa: E402
 
+from varbatch_kit.cli.experiment_cache import KERNEL_SETUP  # noqa: E402
+
 ROOT = REPO
 NOTEBOOKS = sorted(NOTEBOOKS_DIR.glob("[0-9][0-9]_*.ipynb"))
 EXPECTED = Path(__file__).with_name("notebook_outputs.json")
@@ -41,6 +48,16 @@ TRAINING = {"05_variable_gbs_training", "06_metric_report_invariance", "07_rl_lo
 # rollouts and layout matrix
 SHARED_CACHES = {"VARBATCH_KIT_MODELS": str(ROOT / "build" / "models"),
                  "VARBATCH_KIT_CACHE": str(ROOT / "build" / "cache")}
+
+
+def ipython_dir(root: Path) -> Path:
+    """An ``IPYTHONDIR`` whose default profile's startup file runs :data:`KERNEL_SETUP` (the
+    experiment cache's twins of compare / rl_loop / generate_rollouts) in every kernel started
+    with it; ``root`` is created."""
+    startup = root / "profile_default" / "startup"
+    startup.mkdir(parents=True, exist_ok=True)
+    (startup / "00-varbatch-kit-cache.py").write_text(KERNEL_SETUP)
+    return root
 
 
 def _marked(nb) -> list:
@@ -72,9 +89,9 @@ def _params():
         yield pytest.param(path, id=path.stem, marks=marks)
 
 
-def test_six_notebooks_exist():
+def test_seven_notebooks_exist_in_two_tracks():
     assert [p.stem for p in NOTEBOOKS] == ["01_packing_explorer", "02_dp_flops_balance",
-                                           "03_dynamic_cp",
+                                           "03_dynamic_cp", "04_tune_slime_flags",
                                            "05_variable_gbs_training",
                                            "06_metric_report_invariance", "07_rl_loop"]
 
@@ -108,7 +125,10 @@ def test_no_latex_and_no_removed_calls(path):
         else:
             for name in ("viz.sweep_table", "viz.policy_table", "viz.policy_pairs"):
                 assert name not in cell.source, f"{path.name}: cell {cell.id} calls {name}"
-            assert not cell.metadata.get("tags"), f"{path.name}: cell {cell.id} is tagged"
+            tags = cell.metadata.get("tags", [])
+            # the settings cell alone is tagged (papermill's "parameters": the cell to edit)
+            assert tags == (["parameters"] if cell is nb.cells[1] else []), (
+                f"{path.name}: cell {cell.id} is tagged {tags}")
 
 
 def test_expected_outputs_cover_exactly_the_marked_cells():
@@ -137,8 +157,9 @@ def test_notebook_runs_under_nbval(path, tmp_path):
     if path.stem in TRAINING:
         pytest.importorskip("varbatch_kit.train")
     target = _with_expected_outputs(path, tmp_path)
-    env = dict(os.environ, **SHARED_CACHES, PYTHONPATH=os.pathsep.join(
-        [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]))
+    env = dict(os.environ, **SHARED_CACHES, IPYTHONDIR=str(ipython_dir(tmp_path / "ipython")),
+               PYTHONPATH=os.pathsep.join(
+                   [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]))
     proc = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--nbval-lax",
          f"--nbval-cell-timeout={CELL_TIMEOUT.get(path.stem, 600)}", "--rootdir",
@@ -150,13 +171,42 @@ def test_notebook_runs_under_nbval(path, tmp_path):
     assert " passed" in proc.stdout and "failed" not in proc.stdout.split("\n")[-2], tail
 
 
+def test_the_kernels_compare_and_rl_loop_are_the_cached_twins(tmp_path):
+    """The startup file the nbval runs use: in a kernel started with it and a cache set, the
+    names the notebooks import are the experiment cache's twins (without a cache, the real
+    functions)."""
+    pytest.importorskip("varbatch_kit.train")
+    from nbclient import NotebookClient
+
+    probe = ("import varbatch_kit.train as t\n"
+             "from varbatch_kit.train.rl.generate import generate_rollouts\n"
+             "print([hasattr(f, '__vbk_original__') for f in "
+             "(t.compare, t.rl_loop, generate_rollouts)])")
+    seen = []
+    for cache in (str(tmp_path / "cache"), ""):
+        nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(probe)])
+        env = dict(IPYTHONDIR=str(ipython_dir(tmp_path / "ipython")), VARBATCH_KIT_CACHE=cache)
+        old = {k: os.environ.get(k) for k in env}
+        os.environ.update(env)  # the kernel inherits them
+        try:
+            NotebookClient(nb, timeout=120, kernel_name="python3").execute()
+        finally:
+            for k, v in old.items():
+                os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
+        seen.append(nb.cells[0].outputs[0]["text"].strip())
+    assert seen == ["[True, True, True]", "[False, False, False]"]
+
+
 def _update(prefixes: list[str]) -> None:
     """Execute the notebooks (all, or those whose name starts with a prefix) and store the
     printout of their marked cells."""
+    import tempfile
+
     from nbclient import NotebookClient
 
     for name, value in SHARED_CACHES.items():  # the kernels inherit them
         os.environ.setdefault(name, value)
+    os.environ["IPYTHONDIR"] = str(ipython_dir(Path(tempfile.mkdtemp(prefix="vbk_ipython_"))))
     result = json.loads(EXPECTED.read_text()) if EXPECTED.exists() else {}
     for path in NOTEBOOKS:
         if prefixes and not any(path.stem.startswith(p) for p in prefixes):

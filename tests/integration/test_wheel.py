@@ -55,6 +55,7 @@ def test_wheel_carries_data_and_notebooks(wheel):
                    "varbatch_kit/notebooks/01_packing_explorer.ipynb",
                    "varbatch_kit/notebooks/06_metric_report_invariance.ipynb",
                    "varbatch_kit/notebooks/03_dynamic_cp.ipynb",
+                   "varbatch_kit/notebooks/04_tune_slime_flags.ipynb",
                    "varbatch_kit/notebooks/07_rl_loop.ipynb",
                    "varbatch_kit/py.typed"):
         assert needed in names, needed
@@ -84,8 +85,8 @@ def _requires(wheel: Path) -> tuple[set[str], dict[str, set[str]]]:
 def test_wheel_requires_only_the_core_and_offers_the_extras(wheel):
     bare, extras = _requires(wheel)
     assert bare == {"numpy", "pandas", "torch", "tqdm"}
-    assert {"plotly", "ipywidgets", "anywidget", "jupyterlab", "nbclient", "nbconvert"} <= \
-        extras["ui"]
+    assert {"plotly", "ipywidgets", "jupyterlab", "nbclient", "nbconvert"} <= \
+        extras["ui"] and "anywidget" not in extras["ui"]
     assert {"megatron-core", "transformers", "safetensors", "tokenizers", "accelerate",
             "gguf"} <= extras["train"]
     assert extras["parquet"] == {"pyarrow"}

@@ -33,3 +33,18 @@ def test_readme_snippet_runs(block):
         assert schedule.config == config  # the schedule of the config the snippet builds
         out = namespace["to_slime"](schedule)
         assert len(out[0]) == config.dp  # one partition per DP rank
+
+
+def test_the_notebook_table_is_the_demo_index_table():
+    """README's notebook overview and the demo's index page (demo.NOTEBOOK_OVERVIEW) say the
+    same, one row per notebook, in order."""
+    pytest.importorskip("plotly")
+    from varbatch_kit.cli import demo
+
+    rows = [[c.strip() for c in line.strip("|").split("|")]
+            for line in README.splitlines() if line.startswith("| `0")]
+    names = sorted(p.stem for p in (REPO / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+    assert [r[0].strip("`") for r in rows] == names
+    for row, (prefix, *rest) in zip(rows, demo.NOTEBOOK_OVERVIEW, strict=True):
+        assert row[0].strip("`").startswith(prefix + "_")
+        assert [c.replace("`", "") for c in row[1:]] == rest, row[0]

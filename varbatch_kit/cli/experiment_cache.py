@@ -20,6 +20,15 @@ the package's source files and model presets (:func:`source_hash`). So a change
 of code, configuration, data or library never returns a stale result: it names
 another entry. Entries appear atomically (written beside, then renamed) under a
 lock, so concurrent callers share one computation.
+
+The notebooks call the real :func:`varbatch_kit.train.compare`,
+:func:`varbatch_kit.train.rl_loop` and
+:func:`~varbatch_kit.train.rl.generate.generate_rollouts`; the caching is the
+harness's. :func:`install_cached_twins` (run in a notebook's kernel before its
+cells by :data:`KERNEL_SETUP`: ``make demo``'s kernel setup and the nbval tests'
+IPython startup file) replaces those three by their cached twins when
+``$VARBATCH_KIT_CACHE`` is set, so a notebook and a test that make the same call
+share one computation under the same key.
 """
 
 from __future__ import annotations
@@ -34,14 +43,19 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from filelock import FileLock
-
-__all__ = ["CACHE_ENV", "cache_dir", "cache_key", "cached_compare", "cached_rl_loop",
-           "cached_rollouts", "source_hash"]
+__all__ = ["CACHE_ENV", "KERNEL_SETUP", "cache_dir", "cache_key", "cached_compare",
+           "cached_rl_loop", "cached_rollouts", "install_cached_twins", "source_hash"]
 
 #: the environment variable naming the cache directory (unset: no caching)
 CACHE_ENV = "VARBATCH_KIT_CACHE"
 _PACKAGE = Path(__file__).resolve().parents[1]
+
+
+def _lock(path):
+    """A file lock (filelock is imported only when a cache is used: the [train] extra)."""
+    from filelock import FileLock as _FileLock
+
+    return _FileLock(path)
 
 
 def cache_dir(path: str | os.PathLike | None = None) -> Path | None:
@@ -125,7 +139,7 @@ def cached_compare(configs: Sequence, rollouts, *, cache_dir: str | os.PathLike 
                     models=[_checkpoint_key(c.model.path) for c in configs],
                     rollouts=rollouts_hash(rollouts), reference=reference)
     path = where / f"compare-{key[:24]}.pkl"
-    with FileLock(where / ".compare.lock"):
+    with _lock(where / ".compare.lock"):
         if path.is_file():
             return pd.read_pickle(path)
         table = _compare(configs, rollouts, reference, progress, out_dir, runs)
@@ -147,8 +161,10 @@ def cached_rollouts(checkpoint: str | os.PathLike, *,
     the generation that made the trace. Caching off: plain ``generate_rollouts``.
     """
     from varbatch_kit.core.traces import read_trace
-    from varbatch_kit.train.rl.generate import GenerationStats, generate_rollouts
+    from varbatch_kit.train.rl.generate import GenerationStats
+    from varbatch_kit.train.rl.generate import generate_rollouts as _maybe_twin
 
+    generate_rollouts = _unwrapped(_maybe_twin)  # never a twin installed in this process
     bad = sorted(set(generate_kwargs) & {"trace_path", "stats", "progress"})
     if bad:
         raise ValueError(f"cached_rollouts sets {bad} itself; pass the generation arguments only")
@@ -159,7 +175,7 @@ def cached_rollouts(checkpoint: str | os.PathLike, *,
                     generate=generate_kwargs)
     path = where / f"rollouts-{key[:24]}.jsonl"
     info = path.with_suffix(".stats.json")
-    with FileLock(where / ".rollouts.lock"):
+    with _lock(where / ".rollouts.lock"):
         if not path.is_file():
             made = GenerationStats()
             tmp = path.with_suffix(f".{os.getpid()}.jsonl")
@@ -182,8 +198,9 @@ def cached_rl_loop(config, prompts, *, cache_dir: str | os.PathLike | None = Non
     there: a finished loop is read back from its iteration records, an interrupted one
     continues. Caching off: ``kwargs`` must hold ``out_dir`` (plain :func:`rl_loop`).
     """
-    from varbatch_kit.train.rl.rl_loop import rl_loop
+    from varbatch_kit.train.rl.rl_loop import rl_loop as _maybe_twin
 
+    rl_loop = _unwrapped(_maybe_twin)
     where = _resolve(cache_dir)
     if where is None:
         return rl_loop(config, prompts, progress=progress, **kwargs)
@@ -192,7 +209,7 @@ def cached_rl_loop(config, prompts, *, cache_dir: str | os.PathLike | None = Non
                          "or call rl_loop)")
     key = cache_key("rl_loop", config=repr(config), model=_checkpoint_key(config.model.path),
                     prompts=repr(prompts), arguments=kwargs)
-    with FileLock(where / ".rl_loop.lock"):
+    with _lock(where / ".rl_loop.lock"):
         return rl_loop(config, prompts, out_dir=where / f"rl_loop-{key[:24]}", resume=True,
                        progress=progress, **kwargs)
 
@@ -200,12 +217,89 @@ def cached_rl_loop(config, prompts, *, cache_dir: str | os.PathLike | None = Non
 def _compare(configs, rollouts, reference, progress, out_dir, runs):
     from varbatch_kit.train.runs import launch
 
+    compare = _unwrapped(launch.compare)
     if out_dir is not None or runs is not None:
-        return launch.compare(configs, rollouts, reference=reference, out_dir=out_dir,
-                              progress=progress, runs=runs)
+        return compare(configs, rollouts, reference=reference, out_dir=out_dir,
+                       progress=progress, runs=runs)
     with tempfile.TemporaryDirectory(prefix="varbatch_compare_") as tmp:
-        return launch.compare(configs, rollouts, reference=reference, out_dir=tmp,
-                              progress=progress)
+        return compare(configs, rollouts, reference=reference, out_dir=tmp, progress=progress)
+
+
+# ------------------------------------------------------------------ the notebooks' harness
+#: the code a notebook kernel runs before the notebook's cells (``make demo`` puts it in its
+#: kernel setup cell; the nbval tests in an IPython startup file): the cached twins when
+#: ``$VARBATCH_KIT_CACHE`` is set, nothing otherwise (nor without the [train] extra)
+KERNEL_SETUP = """\
+try:
+    from varbatch_kit.cli.experiment_cache import install_cached_twins as _vbk_twins
+    _vbk_twins()
+    del _vbk_twins
+except ImportError:  # no [train] extra: the notebooks that need it say so themselves
+    pass
+"""
+
+
+def _unwrapped(fn):
+    """``fn`` itself, or the function a cached twin (:func:`install_cached_twins`) stands for."""
+    return getattr(fn, "__vbk_original__", fn)
+
+
+def _twin(original, cached):
+    @functools.wraps(original)
+    def twin(*args, **kwargs):
+        return cached(original, *args, **kwargs)
+
+    twin.__vbk_original__ = original
+    return twin
+
+
+def _compare_twin(original, configs, rollouts, *, reference=None, out_dir=None, progress=True,
+                  runs=None):
+    return cached_compare(configs, rollouts, reference=reference, out_dir=out_dir,
+                          progress=progress, runs=runs)
+
+
+def _rl_loop_twin(original, config, prompts, *, out_dir=None, resume=False, progress=True,
+                  **kwargs):
+    # the loop runs in the cache's folder for its key (resumed there), not in out_dir
+    return cached_rl_loop(config, prompts, progress=progress, **kwargs)
+
+
+def _generate_twin(original, model=None, *args, **kwargs):
+    # only a checkpoint folder named by path is cached (a loaded model, a trace file to
+    # write, a progress bar, a tokenizer: the real call; the RL loop passes a loaded model)
+    if args or not isinstance(model, (str, os.PathLike)) or (
+            set(kwargs) & {"trace_path", "progress", "tokenizer"}):
+        return original(model, *args, **kwargs)
+    return cached_rollouts(model, **kwargs)
+
+
+def install_cached_twins(cache_dir: str | os.PathLike | None = None) -> bool:
+    """Replace :func:`varbatch_kit.train.compare`, :func:`varbatch_kit.train.rl_loop` and
+    :func:`varbatch_kit.train.rl.generate.generate_rollouts` (where a notebook imports them
+    from) by :func:`cached_compare`, :func:`cached_rl_loop` and :func:`cached_rollouts`.
+
+    The twins take the originals' arguments and make the same cache call a test makes, so
+    the keys match: ``compare(configs, rollouts, ...)`` is ``cached_compare(configs,
+    rollouts, ...)``; ``rl_loop(config, prompts, out_dir=D, **kw)`` runs in the cache's loop
+    folder (``out_dir`` and ``resume`` are the cache's); ``generate_rollouts(path, **kw)`` is
+    ``cached_rollouts(path, **kw)`` when the model is a checkpoint path and no
+    ``trace_path``, ``progress`` or ``tokenizer`` is given (else the real call). Only in the
+    process that calls it (a notebook's kernel); ``cache_dir`` (else
+    ``$VARBATCH_KIT_CACHE``) is exported to the environment. Returns False (and changes
+    nothing) when caching is off; installing twice keeps one layer of twins.
+    """
+    where = _resolve(cache_dir)
+    if where is None:
+        return False
+    os.environ[CACHE_ENV] = str(where)
+    import varbatch_kit.train as train
+    from varbatch_kit.train.rl import generate
+
+    train.compare = _twin(_unwrapped(train.compare), _compare_twin)
+    train.rl_loop = _twin(_unwrapped(train.rl_loop), _rl_loop_twin)
+    generate.generate_rollouts = _twin(_unwrapped(generate.generate_rollouts), _generate_twin)
+    return True
 
 
 def _resolve(path) -> Path | None:

