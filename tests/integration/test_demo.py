@@ -123,11 +123,11 @@ def test_policy_summary_is_the_library_pivot():
 
 def test_invariance_summary_trains_the_library_matrix_and_judges_it(monkeypatch):
     pytest.importorskip("varbatch_kit.train")
-    import varbatch_kit.train as train
+    from varbatch_kit.train.runs import launch
 
     seen = {}
 
-    def fake_compare(configs, rollouts, progress=True):
+    def fake_compare(configs, rollouts, progress=True, **kwargs):
         seen["configs"], seen["rollouts"] = configs, rollouts
         rows = []
         for k, c in enumerate(configs):
@@ -139,7 +139,10 @@ def test_invariance_summary_trains_the_library_matrix_and_judges_it(monkeypatch)
                          "param_rel_diff": drift})
         return pd.DataFrame(rows)
 
-    monkeypatch.setattr(train, "compare", fake_compare)
+    # caching off (a fake table must never reach a shared cache): the summary trains, through
+    # the engine's compare
+    monkeypatch.delenv("VARBATCH_KIT_CACHE", raising=False)
+    monkeypatch.setattr(launch, "compare", fake_compare)
     text = demo.invariance_summary()
     experiment = invariance.invariance_experiment()
     assert [(c.schedule, c.mode) for c in seen["configs"]] == experiment.runs()

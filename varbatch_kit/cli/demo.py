@@ -187,9 +187,12 @@ def policy_summary(progress: bool = False) -> str:
 
 def invariance_summary(progress: bool = False) -> str:
     """Train notebook 06's matrix (:func:`~varbatch_kit.analysis.invariance.invariance_experiment`)
-    and give :func:`~varbatch_kit.analysis.invariance.invariance_verdict`'s lines."""
+    and give :func:`~varbatch_kit.analysis.invariance.invariance_verdict`'s lines. With an
+    experiment cache (``$VARBATCH_KIT_CACHE``, as ``make demo`` sets) the table notebook 06's
+    kernel computed for the same call is read back instead of trained again."""
     from varbatch_kit.analysis import invariance
-    from varbatch_kit.train import TrainConfig, compare
+    from varbatch_kit.cli.experiment_cache import cached_compare as compare
+    from varbatch_kit.train import TrainConfig
 
     experiment = invariance.invariance_experiment()
     # train_kwargs name TrainConfig fields (lr, num_layers, ...): with_ routes them
