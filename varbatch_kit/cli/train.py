@@ -185,10 +185,10 @@ def configs_from_args(args: argparse.Namespace):
     return configs
 
 
-#: the config's words in core.config's batching errors -> the flags of this command
-_FLAG_WORDS = (("pass both with packing= to batching_fields", "give --packing too"),
-               ("micro_batch_size", "--micro-batch-size"),
-               ("max_tokens_per_gpu", "--max-tokens-per-gpu"))
+#: how core.config's batching errors name the settings here: this command's flags
+FLAG_WORDS = {"micro_batch_size": "--micro-batch-size",
+              "max_tokens_per_gpu": "--max-tokens-per-gpu", "packing": "--packing",
+              "let_packing_pick": "give --packing too"}
 
 
 def _batching(mbs: int | None, mtpg: int | None, packing: str | None) -> dict:
@@ -199,16 +199,11 @@ def _batching(mbs: int | None, mtpg: int | None, packing: str | None) -> dict:
     from varbatch_kit.core.config import batching_fields, packing_batching
     from varbatch_kit.train.config.train_config import DEFAULT_MAX_TOKENS_PER_GPU
 
-    try:
-        if mbs is None and mtpg is None and (packing is None
-                                             or packing_batching(packing) == "dynamic"):
-            mtpg = DEFAULT_MAX_TOKENS_PER_GPU
-        return batching_fields(micro_batch_size=mbs, max_tokens_per_gpu=mtpg, packing=packing)
-    except ValueError as e:
-        msg = str(e)
-        for word, flag in _FLAG_WORDS:
-            msg = msg.replace(word, flag)
-        raise ValueError(msg) from None
+    if mbs is None and mtpg is None and (packing is None
+                                         or packing_batching(packing) == "dynamic"):
+        mtpg = DEFAULT_MAX_TOKENS_PER_GPU
+    return batching_fields(micro_batch_size=mbs, max_tokens_per_gpu=mtpg, packing=packing,
+                           words=FLAG_WORDS)
 
 
 def _print(table, columns) -> None:

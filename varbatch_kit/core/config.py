@@ -47,8 +47,16 @@ def packing_batching(packing: str) -> str:
     return "dynamic" if get_packer(packing).dynamic else "static"
 
 
+#: how :func:`decide_batching`'s errors name the settings; a caller that spells them otherwise
+#: (the CLI's flags) passes its own ``words`` (any of these keys), never rewriting the text
+BATCHING_WORDS = {"micro_batch_size": "micro_batch_size",
+                  "max_tokens_per_gpu": "max_tokens_per_gpu", "packing": "packing",
+                  "let_packing_pick": "pass both with packing= to batching_fields"}
+
+
 def decide_batching(*, micro_batch_size: int | None = None,
-                    max_tokens_per_gpu: int | None = None, packing: str | None = None) -> str:
+                    max_tokens_per_gpu: int | None = None, packing: str | None = None,
+                    words: dict[str, str] | None = None) -> str:
     """Which batching path these settings ask for: ``"static"`` or ``"dynamic"``.
 
     The one place that decides it (``None`` = not given):
@@ -59,34 +67,36 @@ def decide_batching(*, micro_batch_size: int | None = None,
       the other path's size is ignored; its own size missing -> ``ValueError``.
 
     A named packing decides on its own, so a caller holding both sizes (an
-    explorer's two sliders) passes both with the packing.
+    explorer's two sliders) passes both with the packing. ``words``: how the errors name
+    the settings (:data:`BATCHING_WORDS`' keys; e.g. the CLI's ``--micro-batch-size``).
     """
+    w = {**BATCHING_WORDS, **(words or {})}
+    mbs, cap, pack = w["micro_batch_size"], w["max_tokens_per_gpu"], w["packing"]
     if packing is None:
         if (micro_batch_size is None) == (max_tokens_per_gpu is None):
             raise ValueError(
-                "set exactly one of micro_batch_size (static batching) and max_tokens_per_gpu "
-                f"(dynamic batching); got micro_batch_size={micro_batch_size!r}, "
-                f"max_tokens_per_gpu={max_tokens_per_gpu!r}"
-                + ("; to let a packing pick, pass both with packing= to batching_fields"
+                f"set exactly one of {mbs} (static batching) and {cap} (dynamic batching); "
+                f"got {mbs}={micro_batch_size!r}, {cap}={max_tokens_per_gpu!r}"
+                + (f"; to let a packing pick, {w['let_packing_pick']}"
                    if micro_batch_size is not None else ""))
         return "static" if micro_batch_size is not None else "dynamic"
     batching = packing_batching(packing)
     if batching == "dynamic" and max_tokens_per_gpu is None:
         raise ValueError(
-            f"packing={packing!r} packs under a token cap: set max_tokens_per_gpu (dynamic "
-            "batching)" + ("" if micro_batch_size is None else
-                           " instead of micro_batch_size, or use packing='static'"))
+            f"{pack}={packing!r} packs under a token cap: set {cap} (dynamic batching)"
+            + ("" if micro_batch_size is None else
+               f" instead of {mbs}, or use {pack}='static'"))
     if batching == "static" and micro_batch_size is None:
         raise ValueError(
-            f"packing={packing!r} needs micro_batch_size (static batching)"
+            f"{pack}={packing!r} needs {mbs} (static batching)"
             + ("" if max_tokens_per_gpu is None else
-               "; with max_tokens_per_gpu use a dynamic packing such as 'first_fit'"))
+               f"; with {cap} use a dynamic packing such as 'first_fit'"))
     return batching
 
 
 def batching_fields(*, micro_batch_size: int | None = None,
-                    max_tokens_per_gpu: int | None = None,
-                    packing: str | None = None) -> dict[str, int | None]:
+                    max_tokens_per_gpu: int | None = None, packing: str | None = None,
+                    words: dict[str, str] | None = None) -> dict[str, int | None]:
     """The two size fields of a config on the path :func:`decide_batching` picks.
 
     ``{"micro_batch_size": ..., "max_tokens_per_gpu": ...}`` with the other
@@ -94,9 +104,12 @@ def batching_fields(*, micro_batch_size: int | None = None,
 
         ScheduleConfig(dp=8, packing=p, **batching_fields(micro_batch_size=mbs,
                                                           max_tokens_per_gpu=cap, packing=p))
+
+    ``words``: how the errors name the settings (see :func:`decide_batching`).
     """
     batching = decide_batching(micro_batch_size=micro_batch_size,
-                               max_tokens_per_gpu=max_tokens_per_gpu, packing=packing)
+                               max_tokens_per_gpu=max_tokens_per_gpu, packing=packing,
+                               words=words)
     if batching == "static":
         return {"micro_batch_size": micro_batch_size, "max_tokens_per_gpu": None}
     return {"micro_batch_size": None, "max_tokens_per_gpu": max_tokens_per_gpu}

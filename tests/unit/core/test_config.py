@@ -137,3 +137,15 @@ def test_config_is_hashable_and_equal_by_value():
                    {"alignment_fallback": "drop_rollouts"}, {"max_tokens_per_gpu": 1024}):
         other = a.with_(**change)
         assert other != a and other not in {a}
+
+
+def test_batching_errors_name_the_settings_in_the_callers_words():
+    """A caller with its own names for the settings (the CLI's flags) passes them: the error
+    is written in them, nothing rewritten afterwards; unnamed keys keep the defaults."""
+    words = {"micro_batch_size": "--mbs", "packing": "--pack"}
+    with pytest.raises(ValueError, match=r"^--pack='static' needs --mbs \(static batching\); "
+                                         r"with max_tokens_per_gpu use a dynamic packing"):
+        decide_batching(max_tokens_per_gpu=64, packing="static", words=words)
+    with pytest.raises(ValueError, match=r"^set exactly one of micro_batch_size .* pass both "
+                                         r"with packing= to batching_fields$"):
+        batching_fields(micro_batch_size=2, max_tokens_per_gpu=64)

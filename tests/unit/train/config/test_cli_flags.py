@@ -57,10 +57,10 @@ def test_cli_batching_is_core_configs_decision_in_flag_words():
     assert schedule(*both, "--packing", "first_fit") == (None, 64, "first_fit")
     for argv, msg in [
         (["--packing", "static"],
-         r"^packing='static' needs --micro-batch-size \(static batching\)$"),
+         r"^--packing='static' needs --micro-batch-size \(static batching\)$"),
         (["--packing", "first_fit", "--micro-batch-size", "2"],
-         r"^packing='first_fit' packs under a token cap: set --max-tokens-per-gpu \(dynamic "
-         r"batching\) instead of --micro-batch-size, or use packing='static'$"),
+         r"^--packing='first_fit' packs under a token cap: set --max-tokens-per-gpu \(dynamic "
+         r"batching\) instead of --micro-batch-size, or use --packing='static'$"),
         (list(both), r"^set exactly one of --micro-batch-size \(static batching\) and "
                      r"--max-tokens-per-gpu \(dynamic batching\); got --micro-batch-size=2, "
                      r"--max-tokens-per-gpu=64; to let a packing pick, give --packing too$"),
