@@ -9,7 +9,7 @@ import pytest
 
 from varbatch_kit import ModelShape
 from varbatch_kit.analysis import invariance, sweeps
-from varbatch_kit.cli import demo
+from varbatch_kit.cli import demo, demo_pages
 from varbatch_kit.core.traces import bundled_traces, read_trace
 
 pytestmark = pytest.mark.timeout(300)
@@ -123,7 +123,7 @@ def test_policy_summary_is_the_library_pivot():
 
 def test_invariance_summary_trains_the_library_matrix_and_judges_it(monkeypatch):
     pytest.importorskip("varbatch_kit.train")
-    from varbatch_kit.train.runs import launch
+    from varbatch_kit.train.runs import comparison
 
     seen = {}
 
@@ -142,7 +142,7 @@ def test_invariance_summary_trains_the_library_matrix_and_judges_it(monkeypatch)
     # caching off (a fake table must never reach a shared cache): the summary trains, through
     # the engine's compare
     monkeypatch.delenv("VARBATCH_KIT_CACHE", raising=False)
-    monkeypatch.setattr(launch, "compare", fake_compare)
+    monkeypatch.setattr(comparison, "compare", fake_compare)
     text = demo.invariance_summary()
     experiment = invariance.invariance_experiment()
     assert [(c.schedule, c.mode) for c in seen["configs"]] == experiment.runs()
@@ -160,7 +160,7 @@ def test_titles_index_and_selection(tmp_path, capsys):
                                          nbformat.v4.new_markdown_cell("intro\n# 03 · Title")])
     assert demo.notebook_title(nb) == "03 · Title"
     assert demo.notebook_title(nbformat.v4.new_notebook()) == ""
-    page = demo.write_index(tmp_path / "index.html", "T <&>", [("a b.html", "a", "x < y")],
+    page = demo_pages.write_index(tmp_path / "index.html", "T <&>", [("a b.html", "a", "x < y")],
                             preformatted="<pre>")
     html = page.read_text()
     assert '<a href="a b.html">a</a>: x &lt; y' in html and "<h1>T &lt;&amp;&gt;</h1>" in html

@@ -3,9 +3,10 @@
 Every notebook opens with one code cell tagged ``parameters`` (its settings: trace or dump,
 model, dp / cp, the token cap, the global batch size, ...). Here notebook 01 (packing) and
 notebook 04 (slime's flags) are executed on a slime rollout dump of another size than the
-bundled traces, with only that cell's values replaced (:func:`varbatch_kit.cli.demo.set_parameters`,
-the mechanism ``make demo`` uses for its smaller matrices): every cell must run, and the
-output must speak of the dump's own rollouts.
+bundled traces, with only that cell's values replaced
+(:func:`varbatch_kit.cli.notebook_settings.set_parameters`, the mechanism ``make demo`` uses
+for its smaller matrices): every cell must run, and the output must speak of the dump's own
+rollouts.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import torch
 from _paths import NOTEBOOKS_DIR
 
 from varbatch_kit import Rollouts, read_trace
-from varbatch_kit.cli.demo import parameters_cell, set_parameters
+from varbatch_kit.cli.notebook_settings import parameters_cell, set_parameters
 
 pytest.importorskip("nbclient")
 pytestmark = pytest.mark.timeout(600)

@@ -187,7 +187,7 @@ def test_installed_wheel_works_outside_the_checkout(full_venv, tmp_path):
 
     exe = venv / "bin" / "varbatch-kit"
     copied = _run([exe, "notebooks", tmp_path / "nb"], cwd=tmp_path, env=env).split()
-    assert len(copied) == 6 and all(Path(p).is_file() for p in copied)
+    assert len(copied) == 7 and all(Path(p).is_file() for p in copied)
 
     assert "--notebooks" in _run([exe, "demo", "--help"], cwd=tmp_path, env=env)
     out = tmp_path / "demo_out"

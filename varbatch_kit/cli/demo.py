@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import html
 import sys
 import time
 import warnings
@@ -49,17 +48,17 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from varbatch_kit._extras import require
-from varbatch_kit.cli.demo_pages import write_figure_pages
+from varbatch_kit.cli.demo_pages import write_figure_pages, write_index
 from varbatch_kit.cli.experiment_cache import KERNEL_SETUP as _CACHE_SETUP
+from varbatch_kit.cli.notebook_settings import parameters_cell, set_parameters
 from varbatch_kit.resources import notebooks_dir
 
 # the notebooks draw with plotly and run in a kernel driven by nbclient/nbconvert
 require(__name__, "ui", ("plotly", "nbclient", "nbconvert", "nbformat"))
 
-__all__ = ["DEMO_SETTINGS", "INDEX_CSS", "KERNEL_NOISE", "NOTEBOOKS_DIR", "NOTEBOOK_OVERVIEW",
-           "OVERVIEW_HEADER", "PARAMETERS_TAG", "SUMMARIES", "NotebookRun", "copy_kernel_stderr",
-           "export_html", "invariance_summary", "main", "notebook_title", "parameters_cell",
-           "policy_summary", "run_notebook", "set_parameters", "write_index"]
+__all__ = ["DEMO_SETTINGS", "KERNEL_NOISE", "NOTEBOOKS_DIR", "NOTEBOOK_OVERVIEW", "SUMMARIES",
+           "NotebookRun", "copy_kernel_stderr", "export_html", "invariance_summary", "main",
+           "notebook_title", "policy_summary", "run_notebook"]
 
 #: the tutorial notebooks shipped with the package
 NOTEBOOKS_DIR = Path(str(notebooks_dir()))
@@ -115,9 +114,6 @@ DEMO_SETTINGS: dict[str, tuple[dict, str]] = {
         "suite runs), so that make demo stays within 5 minutes on a 2-core CPU"),
 }
 
-#: the columns of :data:`NOTEBOOK_OVERVIEW` (the index page's table; README.md has the same)
-OVERVIEW_HEADER = ("notebook", "track", "what it shows", "needs", "GPU",
-                   "time on a 2-core CPU")
 #: per notebook (name prefix): its track, what it shows, the extras and packages it needs,
 #: whether a GPU is used, and its rough run time on a 2-core CPU
 NOTEBOOK_OVERVIEW: tuple[tuple[str, str, str, str, str, str], ...] = (
@@ -237,47 +233,6 @@ def _summary(runs: Sequence[NotebookRun], progress: bool) -> list[tuple[str, str
     return sections
 
 
-# -------------------------------------------------------------------- index
-#: the index pages' style: the printed tables (a policy table is ~190 characters wide) get a
-#: smaller monospace font and scroll sideways inside the page instead of being cut off
-INDEX_CSS = ("body{font-family:sans-serif;max-width:90em;margin:2em auto;padding:0 1em}"
-             "li{margin:.4em 0}"
-             "table.overview{border-collapse:collapse;margin:1em 0;font-size:14px}"
-             "table.overview td,table.overview th{border:1px solid #ccc;padding:.3em .6em;"
-             "text-align:left;vertical-align:top}"
-             "pre{background:#f6f6f6;padding:1em;font-size:12px;line-height:1.35;"
-             "overflow-x:auto;max-width:100%;box-sizing:border-box;white-space:pre}")
-
-
-def write_index(path: Path, title: str, entries: Sequence[tuple[str, str, str]], *,
-                preformatted: str = "", footer: str = "",
-                overview: Sequence[Sequence[str]] = ()) -> Path:
-    """Write a plain HTML page linking ``entries`` (``(href, name, one-line description)``).
-
-    ``overview``: rows of a table shown above the list (:data:`OVERVIEW_HEADER`'s columns,
-    e.g. :data:`NOTEBOOK_OVERVIEW`). ``preformatted`` (e.g. a printed table) is shown under
-    the list as ``<pre>`` (:data:`INDEX_CSS`: small font, scrolls sideways when wider than
-    the page); everything is escaped, the page loads nothing.
-    """
-    e = html.escape
-    table = ""
-    if overview:
-        head = "".join(f"<th>{e(h)}</th>" for h in OVERVIEW_HEADER)
-        rows = "\n".join("  <tr>" + "".join(f"<td>{e(str(v))}</td>" for v in row) + "</tr>"
-                         for row in overview)
-        table = f'<table class="overview">\n  <tr>{head}</tr>\n{rows}\n</table>\n'
-    items = "\n".join(f'  <li><a href="{e(href, quote=True)}">{e(name)}</a>: {e(what)}</li>'
-                       for href, name, what in entries)
-    pre = f"<pre>{e(preformatted)}</pre>\n" if preformatted else ""
-    foot = f"<p>{e(footer)}</p>\n" if footer else ""
-    page = (f"<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
-            f"<title>{e(title)}</title>\n<style>{INDEX_CSS}</style>\n</head>\n<body>\n"
-            f"<h1>{e(title)}</h1>\n{table}"
-            f"<ul>\n{items}\n</ul>\n{pre}{foot}</body>\n</html>\n")
-    path.write_text(page, encoding="utf-8")
-    return path
-
-
 def copy_kernel_stderr(pipe, out=None) -> None:
     """Copy a kernel's stderr (a binary pipe) to ``out`` (``sys.stderr``) line by line,
     leaving out the lines of :data:`KERNEL_NOISE`; returns at the end of the pipe."""
@@ -358,68 +313,6 @@ def run_notebook(path: Path, *, timeout: int = 900, progress: bool = True,
                 if out.get("execution_count"):
                     out["execution_count"] -= 1
     return nb, error
-
-
-#: the tag of a notebook's settings cell (papermill's name): the one cell a user edits
-PARAMETERS_TAG = "parameters"
-
-
-def parameters_cell(nb):
-    """The notebook's one code cell tagged :data:`PARAMETERS_TAG`; ``ValueError`` if none or
-    several."""
-    cells = [c for c in nb.cells
-             if c.cell_type == "code" and PARAMETERS_TAG in c.metadata.get("tags", [])]
-    if len(cells) != 1:
-        raise ValueError(f"the notebook has {len(cells)} code cells tagged "
-                         f"{PARAMETERS_TAG!r}; expected exactly one (its settings cell)")
-    return cells[0]
-
-
-def set_parameters(nb, values: dict):
-    """Give the settings of ``nb``'s parameters cell new values, in place; returns ``nb``.
-
-    Each name of ``values`` must be assigned at the top level of the cell (``NAME = ...``);
-    the right-hand side of that assignment is replaced by the value's ``repr`` (a path
-    becomes its string), the rest of the cell (comments, other settings) stays as written.
-    A name the cell does not assign raises ``KeyError`` naming the cell's settings, so a
-    renamed setting cannot be overridden silently. Values must be Python literals (numbers,
-    strings, None, bools, and lists / tuples / dicts of them).
-    """
-    import ast
-    import os
-
-    cell = parameters_cell(nb)
-    source = cell.source
-    tree = ast.parse(source)
-    spans = {}
-    for node in tree.body:
-        targets = (node.targets if isinstance(node, ast.Assign)
-                   else [node.target] if isinstance(node, ast.AnnAssign) and node.value else [])
-        for t in targets:
-            if isinstance(t, ast.Name):
-                spans[t.id] = node.value
-    missing = sorted(set(values) - set(spans))
-    if missing:
-        raise KeyError(f"the parameters cell assigns no {missing}; its settings are "
-                       f"{sorted(spans)}")
-    lines = [line.encode() for line in source.splitlines(keepends=True)]
-    # the AST's columns count UTF-8 bytes; replace from the last assignment up
-    for name in sorted(values, key=lambda n: (spans[n].lineno, spans[n].col_offset),
-                       reverse=True):
-        v, node = values[name], spans[name]
-        v = os.fspath(v) if isinstance(v, os.PathLike) else v
-        text = repr(v)
-        try:
-            same = ast.literal_eval(text) == v
-        except (ValueError, SyntaxError):
-            same = False
-        if same is not True:
-            raise ValueError(f"{name}={v!r} is not a Python literal")
-        first, last = node.lineno - 1, node.end_lineno - 1
-        head, tail = lines[first][:node.col_offset], lines[last][node.end_col_offset:]
-        lines[first:last + 1] = [head + text.encode() + tail]
-    cell.source = b"".join(lines).decode()
-    return nb
 
 
 def export_html(nb, out: Path) -> int:

@@ -1,4 +1,5 @@
-"""The demo's figure pages: figures the library draws directly, next to the notebook pages.
+"""The demo's own pages: the index (:func:`write_index`) and the figures the library draws
+directly, next to the notebook pages.
 
 ``make demo`` (:func:`varbatch_kit.cli.demo.main`) writes every page of
 :data:`FIGURE_PAGES` into its output folder with :func:`write_figure_pages`
@@ -18,12 +19,13 @@ installed wheel: the data it reads ship in ``data/``.
 
 from __future__ import annotations
 
+import html
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["DEMO_RUN", "DEMO_RUN_LAYOUT", "FIGURE_PAGES", "FigurePage", "run_quality_page",
-           "write_figure_pages"]
+__all__ = ["DEMO_RUN", "DEMO_RUN_LAYOUT", "FIGURE_PAGES", "INDEX_CSS", "OVERVIEW_HEADER",
+           "FigurePage", "run_quality_page", "write_figure_pages", "write_index"]
 
 #: the bundled run the ``run-quality`` page reads (a key of ``bundled_runs()``)
 DEMO_RUN = "slime_debug"
@@ -83,3 +85,49 @@ def write_figure_pages(out_dir: Path, pages: Sequence[FigurePage] = FIGURE_PAGES
             error = f"{type(e).__name__}: {e}"
         written.append((path.name, page.name, page.description, error))
     return written
+
+
+#: the columns of :data:`varbatch_kit.cli.demo.NOTEBOOK_OVERVIEW` (the index page's table;
+#: README.md has the same)
+OVERVIEW_HEADER = ("notebook", "track", "what it shows", "needs", "GPU",
+                   "time on a 2-core CPU")
+
+
+#: the index pages' style: the printed tables (a policy table is ~190 characters wide) get a
+#: smaller monospace font and scroll sideways inside the page instead of being cut off
+INDEX_CSS = ("body{font-family:sans-serif;max-width:90em;margin:2em auto;padding:0 1em}"
+             "li{margin:.4em 0}"
+             "table.overview{border-collapse:collapse;margin:1em 0;font-size:14px}"
+             "table.overview td,table.overview th{border:1px solid #ccc;padding:.3em .6em;"
+             "text-align:left;vertical-align:top}"
+             "pre{background:#f6f6f6;padding:1em;font-size:12px;line-height:1.35;"
+             "overflow-x:auto;max-width:100%;box-sizing:border-box;white-space:pre}")
+
+
+def write_index(path: Path, title: str, entries: Sequence[tuple[str, str, str]], *,
+                preformatted: str = "", footer: str = "",
+                overview: Sequence[Sequence[str]] = ()) -> Path:
+    """Write a plain HTML page linking ``entries`` (``(href, name, one-line description)``).
+
+    ``overview``: rows of a table shown above the list (:data:`OVERVIEW_HEADER`'s columns,
+    e.g. :data:`varbatch_kit.cli.demo.NOTEBOOK_OVERVIEW`). ``preformatted`` (e.g. a printed
+    table) is shown under the list as ``<pre>`` (:data:`INDEX_CSS`: small font, scrolls
+    sideways when wider than the page); everything is escaped, the page loads nothing.
+    """
+    e = html.escape
+    table = ""
+    if overview:
+        head = "".join(f"<th>{e(h)}</th>" for h in OVERVIEW_HEADER)
+        rows = "\n".join("  <tr>" + "".join(f"<td>{e(str(v))}</td>" for v in row) + "</tr>"
+                         for row in overview)
+        table = f'<table class="overview">\n  <tr>{head}</tr>\n{rows}\n</table>\n'
+    items = "\n".join(f'  <li><a href="{e(href, quote=True)}">{e(name)}</a>: {e(what)}</li>'
+                       for href, name, what in entries)
+    pre = f"<pre>{e(preformatted)}</pre>\n" if preformatted else ""
+    foot = f"<p>{e(footer)}</p>\n" if footer else ""
+    page = (f"<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
+            f"<title>{e(title)}</title>\n<style>{INDEX_CSS}</style>\n</head>\n<body>\n"
+            f"<h1>{e(title)}</h1>\n{table}"
+            f"<ul>\n{items}\n</ul>\n{pre}{foot}</body>\n</html>\n")
+    path.write_text(page, encoding="utf-8")
+    return path

@@ -215,9 +215,9 @@ def cached_rl_loop(config, prompts, *, cache_dir: str | os.PathLike | None = Non
 
 
 def _compare(configs, rollouts, reference, progress, out_dir, runs):
-    from varbatch_kit.train.runs import launch
+    from varbatch_kit.train.runs import comparison
 
-    compare = _unwrapped(launch.compare)
+    compare = _unwrapped(comparison.compare)
     if out_dir is not None or runs is not None:
         return compare(configs, rollouts, reference=reference, out_dir=out_dir,
                        progress=progress, runs=runs)

@@ -38,7 +38,8 @@ from varbatch_kit.train.config.sub_configs import (  # noqa: E402
 )
 from varbatch_kit.train.config.train_config import TrainConfig  # noqa: E402
 from varbatch_kit.train.rl.rl_loop import RLLoopResult, rl_loop  # noqa: E402
-from varbatch_kit.train.runs.launch import compare, run, run_many  # noqa: E402
+from varbatch_kit.train.runs.comparison import compare  # noqa: E402
+from varbatch_kit.train.runs.launch import run, run_many  # noqa: E402
 from varbatch_kit.train.runs.results import Run, param_rel_diff  # noqa: E402
 from varbatch_kit.train.runs.supervise import TrainingError, TrainingTimeout  # noqa: E402
 

@@ -67,21 +67,40 @@ def _uses(server, path: str, *snippets: str) -> None:
                          "recomputes the explorer's numbers from")
 
 
+def _settings(server, path: str) -> dict:
+    """The values of the notebook's settings cell (the cell tagged ``parameters``): what the
+    explorer is shown with, whatever the committed defaults are."""
+    import nbformat
+
+    from varbatch_kit.cli.notebook_settings import parameters_cell
+
+    nb = nbformat.read(server.root / path, as_version=4)
+    values: dict = {}
+    exec(parameters_cell(nb).source, values)  # noqa: S102 - the committed settings cell
+    return values
+
+
 @pytest.fixture(scope="module")
 def inputs(lab_server):
-    """The trace and model notebook 01's packing explorer shows."""
-    _uses(lab_server, NB01, 'read_trace(bundled_traces()["math"])',
-          'ModelShape.preset("qwen3-8b")', "widgets.packing_explorer(rollouts, model")
-    return read_trace(bundled_traces()["math"]), ModelShape.preset("qwen3-8b")
+    """The trace and model notebook 01's packing explorer shows (its settings cell's)."""
+    _uses(lab_server, NB01, "read_trace(bundled_traces().get(TRACE, TRACE))",
+          "ModelShape.preset(MODEL)", "widgets.packing_explorer(rollouts, model")
+    s = _settings(lab_server, NB01)
+    return read_trace(bundled_traces().get(s["TRACE"], s["TRACE"])), ModelShape.preset(s["MODEL"])
 
 
 @pytest.fixture(scope="module")
 def balance_inputs(lab_server):
-    """The trace and initial layout of notebook 02's balance explorer."""
-    _uses(lab_server, NB02, 'agentic = traces["agentic"]', "widgets.balance_explorer(agentic")
-    agentic = read_trace(bundled_traces()["agentic"])
-    return agentic, ScheduleConfig(dp=16, global_batch_size=agentic.num_rollouts // 4,
-                                   max_tokens_per_gpu=16384, distribution="flops_kk")
+    """The trace and initial layout of notebook 02's balance explorer (its settings cell's)."""
+    _uses(lab_server, NB02, "rollouts = load(TRACE)",
+          "global_batch_size=max(1, rollouts.num_rollouts // STEPS)",
+          'widgets.balance_explorer(rollouts, MODEL, config=layout.with_(distribution="flops_kk"))')
+    s = _settings(lab_server, NB02)
+    rollouts = read_trace(bundled_traces().get(s["TRACE"], s["TRACE"]))
+    return rollouts, ScheduleConfig(dp=s["DP"], global_batch_size=max(1, rollouts.num_rollouts
+                                                                      // s["STEPS"]),
+                                    max_tokens_per_gpu=s["MAX_TOKENS_PER_GPU"],
+                                    distribution="flops_kk")
 
 
 def config_from_controls(controls: dict) -> tuple[ScheduleConfig, int]:

@@ -5,15 +5,15 @@ import io
 import subprocess
 import sys
 
-from varbatch_kit.cli import demo
+from varbatch_kit.cli import demo, demo_pages, notebook_settings
 
 
 def test_index_table_scrolls_in_a_small_font_instead_of_being_cut_off(tmp_path):
     wide = "policy " + "x" * 190
-    page = demo.write_index(tmp_path / "index.html", "T", [("a.html", "a", "b")],
+    page = demo_pages.write_index(tmp_path / "index.html", "T", [("a.html", "a", "b")],
                             preformatted=wide).read_text()
-    assert f"<style>{demo.INDEX_CSS}</style>" in page
-    pre = demo.INDEX_CSS.split("pre{", 1)[1].split("}", 1)[0]
+    assert f"<style>{demo_pages.INDEX_CSS}</style>" in page
+    pre = demo_pages.INDEX_CSS.split("pre{", 1)[1].split("}", 1)[0]
     assert "overflow-x:auto" in pre and "font-size:12px" in pre and "max-width:100%" in pre
     assert f"<pre>{wide}</pre>" in page
 
@@ -55,10 +55,10 @@ def test_demo_settings_name_settings_the_notebooks_have():
     for name, (values, note) in demo.DEMO_SETTINGS.items():
         nb = nbformat.read(demo.NOTEBOOKS_DIR / f"{name}.ipynb", as_version=4)
         default = {}
-        exec(demo.parameters_cell(nb).source, default)  # noqa: S102 - the committed settings
-        demo.set_parameters(nb, values)  # raises on a name the cell does not set
+        exec(notebook_settings.parameters_cell(nb).source, default)  # noqa: S102 - the committed settings
+        notebook_settings.set_parameters(nb, values)  # raises on a name the cell does not set
         changed = {}
-        exec(demo.parameters_cell(nb).source, changed)  # noqa: S102
+        exec(notebook_settings.parameters_cell(nb).source, changed)  # noqa: S102
         assert {k: changed[k] for k in values} == values and note
     values, _ = demo.DEMO_SETTINGS["06_metric_report_invariance"]
     assert values["SMOLLM2_LAYOUTS"][0] == (1, 1, "first_fit")  # the dp 1 reference
@@ -70,7 +70,7 @@ def test_demo_settings_name_settings_the_notebooks_have():
 def test_the_overview_has_one_row_per_notebook():
     names = sorted(p.stem for p in demo.NOTEBOOKS_DIR.glob("[0-9][0-9]_*.ipynb"))
     assert [row[0] for row in demo.NOTEBOOK_OVERVIEW] == [n[:2] for n in names]
-    assert all(len(row) == len(demo.OVERVIEW_HEADER) for row in demo.NOTEBOOK_OVERVIEW)
+    assert all(len(row) == len(demo_pages.OVERVIEW_HEADER) for row in demo.NOTEBOOK_OVERVIEW)
     tracks = {row[0]: row[1] for row in demo.NOTEBOOK_OVERVIEW}
     assert {k for k, t in tracks.items() if t == "training"} == {"05", "06", "07"}
     for prefix, _, _, needs, gpu, _ in demo.NOTEBOOK_OVERVIEW:

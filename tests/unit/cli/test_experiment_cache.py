@@ -10,7 +10,7 @@ pytest.importorskip("varbatch_kit.train")
 from varbatch_kit import Rollouts, ScheduleConfig  # noqa: E402
 from varbatch_kit.cli import experiment_cache as ec  # noqa: E402
 from varbatch_kit.train import TrainConfig
-from varbatch_kit.train.runs import launch
+from varbatch_kit.train.runs import comparison
 
 
 def _configs(lr=1e-3):
@@ -32,7 +32,7 @@ def fake_compare(monkeypatch):
         return pd.DataFrame({"config": range(len(configs)), "loss": [0.5 + len(calls)] * len(
             configs), "num_microbatches": [(1, 2)] * len(configs)})
 
-    monkeypatch.setattr(launch, "compare", compare)
+    monkeypatch.setattr(comparison, "compare", compare)
     return calls
 
 

@@ -19,10 +19,11 @@ Checkpoints and resume (``checkpoint.save_every``, ``run(..., resume=True)``) an
 several nodes (``NodesConfig``: ``nnodes``, ``node_rank``, ``rdzv_endpoint``: torchrun's c10d
 rendezvous, node 0 hosting its store) are described in docs/checkpoints.md.
 
-:func:`run_many` / :func:`compare` run several configurations on the same
-rollouts and seed; configurations of the same world size share one torchrun
-launch (they train one after the other, each from the same initial weights),
-which saves the start-up cost of a launch per configuration.
+:func:`run_many` runs several configurations on the same rollouts and seed;
+configurations of the same world size share one torchrun launch (they train one after
+the other, each from the same initial weights), which saves the start-up cost of a launch
+per configuration. :func:`~varbatch_kit.train.runs.comparison.compare` tabulates such runs
+against a reference.
 """
 
 from __future__ import annotations
@@ -43,14 +44,12 @@ import warnings
 from collections.abc import Sequence
 from pathlib import Path
 
-import numpy as np
-
 from varbatch_kit.core.rollouts import Rollouts
 from varbatch_kit.train.config.train_config import TrainConfig
 from varbatch_kit.train.parallel.devices import select_device
 from varbatch_kit.train.runs.checkpoint import check_resumable, fingerprint, latest_checkpoint
 from varbatch_kit.train.runs.plan import PlannedRun, plan_runs
-from varbatch_kit.train.runs.results import Run, grad_cosine, load_run, param_rel_diff
+from varbatch_kit.train.runs.results import Run, load_run
 from varbatch_kit.train.runs.step_log import read_records, truncate_to_step
 from varbatch_kit.train.runs.supervise import (
     TrainingTimeout,
@@ -62,7 +61,7 @@ from varbatch_kit.train.runs.supervise import (
     worker_pids,
 )
 
-__all__ = ["compare", "run", "run_many"]
+__all__ = ["run", "run_many"]
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -446,71 +445,3 @@ def run(config: TrainConfig, rollouts: Rollouts, *, out_dir=None, progress: bool
     checkpoint (see :func:`run_many`).
     """
     return run_many([config], rollouts, out_dir=out_dir, progress=progress, resume=resume)[0]
-
-
-def compare(configs: Sequence[TrainConfig], rollouts: Rollouts, *, reference: int | None = None,
-            out_dir=None, progress: bool = True, runs: list | None = None):
-    """Run ``configs`` on the same rollouts and seed; one table, one row per (config, step).
-
-    Columns: ``config`` (index into ``configs``), ``reference`` (the index it is
-    compared with), the config summary (label, dp, cp, packing, distribution,
-    mode, ...), the step report (step, rollouts, samples, tokens,
-    num_microbatches, loss, metrics, grad_norm, lr, step_time_s, ...), and,
-    against the reference at the same step: ``loss_rel_diff``,
-    ``grad_norm_rel_diff`` and ``param_rel_diff`` (``||p - p_ref|| / ||p_ref||``
-    where both saved parameters at that step, see ``RunConfig.save_params_at``; else NaN);
-    ``grad_rel_diff`` (``||g - g_ref|| / ||g_ref||``) and ``grad_cosine`` where both saved
-    gradients at that step (``RunConfig.save_grads_at``; else NaN).
-
-    ``reference``: an index into ``configs``; ``None`` (default) compares each
-    configuration with the first one of the same report mode. Pass a list as
-    ``runs`` to receive the :class:`Run` objects too.
-    """
-    import pandas as pd
-
-    results = run_many(configs, rollouts, out_dir=out_dir, progress=progress)
-    if runs is not None:
-        runs.extend(results)
-    first_of_mode: dict[str, int] = {}
-    for k, c in enumerate(configs):
-        first_of_mode.setdefault(c.mode, k)
-    frames, ref_params, ref_grads = [], {}, {}
-    for k, r in enumerate(results):
-        ref_k = first_of_mode[r.config.mode] if reference is None else reference
-        ref = results[ref_k]
-        ref_steps = ref.steps.set_index("step")
-        df = r.steps.copy()
-        for key, value in reversed(list(r.config.summary().items())):
-            if key in df.columns:
-                df = df.drop(columns=key)
-            df.insert(0, key, value)
-        df.insert(0, "reference", ref_k)
-        df.insert(0, "config", k)
-        ref_loss = ref_steps["loss"].reindex(df["step"]).to_numpy()
-        ref_gn = ref_steps["grad_norm"].reindex(df["step"]).to_numpy()
-        with np.errstate(divide="ignore", invalid="ignore"):
-            df["loss_rel_diff"] = np.abs(df["loss"].to_numpy() - ref_loss) / np.abs(ref_loss)
-            df["grad_norm_rel_diff"] = np.abs(df["grad_norm"].to_numpy() - ref_gn) / np.abs(ref_gn)
-        diffs = []
-        for s in df["step"]:
-            if s in r.config.run.save_params_at and s in ref.config.run.save_params_at:
-                if (ref_k, s) not in ref_params:
-                    ref_params[(ref_k, s)] = ref.params(s)
-                diffs.append(param_rel_diff(r.params(s), ref_params[(ref_k, s)]))
-            else:
-                diffs.append(float("nan"))
-        df["param_rel_diff"] = diffs
-        grad_diffs, cosines = [], []
-        for s in df["step"]:
-            if s in r.config.run.save_grads_at and s in ref.config.run.save_grads_at:
-                if (ref_k, s) not in ref_grads:
-                    ref_grads[(ref_k, s)] = ref.grads(s)
-                mine = r.grads(s)
-                grad_diffs.append(param_rel_diff(mine, ref_grads[(ref_k, s)]))
-                cosines.append(grad_cosine(mine, ref_grads[(ref_k, s)]))
-            else:
-                grad_diffs.append(float("nan"))
-                cosines.append(float("nan"))
-        df["grad_rel_diff"], df["grad_cosine"] = grad_diffs, cosines
-        frames.append(df)
-    return pd.concat(frames, ignore_index=True)
