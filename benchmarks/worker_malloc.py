@@ -80,10 +80,11 @@ def main(argv: list[str] | None = None) -> None:
     # layout matrices): said once here, not by every launch
     from varbatch_kit.core.build import OversizeSampleWarning
 
-    warnings.filterwarnings("ignore", category=OversizeSampleWarning)
     print("one sample of 106 tokens trains alone over the 64-token cap (the matrices' shape)")
     heap, mmap = [], []
-    with tempfile.TemporaryDirectory(prefix="varbatch_malloc_") as tmp:
+    with tempfile.TemporaryDirectory(prefix="varbatch_malloc_") as tmp, \
+            warnings.catch_warnings():
+        warnings.simplefilter("ignore", OversizeSampleWarning)
         _launch(path, {}, Path(tmp) / "warm")  # page cache, checkpoint files, imports
         for k in range(pairs):
             heap.append(_launch(path, {}, Path(tmp) / f"heap{k}"))
