@@ -337,10 +337,10 @@ def _write_error(job_dir: Path, rank: int, text: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    # before megatron's first import (setup_process): its optional-dependency notices
-    from varbatch_kit.train.parallel.megatron_warnings import quiet_optional_dependency_warnings
+    # before anything imports megatron: its notices hidden, its import at half the cost
+    from varbatch_kit.train.parallel.megatron_import import import_megatron
 
-    quiet_optional_dependency_warnings()
+    import_megatron()
     from varbatch_kit.train.parallel.process_setup import (
         die_with_parent,
         setup_process,
