@@ -315,7 +315,8 @@ class FaultConfig:
     under a 64 KiB file-size limit, so its writes fail like on a full disk.
     ``cp_swap_chunks_rank`` (all-gather CP): every rank's K/V reassembly reads
     that CP rank's share with its two zigzag chunks in swapped order, a wrong
-    exchange the CP invariance tests must catch.
+    exchange the CP invariance tests must catch (refused where it would act on nothing:
+    cp 1, emulated CP, a rank not below cp).
 
     Three more injected bugs, each one the layout-invariance matrix must catch
     (``tests/integration/test_train_parallel.py``), each refused where it would

@@ -180,6 +180,12 @@ class TrainConfig:
             raise ValueError(f"faults.cp_duplicate_token_counts with mode={self.mode!r}, cp="
                              f"{self.cp}: it acts on per_token's token count under cp > 1; use "
                              "mode='per_token' and cp >= 2")
+        swap = f.cp_swap_chunks_rank
+        if swap is not None and (self.cp == 1 or self.cp_impl != "allgather" or swap >= self.cp):
+            raise ValueError(f"faults.cp_swap_chunks_rank={swap} with cp={self.cp}, cp_impl="
+                             f"{self.cp_impl!r}: it acts on the K/V exchange of all-gather CP, "
+                             "on a CP rank in [0, cp); use cp >= 2, cp_impl='allgather' and a "
+                             f"rank below {max(self.cp, 2)}")
         if f.microbatch_denominators and mode.denominators != "rollout":
             raise ValueError(f"faults.microbatch_denominators with mode={self.mode!r}: its "
                              "denominators do not depend on the other samples of the step; use "

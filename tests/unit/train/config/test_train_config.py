@@ -404,6 +404,13 @@ def test_save_grads_at_takes_1_based_steps_like_save_params_at():
      r"faults\.cp_duplicate_token_counts with mode='per_rollout_mean', cp=2"),
     (dict(microbatch_denominators=True, mode="per_token"),
      r"faults\.microbatch_denominators with mode='per_token': its denominators do not"),
+    # the swapped K/V chunk acts on all-gather CP's exchange only, on a rank of the CP group
+    (dict(cp_swap_chunks_rank=0),
+     r"faults\.cp_swap_chunks_rank=0 with cp=1, cp_impl='allgather': .*cp >= 2"),
+    (dict(cp_swap_chunks_rank=1, cp=2, cp_impl="emulated"),
+     r"faults\.cp_swap_chunks_rank=1 with cp=2, cp_impl='emulated'"),
+    (dict(cp_swap_chunks_rank=2, cp=2),
+     r"faults\.cp_swap_chunks_rank=2 with cp=2, .*a rank below 2"),
 ])
 def test_an_injected_bug_that_would_change_nothing_is_refused(changes, match):
     changes = dict(changes)
@@ -416,6 +423,8 @@ def test_injected_bugs_are_accepted_where_they_act_and_must_be_bools():
     TrainConfig().with_(faults=FaultConfig(stale_loss_prescale=True, microbatch_denominators=True))
     TrainConfig().with_(faults=FaultConfig(cp_duplicate_token_counts=True), mode="per_token",
                         cp=2)
+    for rank in (0, 1):
+        TrainConfig().with_(faults=FaultConfig(cp_swap_chunks_rank=rank), cp=2)
     with pytest.raises(ValueError, match=r"faults\.stale_loss_prescale=1: give True or False"):
         FaultConfig(stale_loss_prescale=1)
 
