@@ -34,8 +34,8 @@ demo: $(STAMP)
 # missing and we are root; it never fails the run (without Chromium those tests skip). It runs
 # (mostly a download) while the unit tier runs, and is done before the integration tier, whose
 # collection decides whether the browser tests can run. The wheel test (mostly pip installing
-# into two fresh virtual environments: disk and network, little CPU) runs beside the unit tier
-# too; its output follows the unit tier's. Both tiers run in two pytest-xdist workers: the
+# into two fresh virtual environments: disk and network, little CPU) runs beside both tiers;
+# its output follows the integration tier's. Both tiers run in two pytest-xdist workers: the
 # unit tier is pure CPU; much of the integration tier waits on subprocesses, servers and a
 # browser, or runs one process. Tests that share an expensive fixture run in one worker
 # (xdist_group marks): the SmolLM2 matrix (started first: the longest chain) and the
@@ -47,10 +47,11 @@ test: $(STAMP)
 	sh scripts/ensure_chromium.sh & chromium=$$!; \
 	$(PY) -m pytest -q -p no:cacheprovider $(WHEEL_TEST) > build/test-wheel.log 2>&1 & wheel=$$!; \
 	$(PY) -m pytest -q -n 2 tests/unit; unit=$$?; \
-	wait $$chromium; wait $$wheel; wheel=$$?; \
-	echo "== the wheel test, run beside the unit tier ($(WHEEL_TEST)):"; cat build/test-wheel.log; \
+	wait $$chromium; \
 	$(PY) -m pytest -q -n 2 --dist loadgroup tests/integration --ignore=$(WHEEL_TEST); \
 	  integration=$$?; \
+	wait $$wheel; wheel=$$?; \
+	echo "== the wheel test, run beside both tiers ($(WHEEL_TEST)):"; cat build/test-wheel.log; \
 	echo "make test: $$(( $$(date +%s) - start )) s (unit tier: exit $$unit, wheel: $$wheel, integration: $$integration)"; \
 	[ $$unit = 0 ] && [ $$wheel = 0 ] && [ $$integration = 0 ]
 

@@ -11,8 +11,8 @@ must leave the reference.
 
 Two more configurations in the same launch take 2 rollouts per step: the
 dynamic plan then leaves two of the four ranks idle for the whole step (they
-run a zero-weight micro-batch to join the gradient sync), checked against fixed
-CP of the same batch.
+run a zero-weight micro-batch to join the gradient sync: the step's shortest
+sample, alone), checked against fixed CP of the same batch.
 """
 
 from __future__ import annotations
@@ -111,6 +111,21 @@ def test_dynamic_cp_trains_like_no_cp(tmp_path):
     np.testing.assert_allclose(dynamic["loss"], fixed["loss"], rtol=1e-5)
     np.testing.assert_allclose(dynamic["grad_norm"], fixed["grad_norm"], rtol=1e-5)
     assert param_rel_diff(runs[-2].params(2), runs[-3].params(2)) < 1e-5
+    # an idle rank runs the step's shortest sample alone, not a whole micro-batch: in each
+    # step, its one timed forward holds that sample's tokens only (issue 30: it ran the step's
+    # first micro-batch whole, up to twice the cap, while the report said it held none)
+    seen = 0
+    for s, row in zip(idle.steps, dynamic.itertuples()):
+        shortest = int(rollouts.total_len[s.sample_indices].min())
+        for rank, n in enumerate(row.num_microbatches):
+            if n == 0:
+                seen += 1
+                timed = row.micro_batch_timing[rank]
+                assert [r["lengths"] for r in timed] == [[shortest]], (row.step, rank, timed)
+                first = s.micro_batches[0]  # what an idle rank ran before
+                assert len(first) > 1 or int(rollouts.total_len[first].sum()) > shortest, (
+                    "the data cannot tell the shortest sample from the first micro-batch")
+    assert seen, "no rank was idle a whole step"
 
     # the invariance checks above catch a wrong K/V exchange (all-gather CP runs for real)
     swapped = table[table.label == "dp2 cp2 fixed swapped"]

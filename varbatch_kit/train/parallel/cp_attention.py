@@ -21,8 +21,9 @@ order, with their original position ids. Then:
   rows whose logit predicts a response token (a logit at position ``j``
   predicts token ``j + 1``): exactly the response tokens zigzag slicing gives
   the rank (:func:`varbatch_kit.report.cp.zigzag_slice`).
-- **per-token values** (:func:`cp_response_stats`): the local log-probs,
-  entropies and argmax hits are all-gathered over the group (with autograd)
+- **per-token values** (:func:`~varbatch_kit.train.step.cp_response.cp_response_stats`):
+  the local log-probs, entropies and argmax hits (the chunked kernel, as without CP) are
+  all-gathered over the group (with autograd)
   into every full response, so sequence-level terms (GSPO, OPSM, sequence KL)
   see whole responses and the loss function runs as on one rank; the sums then
   keep the local slice, as emulated CP does.

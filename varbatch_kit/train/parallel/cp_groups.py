@@ -52,6 +52,16 @@ def rank_rounds(step, pool_rank: int) -> list[CPRound]:
     return [r for _, r in sorted(out, key=lambda x: x[0])]
 
 
+def idle_round(step, pool_rank: int, total_len: np.ndarray) -> CPRound:
+    """The zero-weight round a pool rank with no round in ``step`` runs alone (degree 1) so
+    that it joins the step's gradient sync: the step's shortest sample (``total_len``: every
+    sample's length), never a whole micro-batch, so the idle rank holds the fewest tokens of
+    any rank (the memory guard and the step time see what it runs)."""
+    samples = step.sample_indices
+    shortest = samples[int(np.argmin(total_len[samples]))]
+    return CPRound(np.array([shortest]), 1, 0, (int(pool_rank),))
+
+
 def cp_group_members(layout, steps) -> list[tuple[int, ...]]:
     """The pool-rank sets of every CP group of degree > 1 the run uses, in creation order."""
     groups: set[tuple[int, ...]] = set()

@@ -244,7 +244,10 @@ def train(cfg: TrainConfig, model_spec, steps: list, log_prob_steps: list, rollo
             while True:  # debug hook: a rank that hangs (the launcher's step timeout fires)
                 time.sleep(1)
         at("before_step", number)
-        grads = {} if number in cfg.run.save_grads_at else None
+        # saved by rank 0: without pipelining only its TP group (pool rank 0) gathers them
+        # (the other dp / cp replicas' copies, the size of the model each, would be dropped)
+        saver = stage is not None or layout.coords(rank).pool_rank == 0
+        grads = {} if number in cfg.run.save_grads_at and saver else None
         record = train_step(layout, cfg.loss, faults, mode, model, optimizer, step, rollouts,
                             data, inputs_for(number), device, run_name=cfg.name,
                             grads_out=grads)
@@ -268,8 +271,8 @@ def train(cfg: TrainConfig, model_spec, steps: list, log_prob_steps: list, rollo
                 grads = gather_grads(grads, layout)
             if every and number % every == 0:
                 shards = gather_stage_shards(gpt, optimizer, layout)
-        elif number in cfg.run.save_params_at:
-            # the full tensors under tp 1's names (a collective over the TP group: every rank)
+        elif number in cfg.run.save_params_at and saver:
+            # the full tensors under tp 1's names (a collective over rank 0's TP group)
             params = gather_full_parameters(gpt)
         if rank == 0:
             if number in cfg.run.save_params_at:

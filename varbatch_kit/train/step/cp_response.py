@@ -49,9 +49,14 @@ def cp_response_logits(model, batch, share: CPShare) -> torch.Tensor:
 
 def cp_response_stats(logits: torch.Tensor, batch, share: CPShare, *, temperature: float = 1.0,
                       entropy_grad: bool = False) -> dict[str, torch.Tensor]:
-    """:func:`~varbatch_kit.train.step.packed_batch.response_token_stats` of the *full* responses
-    from
-    this rank's local logits: the local values all-gathered over the group (autograd)."""
+    """:func:`~varbatch_kit.train.step.packed_batch.response_token_stats` of the *full*
+    responses from this rank's local logits: the local values computed by the same chunked
+    kernel as without CP (:func:`~varbatch_kit.report.objective.token_stats.chunked_token_stats`:
+    float32 chunks of tokens, or the logits' dtype when wider, per-token sums in float64; no
+    float64 ``[R, V]`` tensor, no full log-softmax kept for backward), then all-gathered over
+    the group (autograd)."""
+    from varbatch_kit.report.objective.token_stats import chunked_token_stats
+
     if logits.dim() == 3:
         logits = logits[0]
     rows = share.response_rows[share.rank]
@@ -60,18 +65,11 @@ def cp_response_stats(logits: torch.Tensor, batch, share: CPShare, *, temperatur
     targets = batch.tokens[0, pos + 1]
     if logits.shape[0] != pos.numel():
         raise ValueError(f"{logits.shape[0]} logit rows for {pos.numel()} local response tokens")
-    logits = logits.double()
-    if temperature != 1.0:
-        logits = logits / float(temperature)
-    logp_all = torch.log_softmax(logits, dim=-1)
-    logprob = logp_all.gather(-1, targets[:, None])[:, 0]
-    with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
-        entropy = -(logp_all.exp() * logp_all).sum(-1)
-    if not entropy_grad:
-        entropy = entropy.detach()
-    with torch.no_grad():
-        correct = (logp_all.argmax(-1) == targets).double()
-    local = torch.stack([logprob, entropy, correct], dim=1)  # one exchange for all three
+    stats = chunked_token_stats(logits, targets, temperature=temperature,
+                                entropy_grad=entropy_grad)
+    entropy = stats["entropy"] if entropy_grad else stats["entropy"].detach()
+    # one exchange for all three
+    local = torch.stack([stats["logprob"], entropy, stats["correct"].detach()], dim=1)
     full = all_gather_rows(local, share, share.max_response_rows, share.response_index)
     return {"logprob": full[:, 0], "entropy": full[:, 1] if entropy_grad else full[:, 1].detach(),
             "correct": full[:, 2].detach()}

@@ -39,7 +39,8 @@ per round the micro-batch of the CP group holding it, run on that group with
 its own degree and ``w``'s place in the group; idle rounds are skipped, so
 ranks run different micro-batch counts (the loss prescale uses the rank's own
 count, which Megatron divides by); a rank idle all step runs one zero-weight
-micro-batch alone, to join the gradient sync. The normalisers get each
+micro-batch alone, to join the gradient sync: the step's shortest sample
+(:func:`~varbatch_kit.train.parallel.cp_groups.idle_round`). The normalisers get each
 sample's degree; the per-token count is
 ``n * K / c`` per rank (``K`` = lcm of the step's degrees), see
 :mod:`varbatch_kit.report`.
@@ -131,7 +132,7 @@ def train_step(layout, loss, faults, mode, model, optimizer, step, rollouts, dat
 
     from varbatch_kit.report.cp import slice_flat_responses_for_cp
     from varbatch_kit.report.objective import policy_objective
-    from varbatch_kit.train.parallel.cp_groups import CPRound, rank_rounds, share_for
+    from varbatch_kit.train.parallel.cp_groups import idle_round, rank_rounds, share_for
     from varbatch_kit.train.parallel.tensor_parallel import vocab_shard
     from varbatch_kit.train.step.cp_response import cp_response_logits, cp_response_stats
     from varbatch_kit.train.step.microbatch_timer import (
@@ -184,7 +185,7 @@ def train_step(layout, loss, faults, mode, model, optimizer, step, rollouts, dat
     # 2. this rank's micro-batches, packed, each with its (weight, cp_size, cp_rank); a rank
     # idle all step runs one zero-weight micro-batch so that it joins the gradient sync
     if not work:
-        work = [CPRound(step.micro_batches[0], 1, 0, (pool_rank,))]
+        work = [idle_round(step, pool_rank, rollouts.total_len)]
     weight = 1.0 if n_mb else 0.0
     batches = []
     for w in work:
