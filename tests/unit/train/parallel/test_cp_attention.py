@@ -3,8 +3,10 @@
 The share layout is checked against report/cp.py's zigzag slicing (pure); the
 exchange runs on 2 and 3 forked gloo processes (a few hundred ms): outputs and
 gradients of the local queries, keys and values equal those of full causal
-attention per sample, and a fault-injected exchange (a rank's two chunks read
-in swapped order) does not.
+attention per sample, also when the group's process ranks hold the CP ranks in
+another order (issue 30: no test permuted them; ignoring ``slot_ranks`` fails
+it), and a fault-injected exchange (a rank's two chunks read in swapped order)
+does not.
 """
 
 from __future__ import annotations
@@ -23,9 +25,10 @@ LENGTHS = (7, 12, 3, 9)
 PROMPTS = (3, 4, 1, 8)
 
 
-def share(rank, size, group=None, fault=None):
+def share(rank, size, group=None, fault=None, slots=None):
     return CPShare(group=group, rank=rank, size=size, lengths=LENGTHS, prompt_lens=PROMPTS,
-                   slot_ranks=tuple(range(size)), swap_chunks_of=fault)
+                   slot_ranks=tuple(range(size)) if slots is None else tuple(slots),
+                   swap_chunks_of=fault)
 
 
 @pytest.mark.parametrize("size", [1, 2, 3, 4])
@@ -60,7 +63,7 @@ def reference(q, k, v):
     return torch.cat(outs)
 
 
-def _worker(rank, size, port, fault, queue):
+def _worker(rank, size, port, fault, queue, perm=None):
     import torch.distributed as dist
 
     from varbatch_kit.train.parallel import cp_attention
@@ -78,7 +81,10 @@ def _worker(rank, size, port, fault, queue):
         ref = reference(*full)
         (ref * w).sum().backward()
 
-        s = share(rank, size, group=dist.group.WORLD, fault=fault)
+        # perm: process-group rank g holds CP rank perm[g] (a group whose world ranks are not
+        # in CP-rank order, as dynamic CP's groups can be)
+        cp_rank = rank if perm is None else perm[rank]
+        s = share(cp_rank, size, group=dist.group.WORLD, fault=fault, slots=perm)
         rows = s.local_row
         local = [t[rows].clone().requires_grad_() for t in (q, k, v)]
         out = cp_attention.cp_core_attention(*local, s, scale=0.3)
@@ -90,13 +96,14 @@ def _worker(rank, size, port, fault, queue):
         dist.destroy_process_group()
 
 
-def run_group(size, fault=None):
+def run_group(size, fault=None, perm=None):
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     ctx = mp.get_context("fork")
     queue = ctx.Queue()
-    procs = [ctx.Process(target=_worker, args=(r, size, port, fault, queue)) for r in range(size)]
+    procs = [ctx.Process(target=_worker, args=(r, size, port, fault, queue, perm))
+             for r in range(size)]
     for p in procs:
         p.start()
     got = dict(queue.get(timeout=60) for _ in procs)
@@ -111,6 +118,14 @@ def run_group(size, fault=None):
 def test_allgather_attention_equals_full_attention_values_and_grads(size):
     for rank, (out, dq, dk, dv) in run_group(size).items():
         assert max(out, dq, dk, dv) < 1e-12, (rank, out, dq, dk, dv)
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("perm", [(1, 0), (2, 0, 1), (1, 2, 0)])
+def test_a_group_not_in_cp_rank_order_gives_full_attention(perm):
+    """The group's process ranks hold CP ranks in another order (``slot_ranks``)."""
+    for rank, (out, dq, dk, dv) in run_group(len(perm), perm=perm).items():
+        assert max(out, dq, dk, dv) < 1e-12, (rank, perm, out, dq, dk, dv)
 
 
 @pytest.mark.multiprocess
