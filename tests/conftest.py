@@ -30,6 +30,8 @@ def pytest_collection_modifyitems(config, items):
     The browser tests' session-wide Playwright (sync API) keeps an asyncio loop
     running in the main thread until the session ends; code that checks for a
     running loop (the explorers' debouncing) must not see it in the other tests.
+    (``make test`` runs them in a session of their own, beside the tiers; this order keeps
+    a plain ``pytest tests`` safe.)
     """
     browser_dir = Path(__file__).parent / "integration" / "browser"
     items.sort(key=lambda item: (browser_dir in Path(str(item.fspath)).parents,
