@@ -17,15 +17,12 @@ Run: ``python -m benchmarks.worker_import`` (``--quick``: 3 pairs instead of 7);
 from __future__ import annotations
 
 import argparse
-import json
 import resource
-import statistics
 import subprocess
 import sys
 import textwrap
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from benchmarks._ab import ROOT, paired, pairs_text, write
 
 START = """
     import sys
@@ -75,20 +72,12 @@ def main(argv: list[str] | None = None) -> None:
         for kind, out in (("fast", fast), ("plain", plain)):
             cpu, said[kind] = cpu_seconds(kind)
             out.append(cpu)
-    ratios = [f / p for f, p in zip(fast, plain)]
-    row = {"pairs": pairs, "fast_cpu_s_median": statistics.median(fast),
-           "plain_cpu_s_median": statistics.median(plain),
-           "ratio_fast_over_plain_median": statistics.median(ratios), "ratios": ratios,
-           "compiler_loaded": said}
+    row = {**paired("fast", fast, "plain", plain, "cpu_s"), "compiler_loaded": said}
     print(f"a worker's start (imports, first optimizer step), {pairs} pair(s): fast "
           f"{row['fast_cpu_s_median']:.2f} s CPU, plain {row['plain_cpu_s_median']:.2f} s, "
-          f"ratio fast/plain {row['ratio_fast_over_plain_median']:.2f} "
-          f"(pairs {', '.join(f'{r:.2f}' for r in ratios)}; torch._inductor at the end: "
-          f"fast {said['fast']!r}, plain {said['plain']!r})")
-    out = ROOT / "build" / "bench" / "worker_import.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(row, indent=1))
-
+          f"ratio fast/plain {row['ratio_fast_over_plain_median']:.2f} ({pairs_text(row)}; "
+          f"torch._inductor at the end: fast {said['fast']!r}, plain {said['plain']!r})")
+    write("worker_import", row)
 
 if __name__ == "__main__":
     main()

@@ -15,9 +15,7 @@ Run: ``python -m benchmarks.worker_malloc`` (``--quick``: 1 pair instead of 3); 
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import statistics
 import tempfile
 import time
 import warnings
@@ -25,10 +23,10 @@ from pathlib import Path
 
 import numpy as np
 
+from benchmarks._ab import ROOT, paired, pairs_text, write
 from varbatch_kit import Rollouts
 from varbatch_kit.train import TrainConfig, compare
 
-ROOT = Path(__file__).resolve().parent.parent
 #: glibc's own defaults, set explicitly: the launcher then leaves them (the user's value wins)
 GLIBC_DEFAULTS = {"MALLOC_MMAP_MAX_": "65536", "MALLOC_TRIM_THRESHOLD_": str(128 * 1024)}
 
@@ -89,18 +87,12 @@ def main(argv: list[str] | None = None) -> None:
         for k in range(pairs):
             heap.append(_launch(path, {}, Path(tmp) / f"heap{k}"))
             mmap.append(_launch(path, GLIBC_DEFAULTS, Path(tmp) / f"mmap{k}"))
-    ratios = [h / m for h, m in zip(heap, mmap)]
-    row = {"pairs": pairs, "heap_s_median": statistics.median(heap),
-           "mmap_s_median": statistics.median(mmap),
-           "ratio_heap_over_mmap_median": statistics.median(ratios), "ratios": ratios}
+    row = paired("heap", heap, "mmap", mmap, "s")
     print(f"CPU workers, SmolLM2 4 layers float64, 3 runs x 2 steps, {pairs} pair(s): "
           f"heap {row['heap_s_median']:.1f} s, mmap (glibc defaults) "
           f"{row['mmap_s_median']:.1f} s, ratio heap/mmap {row['ratio_heap_over_mmap_median']:.2f}"
-          f" (pairs {', '.join(f'{r:.2f}' for r in ratios)})")
-    out = ROOT / "build" / "bench" / "worker_malloc.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(row, indent=1))
-
+          f" ({pairs_text(row)})")
+    write("worker_malloc", row)
 
 if __name__ == "__main__":
     main()

@@ -11,12 +11,11 @@ does not.
 
 from __future__ import annotations
 
-import multiprocessing as mp
 import os
-import socket
 
 import pytest
 import torch
+from _gloo_group import run_forked_group
 
 from varbatch_kit.report.cp import zigzag_slice
 from varbatch_kit.train.parallel.cp_attention import CPShare, zigzag_chunks
@@ -63,7 +62,7 @@ def reference(q, k, v):
     return torch.cat(outs)
 
 
-def _worker(rank, size, port, fault, queue, perm=None):
+def _worker(rank, size, port, queue, fault=None, perm=None):
     import torch.distributed as dist
 
     from varbatch_kit.train.parallel import cp_attention
@@ -97,20 +96,7 @@ def _worker(rank, size, port, fault, queue, perm=None):
 
 
 def run_group(size, fault=None, perm=None):
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    ctx = mp.get_context("fork")
-    queue = ctx.Queue()
-    procs = [ctx.Process(target=_worker, args=(r, size, port, fault, queue, perm))
-             for r in range(size)]
-    for p in procs:
-        p.start()
-    got = dict(queue.get(timeout=60) for _ in procs)
-    for p in procs:
-        p.join(timeout=30)
-        assert p.exitcode == 0
-    return got
+    return run_forked_group(_worker, size, fault, perm)
 
 
 @pytest.mark.multiprocess

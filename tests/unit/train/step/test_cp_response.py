@@ -8,12 +8,11 @@ local logits and per-token scalars only, no float64 ``[R, V]`` copy, no full log
 
 from __future__ import annotations
 
-import multiprocessing as mp
 import os
-import socket
 
 import pytest
 import torch
+from _gloo_group import run_forked_group
 
 LENGTHS = (7, 12, 3, 9)
 PROMPTS = (3, 4, 1, 8)
@@ -55,26 +54,14 @@ def _worker(rank, size, port, queue):
         (got["logprob"].sum() + got["entropy"].sum()).backward()
         wide = [s for s in saved if len(s[0]) > 1 and s[0][1] == VOCAB]
         diffs = {k: float((got[k] - want[k]).abs().max()) for k in want}
-        queue.put((rank, diffs, wide, (tuple(local.shape), local.data_ptr()),
-                   local.grad is not None and bool(torch.isfinite(local.grad).all())))
+        queue.put((rank, (diffs, wide, (tuple(local.shape), local.data_ptr()),
+                          local.grad is not None and bool(torch.isfinite(local.grad).all()))))
     finally:
         dist.destroy_process_group()
 
 
 def run_group(size):
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    ctx = mp.get_context("fork")
-    queue = ctx.Queue()
-    procs = [ctx.Process(target=_worker, args=(r, size, port, queue)) for r in range(size)]
-    for p in procs:
-        p.start()
-    got = {r: rest for r, *rest in (queue.get(timeout=60) for _ in procs)}
-    for p in procs:
-        p.join(timeout=30)
-        assert p.exitcode == 0
-    return got
+    return run_forked_group(_worker, size)
 
 
 @pytest.mark.multiprocess
