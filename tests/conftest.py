@@ -23,9 +23,17 @@ def _xdist_group(item) -> str | None:
     return None if mark is None else (mark.args[0] if mark.args else mark.kwargs.get("name"))
 
 
+def _start_rank(item) -> float:
+    """``start_early(rank)`` marks go first, the lowest rank first (default 1); others last."""
+    mark = item.get_closest_marker("start_early")
+    return float("inf") if mark is None else (mark.args[0] if mark.args else 1)
+
+
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(config, items):
-    """Run the longest chain first and the browser tests last (stable: the rest keep their order).
+    """Run the longest chain first, then the tests marked ``start_early`` (the longest single
+    tests: dispatched late, one of them was the tier's tail, the other worker idle), and the
+    browser tests last (stable: the rest keep their order).
 
     The browser tests' session-wide Playwright (sync API) keeps an asyncio loop
     running in the main thread until the session ends; code that checks for a
@@ -35,7 +43,8 @@ def pytest_collection_modifyitems(config, items):
     """
     browser_dir = Path(__file__).parent / "integration" / "browser"
     items.sort(key=lambda item: (browser_dir in Path(str(item.fspath)).parents,
-                                 _xdist_group(item) != FIRST_GROUP))
+                                 _xdist_group(item) != FIRST_GROUP,
+                                 _start_rank(item)))
     if getattr(config.option, "loadgroup", False):  # a pytest-xdist worker, --dist loadgroup
         _group_node_ids(items)
 

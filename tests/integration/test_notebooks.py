@@ -75,6 +75,8 @@ SMOLLM2_MATRIX_GROUP = "smollm2_matrix"
 SHARES_THE_RL_LOOP = {"07_rl_loop"}
 RL_LOOP_GROUP = "rl_loop"
 RUN_TIMEOUT = {"06_metric_report_invariance": 1500}
+# the longest notebook outside a group: dispatched first (tests/conftest.py)
+STARTS_EARLY = {"05_variable_gbs_training"}
 
 
 def _params():
@@ -86,6 +88,8 @@ def _params():
             marks.append(pytest.mark.xdist_group(SMOLLM2_MATRIX_GROUP))
         if path.stem in SHARES_THE_RL_LOOP:
             marks.append(pytest.mark.xdist_group(RL_LOOP_GROUP))
+        if path.stem in STARTS_EARLY:
+            marks.append(pytest.mark.start_early)
         yield pytest.param(path, id=path.stem, marks=marks)
 
 

@@ -253,6 +253,7 @@ def check(layouts, table, runs, rollouts, bugs: dict) -> None:
     assert (t["grad_norm"] > 0).all() and (t["loss"].abs() > 1e-4).all()
 
 
+@pytest.mark.start_early
 def test_toy_gpt_layout_matrix(tmp_path):
     rollouts = mixed_rollouts()
     base = TrainConfig().with_(lr=1e-3, min_lr=1e-3, lr_decay_style="constant",
@@ -263,6 +264,7 @@ def test_toy_gpt_layout_matrix(tmp_path):
     check(layouts, table, runs, rollouts, BUGS)
 
 
+@pytest.mark.start_early(0)  # the longest test outside a group
 def test_smollm2_layout_matrix(smollm2_path, tmp_path):
     # step 2's long sample shorter (40-50 tokens): every layout trains more micro-batches in
     # step 2 than in step 1 (pp 2 x vpp 2: 4 and 6), in 254 tokens

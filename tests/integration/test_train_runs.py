@@ -44,6 +44,7 @@ def _layouts():
                                      distribution=dist, **sizes)
 
 
+@pytest.mark.start_early
 def test_reports_gradients_and_parameters_do_not_move_with_the_layout(tmp_path):
     rollouts = _invariance_rollouts()
     # 24 samples of 12 rollouts: slime's rule normalises the rewards over the whole batch
@@ -219,6 +220,7 @@ def test_cli_train_writes_the_table(tmp_path, capsys):
     assert "micro-batch-size" in capsys.readouterr().err
 
 
+@pytest.mark.start_early
 def test_cli_runs_pipeline_and_tensor_layouts(tmp_path, capsys):
     """``train --pp 2 --vpp 2 --mb-group 2``, ``train --slime-args=...`` and ``compare --tp 1 2
     --pp 1 2`` run; in float64
