@@ -14,7 +14,9 @@ settings.load_profile("ci" if os.environ.get("CI") else "dev")
 
 
 #: the longest chain of the integration tier (notebook 06 trains the SmolLM2 matrix that
-#: test_train_real.py reads back): started first, so that under pytest-xdist it is not the tail
+#: test_train_real.py reads back; the SmolLM2 layout matrix of test_train_parallel.py joins it,
+#: so that no two float64 SmolLM2 launches of 4 ranks share the machine's memory): started
+#: first, so that under pytest-xdist it is not the tail
 FIRST_GROUP = "smollm2_matrix"
 
 

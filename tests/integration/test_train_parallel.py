@@ -264,7 +264,10 @@ def test_toy_gpt_layout_matrix(tmp_path):
     check(layouts, table, runs, rollouts, BUGS)
 
 
-@pytest.mark.start_early(0)  # the longest test outside a group
+# in the SmolLM2 chain's pytest-xdist worker (notebook 06's matrix, tests/conftest.py): their
+# 4-rank float64 launches must never overlap (measured: two at once, 4 x 3.7 GB, exceeded the
+# machine's 24 GB and the kernel killed a rank)
+@pytest.mark.xdist_group("smollm2_matrix")
 def test_smollm2_layout_matrix(smollm2_path, tmp_path):
     # step 2's long sample shorter (40-50 tokens): every layout trains more micro-batches in
     # step 2 than in step 1 (pp 2 x vpp 2: 4 and 6), in 254 tokens
