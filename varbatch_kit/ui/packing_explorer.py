@@ -287,9 +287,13 @@ class PackingExplorer(Explorer):
         s = self.state
         imb = s["flops_imbalance"]
         lb = s["mb_lower_bound"] if s["mb_lower_bound"] is not None else "n/a (static)"
-        over = f'{span("vbk-over-cap", s["cap_violations"])} over the cap'
+        from varbatch_kit.analysis.quality import CAP_VIOLATIONS, OVERSIZE_ALONE
+
+        # the figure's and the tables' words (analysis.quality)
+        over = f'{span("vbk-over-cap", s["cap_violations"])} {CAP_VIOLATIONS}'
         if alone:
-            over += f" (+ {span('vbk-oversize-alone', alone)} single samples longer than it)"
+            over += (f" (+ {span('vbk-oversize-alone', alone)} {OVERSIZE_ALONE}: single "
+                     "samples longer than the cap)")
         parts = [
             (f'<span class="vbk-status"></span>step {span("vbk-step", step)}: '
              f'{span("vbk-micro-batches", s["micro_batches"])} micro-batches '

@@ -47,6 +47,9 @@ def test_initial_state_matches_the_core(explorer, batch):
     assert f'<span class="vbk-micro-batches">{st["micro_batches"]}</span>' in \
         explorer.summary.value
     assert explorer.last_error is None and explorer.error.layout.display == "none"
+    # the summary says over-cap micro-batches in the figure's and the tables' words
+    assert (f'<span class="vbk-over-cap">{st["cap_violations"]}</span> cap violations'
+            in explorer.summary.value) and "over the cap" not in explorer.summary.value
 
 
 def test_moving_the_cap_slider_redraws(explorer, batch):
