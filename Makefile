@@ -37,8 +37,9 @@ demo: $(STAMP)
 # installs Debian's Chromium when it is missing and we are root and never fails the run (without
 # Chromium those tests skip). In the foreground, one after the other: the unit tier (pure CPU)
 # and the integration tier, each in two pytest-xdist workers. In the integration tier, tests
-# that share an expensive fixture run in one worker (xdist_group marks): the SmolLM2 matrix,
-# started first (the longest chain). The browser tests run in a session of their own: their
+# that share an expensive fixture run in one worker (xdist_group marks): the SmolLM2 float64
+# matrices, started first (the longest chain; never two of their launches at once, for memory),
+# then the tests marked start_early. The browser tests run in a session of their own: their
 # Playwright keeps an asyncio loop in the main thread, so in a shared session they had to come
 # last, and one worker waited on them alone at the end. The background sessions' output follows
 # the integration tier's.

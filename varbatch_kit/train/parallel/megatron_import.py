@@ -45,11 +45,13 @@ WORKER_MODULES = (
     "megatron.core.optimizer_param_scheduler",
 )
 
+
 def lazy_compile(compile_fn: Callable, model: Callable | None = None, **options):
     """``compile_fn(model, **options)`` deferred to the first call of the result.
 
-    Usable as ``torch.compile`` is: ``lazy_compile(fn)(x)``, or as a decorator with or
-    without options (``lazy_compile(compile_fn, dynamic=True)`` returns the decorator).
+    ``lazy_compile(compile_fn, fn)`` wraps ``fn``; ``lazy_compile(compile_fn, **options)``
+    returns a decorator, so ``functools.partial(lazy_compile, torch.compile)`` is used as
+    ``torch.compile`` is (with or without options).
     The returned function keeps ``model``'s name and docstring; its first call compiles
     ``model`` once with ``options`` and every call runs the compiled function.
     """

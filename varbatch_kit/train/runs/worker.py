@@ -146,6 +146,9 @@ def train(cfg: TrainConfig, model_spec, steps: list, log_prob_steps: list, rollo
                         per_token_loss=mode.megatron_per_token_loss,
                         precision=cfg.precision).to(device)
         chunks = [gpt]
+    # saved parameters / gradients go to rank 0: without pipelining only its TP group (pool
+    # rank 0) gathers them (each dp / cp replica's copy, the size of the model, was dropped)
+    saver = stage is not None or layout.coords(rank).pool_rank == 0
     # bf16: megatron's Float16Module (bf16 parameters), gradients reduced in fp32 and an
     # optimizer with fp32 main parameters and gradients (train/model/gpt.py wrap_precision)
     bf16 = cfg.precision == "bf16"
@@ -244,9 +247,6 @@ def train(cfg: TrainConfig, model_spec, steps: list, log_prob_steps: list, rollo
             while True:  # debug hook: a rank that hangs (the launcher's step timeout fires)
                 time.sleep(1)
         at("before_step", number)
-        # saved by rank 0: without pipelining only its TP group (pool rank 0) gathers them
-        # (the other dp / cp replicas' copies, the size of the model each, would be dropped)
-        saver = stage is not None or layout.coords(rank).pool_rank == 0
         grads = {} if number in cfg.run.save_grads_at and saver else None
         record = train_step(layout, cfg.loss, faults, mode, model, optimizer, step, rollouts,
                             data, inputs_for(number), device, run_name=cfg.name,
