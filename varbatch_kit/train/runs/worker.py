@@ -34,6 +34,7 @@ import torch.distributed as dist
 from varbatch_kit.core.rollouts import Rollouts
 from varbatch_kit.train.config.train_config import TrainConfig
 from varbatch_kit.train.runs.step_log import append_record, write_atomic
+from varbatch_kit.train.step.tensor_files import save_tensors
 
 __all__ = ["CP_NOTE", "Job", "main", "train"]
 
@@ -276,9 +277,9 @@ def train(cfg: TrainConfig, model_spec, steps: list, log_prob_steps: list, rollo
             params = gather_full_parameters(gpt)
         if rank == 0:
             if number in cfg.run.save_params_at:
-                torch.save(params, out_dir / f"params_step{number}.pt")
+                save_tensors(params, out_dir / f"params_step{number}.pt")
             if grads is not None:
-                torch.save(grads, out_dir / f"grads_step{number}.pt")
+                save_tensors(grads, out_dir / f"grads_step{number}.pt")
             # one whole line per step, one write + fsync (train/runs/step_log.py)
             append_record(out_dir / "steps.jsonl", _ordered(record, cfg, device))
             if every and number % every == 0:

@@ -36,6 +36,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from varbatch_kit.train.step.tensor_files import save_tensors
+
 __all__ = ["compute_log_probs", "load_or_compute", "log_probs_file"]
 
 
@@ -186,7 +188,5 @@ def load_or_compute(compute, path: Path, *, resumed: bool):
     out = compute()
     if dist.get_rank() == 0:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        torch.save(out, tmp)
-        tmp.replace(path)
+        save_tensors(out, path)
     return out
