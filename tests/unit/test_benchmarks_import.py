@@ -24,6 +24,6 @@ def test_every_section_of_make_bench_names_a_benchmark_module():
     run = importlib.import_module("benchmarks.run")
     source = (REPO / "benchmarks" / "run.py").read_text()
     for name in ("measured", "peers", "dynamic_cp", "pp_order", "checkpoint",
-                 "logprob_memory", "cp_memory"):
+                 "logprob_memory", "cp_memory", "worker_import", "engine_speed"):
         assert f'"{name}"' in source and name in BENCHMARKS, name
     assert callable(run.main)

@@ -196,3 +196,36 @@ def test_bad_inputs_are_refused():
         chunked_token_stats(torch.zeros(2, 5), torch.tensor([0, 5]))
     with pytest.raises(ValueError, match="token id -1"):
         chunked_token_stats(torch.zeros(2, 5), torch.tensor([-1, 0]))
+
+
+@pytest.mark.parametrize("v", [1, 511, 512, 513, 5000, 152_064])
+def test_row_sums_are_float64_sums_of_float32_blocks(v):
+    """The softmax sums: float32 within blocks, float64 across, within 1e-6 of the float64 sum
+    of the same float32 terms at every vocabulary size (a block-sized vocabulary, one more, one
+    less: the tail outside the blocks is summed too); float64 terms are summed in float64."""
+    from varbatch_kit.report.objective.token_stats import _row_sums
+
+    g = torch.Generator().manual_seed(v)
+    t = torch.exp(torch.randn(3, v, generator=g) * 4 - 8)  # positive, a wide dynamic range
+    got = _row_sums(t)
+    want = t.double().sum(-1)
+    assert got.dtype == torch.float64 and got.shape == (3,)
+    assert float(((got - want) / want).abs().max()) < 1e-6
+    t64 = t.double()
+    assert torch.equal(_row_sums(t64), t64.sum(-1))
+
+
+@pytest.mark.parametrize(("v", "ties"), [(1500, True), (4099, False)])
+def test_large_vocabularies_match_the_float64_path(v, ties):
+    """Vocabularies past the sum blocks (the property test's stay below them), with ties."""
+    logits, targets, w_lp, w_ent = _case(v, 6, v, 4.0, ties)
+    got, g_got = _values_and_grad(
+        lambda x: chunked_token_stats(x, targets, temperature=0.7, entropy_grad=True,
+                                      chunk_tokens=4),
+        logits, targets, w_lp, w_ent, True)
+    want, g_want = _values_and_grad(lambda x: float64_reference(x, targets, 0.7, True),
+                                    logits, targets, w_lp, w_ent, True)
+    for key in ("logprob", "entropy"):
+        torch.testing.assert_close(got[key], want[key], **TOL)
+    assert torch.equal(got["correct"], want["correct"])
+    torch.testing.assert_close(g_got, g_want, **TOL)

@@ -4,7 +4,8 @@
 ``[N, V]`` logits: it never materialises a float64 ``[N, V]`` tensor nor a
 full ``[N, V]`` log-softmax. The logits are read in chunks of tokens; within a
 chunk the elementwise work runs in float32 (the logits' own dtype when it is
-wider) and the per-token sums accumulate in float64. What leaves a chunk are
+wider) and the per-token sums accumulate in float64 (float32 within blocks of 512
+elements, :func:`_row_sums`). What leaves a chunk are
 per-token scalars, which are combined in float64:
 
 - ``m = max_j x_j`` (raw logits), ``z_j = (x_j - m) / T``,
@@ -44,6 +45,9 @@ __all__ = ["DEFAULT_CHUNK_ELEMENTS", "chunked_token_stats"]
 #: logits elements per chunk when ``chunk_tokens`` is not given (64 MiB of float32)
 DEFAULT_CHUNK_ELEMENTS = 1 << 24
 
+#: elements per float32 partial sum of :func:`_row_sums`
+_SUM_BLOCK = 512
+
 # columns of the per-token partials each shard contributes
 _M, _S, _B, _XT, _OWN, _ARGMAX, _NCOL = range(7)
 
@@ -58,6 +62,23 @@ def _chunks(n: int, size: int):
         yield lo, min(lo + size, n)
 
 
+def _row_sums(t: torch.Tensor) -> torch.Tensor:
+    """``t.sum(-1)`` in float64 for ``[N, V]`` ``t``: float32 sums over blocks of
+    :data:`_SUM_BLOCK` elements (torch's vectorised pairwise kernel), their ``V / _SUM_BLOCK``
+    partials added in float64. A float64-accumulating reduction casts element by element and
+    took 20x as long (35 ms against 1.6 ms for 1024 x 8192); the blocks keep the error of a
+    sum of ``V`` positive terms at float32's rounding of a block, not of ``V`` terms."""
+    if t.dtype == torch.float64:
+        return t.sum(-1)
+    n, v = t.shape
+    full = v - v % _SUM_BLOCK
+    out = t[:, :full].reshape(n, full // _SUM_BLOCK, _SUM_BLOCK).sum(-1).sum(
+        -1, dtype=torch.float64)
+    if full < v:
+        out += t[:, full:].sum(-1, dtype=torch.float64)
+    return out
+
+
 def _local_partials(x: torch.Tensor, targets: torch.Tensor, temperature: float, chunk: int,
                     vocab_start: int) -> torch.Tensor:
     """``[N, 7]`` float64: each token's reductions over this shard (shift ``m_r``)."""
@@ -69,17 +90,18 @@ def _local_partials(x: torch.Tensor, targets: torch.Tensor, temperature: float, 
     safe_t = torch.where(owned, local_t, torch.zeros_like(local_t))
     for lo, hi in _chunks(n, chunk):
         xc = x[lo:hi].to(cdt)
-        arg = xc.argmax(-1)
-        m = xc.gather(-1, arg[:, None])
-        z = (xc - m).div_(temperature)
+        m, arg = xc.max(-1, keepdim=True)  # the first maximum on ties, as torch.argmax
+        z = xc - m
+        if temperature != 1.0:
+            z.div_(temperature)
         e = torch.exp(z)
-        out[lo:hi, _S] = e.sum(-1, dtype=torch.float64)
-        out[lo:hi, _B] = e.mul_(z).sum(-1, dtype=torch.float64)
+        out[lo:hi, _S] = _row_sums(e)
+        out[lo:hi, _B] = _row_sums(e.mul_(z))
         del z, e
         out[lo:hi, _M] = m[:, 0].double()
         xt = xc.gather(-1, safe_t[lo:hi, None])[:, 0].double()
         out[lo:hi, _XT] = torch.where(owned[lo:hi], xt, torch.zeros_like(xt))
-        out[lo:hi, _ARGMAX] = (arg + vocab_start).double()
+        out[lo:hi, _ARGMAX] = (arg[:, 0] + vocab_start).double()
     out[:, _OWN] = owned.double()
     return out
 
