@@ -43,6 +43,8 @@ pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(300)]
 # wall-clock measurements (and the label) differ between runs; everything else must not
 VOLATILE = ["wall_s", "step_time_s", "label", "micro_batch_timing", "busy_s", "straggler_s",
             "log_prob_pass_s"]
+#: and those of pipelined runs (each stage's span and idle time)
+PIPELINE_TIMES = ["pipeline_span_s", "pipeline_idle_s"]
 
 
 BASE = TrainConfig(schedule=ScheduleConfig(dp=2, global_batch_size=4, max_tokens_per_gpu=256),
@@ -137,29 +139,43 @@ def test_killed_at_any_point_and_resumed_equals_the_uninterrupted_run_bitwise(tm
         run(cfg, synthetic_rollouts(seed=4), out_dir=root, progress=False, resume=True)
 
 
-def test_pipeline_stages_checkpoint_their_shards_and_resume(tmp_path, reference):
-    """pp 2: each stage's shard in the checkpoint; rank 1 (the last stage) killed in step 3,
-    resumed from step 2's shards, the run ends where the uninterrupted dp 2 run does."""
+def test_model_parallel_shards_checkpoint_and_resume_bitwise(tmp_path, reference):
+    """tp 2 x pp 2: each (stage, TP rank) shard in the checkpoint; rank 3 (last stage, TP rank
+    1) killed in step 3, resumed from step 2's shards: bitwise the uninterrupted tp 2 x pp 2
+    run, and within fp32 rounding of the dp 2 reference. A shard restored on the wrong rank
+    (the two TP ranks hold different halves) would break the bitwise match."""
     from varbatch_kit.train.runs.checkpoint import load_checkpoint
+    from varbatch_kit.train.runs.run_export import saved_weights
 
     rollouts = synthetic_rollouts()
-    cfg = BASE.with_(dp=1, pp=2, keep_last=4, label="pp2")
-    with pytest.raises(TrainingError, match="rank 1 was killed by SIGKILL"):
-        run(cfg.with_(kill_at="mid_step:3", fail_rank=1), rollouts, out_dir=tmp_path,
+    cfg = BASE.with_(dp=1, pp=2, tp=2, keep_last=4, label="tp2 pp2")
+    whole = run(cfg, rollouts, out_dir=tmp_path / "whole", progress=False)
+    with pytest.raises(TrainingError, match="rank 3 was killed by SIGKILL"):
+        run(cfg.with_(kill_at="mid_step:3", fail_rank=3), rollouts, out_dir=tmp_path / "cut",
             progress=False)
-    out = _run_dir(tmp_path)
+    out = _run_dir(tmp_path / "cut")
     assert _steps(out) == [1, 2]
     ckpt = load_checkpoint(checkpoint_dirs(out / "checkpoints")[-1][1])
-    assert len(ckpt["optimizer"]["stages"]) == 2
-    stages = {k.split("/")[0] for k in ckpt["model"]}
-    assert stages == {"stage0", "stage1"}
-    assert "stage0/0.embedding.word_embeddings.weight" in ckpt["model"]
-    assert "stage1/0.output_layer.weight" in ckpt["model"]
-    resumed = run(cfg, rollouts, out_dir=tmp_path, progress=False, resume=True)
+    assert [len(stage) for stage in ckpt["optimizer"]["stages"]] == [2, 2]
+    assert {k.rsplit("/", 1)[0] for k in ckpt["model"]} == {
+        "stage0/tp0", "stage0/tp1", "stage1/tp0", "stage1/tp1"}
+    a, b = (ckpt["model"][f"stage0/tp{t}/0.embedding.word_embeddings.weight"] for t in (0, 1))
+    assert a.shape == b.shape and not torch.equal(a, b)  # each TP rank's half of the vocab
+    with pytest.raises(ValueError, match="holds pipeline-stage / tensor-parallel shards"):
+        saved_weights(out, step=2)  # export reads full tensors (params files)
+    resumed = run(cfg, rollouts, out_dir=tmp_path / "cut", progress=False, resume=True)
     assert resumed.meta["resumed_from_step"] == 2 and _steps(out) == [1, 2, 3, 4]
+    volatile = VOLATILE + PIPELINE_TIMES
+    pd.testing.assert_frame_equal(resumed.steps.drop(columns=volatile),
+                                  whole.steps.drop(columns=volatile), check_exact=True)
+    p, q = resumed.params(4), whole.params(4)
+    assert p.keys() == q.keys() and all(torch.equal(p[k], q[k]) for k in p)
     for key in ("loss", "grad_norm", "lr"):
         np.testing.assert_allclose(resumed.steps[key], reference.steps[key], rtol=1e-5)
-    assert param_rel_diff(resumed.params(4), reference.params(4)) < 1e-5
+    assert param_rel_diff(p, reference.params(4)) < 1e-5
+    # another tensor-parallel size cannot take these shards: refused before any worker starts
+    with pytest.raises(ValueError, match=r"(?s)cannot resume.*tp: checkpoint 2, now 1"):
+        run(cfg.with_(tp=1), rollouts, out_dir=tmp_path / "cut", progress=False, resume=True)
 
 
 def _copy_at_step_2(reference, root: Path) -> None:

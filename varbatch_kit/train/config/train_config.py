@@ -154,10 +154,6 @@ class TrainConfig:
                                                    vpp=self.schedule.vpp)
         if problem:
             raise ValueError(problem)
-        if self.tp > 1 and self.checkpoint.save_every:  # rank 0 saves its own TP shard only
-            raise ValueError(f"checkpoint.save_every={self.checkpoint.save_every} with tp="
-                             f"{self.tp}: checkpoints hold one rank's full state, not tensor-"
-                             "parallel shards; use checkpoint.save_every=0 or tp=1")
         self._check_injected_bugs()
         if not self.faults.fail_rank < self.world_size:
             raise ValueError(f"faults.fail_rank={self.faults.fail_rank}: give a rank of the "

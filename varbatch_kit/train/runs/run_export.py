@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +56,10 @@ def recorded_model(run_dir: str | os.PathLike):
             f"{run_dir / 'meta.json'} records no model (a run of an older varbatch_kit); "
             "export it from Python: Run.export_hf(out_dir), whose TrainConfig names the model")
     return ModelConfig(path=model.get("path"), num_layers=model.get("num_layers"))
+
+
+#: a key of a sharded checkpoint's model.pt (train/runs/run_state.py)
+_SHARD = re.compile(r"^stage\d+/")
 
 
 def _saved_steps(run_dir: Path) -> tuple[dict[int, Path], dict[int, Path]]:
@@ -100,7 +105,15 @@ def saved_weights(run_dir: str | os.PathLike, step: int | None = None) -> tuple[
     if step in params:
         return step, torch.load(params[step], map_location="cpu", weights_only=True)
     if step in ckpts:
-        return step, torch.load(ckpts[step] / "model.pt", map_location="cpu", weights_only=True)
+        state = torch.load(ckpts[step] / "model.pt", map_location="cpu", weights_only=True)
+        if any(_SHARD.match(name) for name in state):
+            raise ValueError(
+                f"the checkpoint of step {step} in {run_dir} holds pipeline-stage / tensor-"
+                "parallel shards (model.pt keys stage{k}[/tp{t}]/NAME), for resuming; the "
+                "export reads full tensors: train with "
+                f"RunConfig(save_params_at=({step},)) (--run.save-params-at {step}), which "
+                "saves them under every layout")
+        return step, state
     raise ValueError(
         f"no weights saved after step {step} in {run_dir}: train with "
         f"RunConfig(save_params_at=({step},)) (--run.save-params-at {step}) or "

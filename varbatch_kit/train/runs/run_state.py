@@ -1,11 +1,18 @@
 """A worker's run state in checkpoints: save after a step, restore on resume, RNG states.
 
 Rank 0 writes (:mod:`varbatch_kit.train.runs.checkpoint` does the format and the
-atomic write); every rank restores the same full state. With pipeline stages
-(``pp > 1``) each stage has its own shard (its chunks' parameters, its optimizer
-state): :func:`gather_stage_shards` collects them, rank 0 writes them side by
-side (``model.pt`` keys ``stage{k}/NAME``, ``optimizer.pt`` ``{"stages": [...]}``)
-and every rank restores its own stage's shard. Also the debug hook
+atomic write); without model parallelism every rank restores the same full state. With
+pipeline stages (``pp > 1``) or tensor parallelism (``tp > 1``) each model-parallel rank
+(pipeline stage ``k``, tensor-parallel rank ``t``) holds its own shard (its chunks'
+parameters, its optimizer state): :func:`gather_model_shards` collects them from the
+replicas of dp / cp rank 0, rank 0 writes them side by side, and every rank restores its own:
+
+- ``tp == 1``: ``model.pt`` keys ``stage{k}/NAME``, ``optimizer.pt`` ``{"stages": [state_k]}``;
+- ``tp > 1``: ``model.pt`` keys ``stage{k}/tp{t}/NAME``, ``optimizer.pt``
+  ``{"stages": [[state_k_t0, state_k_t1, ...], ...]}`` (``pp == 1`` is stage 0).
+
+A run resumes onto the pp and tp it saved with (both are in the checkpoint's fingerprint, so
+another is refused before any worker starts); dp and cp may change. Also the debug hook
 that SIGKILLs a worker (``FaultConfig.kill_at``).
 """
 
@@ -22,7 +29,7 @@ import torch
 
 from varbatch_kit.train.runs.step_log import append_record
 
-__all__ = ["gather_stage_shards", "kill_self", "restore", "save"]
+__all__ = ["gather_model_shards", "kill_self", "restore", "save", "shard_prefix"]
 
 
 def kill_self() -> None:
@@ -70,27 +77,33 @@ def _model_state(gpt) -> dict:
             if isinstance(v, torch.Tensor)}
 
 
-def gather_stage_shards(gpt, optimizer, layout) -> list[tuple[dict, dict]] | None:
-    """Per pipeline stage ``(model state, optimizer state)`` on world rank 0 (None elsewhere),
-    from each stage's pool rank 0 / tp rank 0 (a collective)."""
+def shard_prefix(stage: int, tp_rank: int, tp: int) -> str:
+    """The ``model.pt`` key prefix of the shard of pipeline stage ``stage``, TP rank
+    ``tp_rank`` in a run of tensor-parallel size ``tp``."""
+    return f"stage{stage}/" if tp == 1 else f"stage{stage}/tp{tp_rank}/"
+
+
+def gather_model_shards(gpt, optimizer, layout) -> list[list[tuple[dict, dict]]] | None:
+    """``shards[k][t]``: ``(model state, optimizer state)`` of pipeline stage ``k``, TP rank
+    ``t`` on world rank 0 (None elsewhere), from the ranks of dp / cp rank 0 (a collective)."""
     import torch.distributed as dist
 
     c = layout.coords(dist.get_rank())
     mine = None
-    if c.pool_rank == 0 and c.tp_rank == 0:
-        mine = (c.pp_rank, _model_state(gpt), optimizer.state_dict())
+    if c.pool_rank == 0:
+        mine = (c.pp_rank, c.tp_rank, _model_state(gpt), optimizer.state_dict())
     parts = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
     dist.gather_object(mine, parts, dst=0)
     if parts is None:
         return None
-    by_stage = {p[0]: (p[1], p[2]) for p in parts if p is not None}
-    return [by_stage[k] for k in range(layout.pp)]
+    found = {(p[0], p[1]): (p[2], p[3]) for p in parts if p is not None}
+    return [[found[k, t] for t in range(layout.tp)] for k in range(layout.pp)]
 
 
 def save(cfg, out_dir: Path, counters: dict, gpt, optimizer, scheduler, fingerprint,
           hook, shards: list | None = None) -> None:
     """Rank 0: checkpoint after step ``counters["step"]`` (full state: the same on every rank;
-    ``shards``: per pipeline stage, :func:`gather_stage_shards`)."""
+    ``shards``: per pipeline stage and TP rank, :func:`gather_model_shards`)."""
     from varbatch_kit.train.runs.checkpoint import save_checkpoint
 
     number = counters["step"]
@@ -104,8 +117,12 @@ def save(cfg, out_dir: Path, counters: dict, gpt, optimizer, scheduler, fingerpr
     if shards is None:
         model_state, optim_state = _model_state(gpt), optimizer.state_dict()
     else:
-        model_state = {f"stage{k}/{n}": t for k, (m, _) in enumerate(shards) for n, t in m.items()}
-        optim_state = {"stages": [o for _, o in shards]}
+        tp = len(shards[0])
+        model_state = {f"{shard_prefix(k, r, tp)}{n}": t
+                       for k, row in enumerate(shards) for r, (m, _) in enumerate(row)
+                       for n, t in m.items()}
+        optim_state = {"stages": [[o for _, o in row] if tp > 1 else row[0][1]
+                                  for row in shards]}
     state = {**counters, "scheduler": scheduler.state_dict(), "rng": _rng_state()}
     t0 = time.perf_counter()
     path = save_checkpoint(out_dir / "checkpoints", number, model=model_state,
@@ -118,19 +135,29 @@ def save(cfg, out_dir: Path, counters: dict, gpt, optimizer, scheduler, fingerpr
         time.perf_counter() - t0, "bytes": sum(p.stat().st_size for p in path.iterdir())})
 
 
-def restore(path: str, gpt, optimizer, scheduler, *, stage: int | None = None) -> tuple[int, int]:
+def restore(path: str, gpt, optimizer, scheduler, *, stage: int | None = None,
+            tp_rank: int = 0, tp: int = 1) -> tuple[int, int]:
     """Load a checkpoint into the model (in place: DDP's buffers stay), optimizer, scheduler;
-    ``stage``: this rank's pipeline stage, whose shard it loads."""
+    ``stage`` (pipeline stage; None without pipelining) and ``tp_rank`` of ``tp``: with either
+    parallelism, the shard this rank loads."""
     from varbatch_kit.train.runs.checkpoint import load_checkpoint
 
     ckpt = load_checkpoint(Path(path))
-    if stage is not None:
-        head = f"stage{stage}/"
-        if "stages" not in ckpt["optimizer"] or stage >= len(ckpt["optimizer"]["stages"]):
-            raise ValueError(f"checkpoint {path} holds no pipeline stage {stage}")
-        ckpt["model"] = {k[len(head):]: v for k, v in ckpt["model"].items()
-                         if k.startswith(head)}
-        ckpt["optimizer"] = ckpt["optimizer"]["stages"][stage]
+    if stage is not None or tp > 1:
+        k = stage or 0
+        head = shard_prefix(k, tp_rank, tp)
+        stages = ckpt["optimizer"].get("stages", [])
+        shard = stages[k] if k < len(stages) else None
+        if tp > 1:
+            shard = shard[tp_rank] if isinstance(shard, list) and tp_rank < len(shard) else None
+        elif isinstance(shard, list):
+            shard = None
+        if shard is None:
+            raise ValueError(f"checkpoint {path} holds no shard of pipeline stage {k}, tensor-"
+                             f"parallel rank {tp_rank} of {tp}")
+        ckpt["model"] = {n[len(head):]: v for n, v in ckpt["model"].items()
+                         if n.startswith(head)}
+        ckpt["optimizer"] = shard
     current = gpt.state_dict(keep_vars=True)
     missing = sorted(set(ckpt["model"]) ^ {k for k, v in current.items()
                                            if isinstance(v, torch.Tensor)})

@@ -185,7 +185,8 @@ def train(cfg: TrainConfig, model_spec, steps: list, log_prob_steps: list, rollo
     if resume_from is not None:
         t_load = time.perf_counter()
         start, consumed = restore(resume_from, gpt, optimizer, scheduler,
-                                  stage=layout.coords(rank).pp_rank if stage else None)
+                                  stage=layout.coords(rank).pp_rank if stage else None,
+                                  tp_rank=layout.coords(rank).tp_rank, tp=layout.tp)
         load_s = time.perf_counter() - t_load
     # rollout batches of data.num_steps_per_rollout steps: before the first step of each, the
     # log-prob pass, the advantages and the rollout log-probs (train/step/policy_inputs.py)
@@ -262,16 +263,18 @@ def train(cfg: TrainConfig, model_spec, steps: list, log_prob_steps: list, rollo
                       lr_next=_lr_of(optimizer))
         every = cfg.checkpoint.save_every
         params = shards = None
+        if every and number % every == 0 and (stage is not None or layout.tp > 1):
+            # each pipeline stage's and TP rank's model and optimizer shard, to rank 0
+            from varbatch_kit.train.runs.run_state import gather_model_shards
+
+            shards = gather_model_shards(gpt, optimizer, layout)
         if stage is not None:  # pp: the stages' parts, gathered to rank 0 (collectives)
             from varbatch_kit.train.model.pipeline_stages import gather_full_params, gather_grads
-            from varbatch_kit.train.runs.run_state import gather_stage_shards
 
             if number in cfg.run.save_params_at:
                 params = gather_full_params(stage, layout)
             if grads is not None:
                 grads = gather_grads(grads, layout)
-            if every and number % every == 0:
-                shards = gather_stage_shards(gpt, optimizer, layout)
         elif number in cfg.run.save_params_at and saver:
             # the full tensors under tp 1's names (a collective over rank 0's TP group)
             params = gather_full_parameters(gpt)
