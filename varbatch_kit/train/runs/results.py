@@ -83,7 +83,7 @@ class Run:
                 f"no {what} saved at step {step}; set RunConfig({field}=({step},)) "
                 f"(saved: {sorted(p.name for p in self.out_dir.glob(f'{what}_step*.pt'))})"
             )
-        return torch.load(path, map_location="cpu", weights_only=True)
+        return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
 
     def export_hf(self, out_dir, step: int | None = None, *, dtype: str | None = None,
                   overwrite: bool = False) -> Path:
