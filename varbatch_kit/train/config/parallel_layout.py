@@ -135,11 +135,6 @@ class ParallelLayout:
         out = []
         if self.vpp > 1 and self.pp == 1:
             out.append(f"vpp={self.vpp} needs pipeline parallelism: set pp > 1 or vpp=1")
-        if self.cp > 1 and (self.pp > 1 or self.tp > 1):
-            out.append(f"cp={self.cp} with pp={self.pp}, tp={self.tp}: context parallelism runs "
-                       "with pp=1 and tp=1 only; use cp=1, or pp=1 and tp=1")
-        if self.cp_mode == "dynamic" and self.pp > 1:
-            out.append(f"cp_mode='dynamic' with pp={self.pp}: dynamic CP needs pp=1")
         if self.pp > 1 and self.vpp > 1 and self.mb_group < self.pp:
             out.append(f"mb_group={self.mb_group} with pp={self.pp}, vpp={self.vpp}: megatron's "
                        "interleaved schedule runs micro-batches in groups of mb_group per "

@@ -74,36 +74,60 @@ def cp_group_members(layout, steps) -> list[tuple[int, ...]]:
     return sorted(groups, key=lambda g: (len(g), g))
 
 
-_cache: dict = {"world": None, "groups": {}}
+_cache: dict = {"world": None, "groups": {}, "layout": None}
+
+
+def _world_ranks(layout, members, tp_rank: int, pp_rank: int) -> tuple[int, ...]:
+    return tuple(layout.world_rank(r, tp_rank, pp_rank) for r in members)
 
 
 def cp_groups_for_run(layout, steps) -> dict[tuple[int, ...], object]:
-    """Create (collectively, on every rank) the run's CP groups not made yet; return all.
+    """Create (collectively, on every rank) the run's CP groups not made yet; return this
+    rank's.
 
-    Keys: the sorted pool ranks of a group; values: the ``ProcessGroup`` (over the world
-    ranks of those pool ranks at this rank's ``(tp, pp)`` coordinate: with CP, tp = pp = 1).
-    Every rank must call this with the same ``layout`` and ``steps``.
+    Keys: the sorted pool ranks of a group; values: the ``ProcessGroup`` over the world
+    ranks of those pool ranks at this rank's ``(tp, pp)`` coordinate. Tensor and pipeline
+    parallelism replicate the pool, so each group exists once per coordinate (``tp * pp``
+    process groups, all created on every rank, in one order: pool ranks, then stage, then
+    TP rank). Groups are kept by their world ranks, so the runs of one launch share those
+    that coincide and a run of another layout (another ``tp``, ``pp`` or pool) makes its own;
+    the run's layout becomes the one :func:`cp_group` maps pool ranks with. Every rank must
+    call this with the same ``layout`` and ``steps``.
     """
     import torch.distributed as dist
 
     world = dist.group.WORLD
     if _cache["world"] is not world:  # a new world (single_process tears the old one down)
         _cache["world"], _cache["groups"] = world, {}
-    groups = _cache["groups"]
+    made = _cache["groups"]
+    here = layout.coords(dist.get_rank())
+    mine = {}
     for members in cp_group_members(layout, steps):
-        if members not in groups:
-            groups[members] = dist.new_group([layout.world_rank(r) for r in members])
-    return groups
+        for pp_rank in range(layout.pp):
+            for tp_rank in range(layout.tp):
+                ranks = _world_ranks(layout, members, tp_rank, pp_rank)
+                if ranks not in made:
+                    made[ranks] = dist.new_group(list(ranks))
+        mine[members] = made[_world_ranks(layout, members, here.tp_rank, here.pp_rank)]
+    _cache["layout"] = layout
+    return mine
 
 
 def cp_group(members) -> object:
-    """The process group made by :func:`cp_groups_for_run` for these pool ranks."""
+    """The process group of these pool ranks at this rank's ``(tp, pp)`` coordinate, made by
+    :func:`cp_groups_for_run` for the run in progress."""
+    import torch.distributed as dist
+
+    layout = _cache["layout"]
     key = tuple(sorted(int(r) for r in members))
-    try:
-        return _cache["groups"][key]
-    except KeyError:
+    group = None
+    if layout is not None:
+        here = layout.coords(dist.get_rank())
+        group = _cache["groups"].get(_world_ranks(layout, key, here.tp_rank, here.pp_rank))
+    if group is None:
         raise RuntimeError(f"no CP process group for pool ranks {key}: cp_groups_for_run "
-                           "makes a run's groups before its first step") from None
+                           "makes a run's groups before its first step")
+    return group
 
 
 def share_for(rnd: CPRound, batch, *, swap_chunks_of: int | None = None):
@@ -114,7 +138,9 @@ def share_for(rnd: CPRound, batch, *, swap_chunks_of: int | None = None):
 
     if rnd.cp_size == 1:
         return None
-    order = sorted(rnd.members)  # a group's ranks in torch's order (by world rank; tp = pp = 1)
+    # a group's ranks in torch's order, by world rank: at one (tp, pp) coordinate the world
+    # rank grows with the pool rank (train/config/parallel_layout.py)
+    order = sorted(rnd.members)
     return CPShare(group=cp_group(rnd.members), rank=rnd.cp_rank, size=rnd.cp_size,
                    lengths=tuple(batch.lengths), prompt_lens=tuple(batch.prompt_lens),
                    slot_ranks=tuple(rnd.members.index(r) for r in order),

@@ -8,7 +8,7 @@ import torch
 
 from varbatch_kit.train.parallel.cp_attention import CPShare, all_gather_rows, cp_share_active
 
-__all__ = ['cp_response_logits', 'cp_response_stats', 'local_inputs']
+__all__ = ['cp_response_logits', 'cp_response_stats', 'cp_stage_forward', 'local_inputs']
 
 
 def local_inputs(batch, share: CPShare) -> dict:
@@ -47,14 +47,25 @@ def cp_response_logits(model, batch, share: CPShare) -> torch.Tensor:
         handle.remove()
 
 
+def cp_stage_forward(model, batch, share: CPShare) -> torch.Tensor:
+    """A pipeline stage that does not end the model (its input arrives from the previous
+    stage) on this rank's share of ``batch``: the hidden states of the local rows."""
+    inputs = local_inputs(batch, share)
+    with cp_share_active(share):
+        return model(inputs.pop("input_ids"), inputs.pop("position_ids"), **inputs)
+
+
 def cp_response_stats(logits: torch.Tensor, batch, share: CPShare, *, temperature: float = 1.0,
-                      entropy_grad: bool = False) -> dict[str, torch.Tensor]:
+                      entropy_grad: bool = False, tp_group=None,
+                      vocab_start: int = 0) -> dict[str, torch.Tensor]:
     """:func:`~varbatch_kit.train.step.packed_batch.response_token_stats` of the *full*
     responses from this rank's local logits: the local values computed by the same chunked
     kernel as without CP (:func:`~varbatch_kit.report.objective.token_stats.chunked_token_stats`:
     float32 chunks of tokens, or the logits' dtype when wider, per-token sums in float64; no
     float64 ``[R, V]`` tensor, no full log-softmax kept for backward), then all-gathered over
-    the group (autograd)."""
+    the group (autograd). ``tp_group``, ``vocab_start``: vocab-parallel logits (tp > 1, see
+    :func:`~varbatch_kit.train.parallel.tensor_parallel.vocab_shard`): the kernel combines the
+    TP ranks' shards per token before the CP exchange."""
     from varbatch_kit.report.objective.token_stats import chunked_token_stats
 
     if logits.dim() == 3:
@@ -66,7 +77,8 @@ def cp_response_stats(logits: torch.Tensor, batch, share: CPShare, *, temperatur
     if logits.shape[0] != pos.numel():
         raise ValueError(f"{logits.shape[0]} logit rows for {pos.numel()} local response tokens")
     stats = chunked_token_stats(logits, targets, temperature=temperature,
-                                entropy_grad=entropy_grad)
+                                entropy_grad=entropy_grad, tp_group=tp_group,
+                                vocab_start=vocab_start)
     entropy = stats["entropy"] if entropy_grad else stats["entropy"].detach()
     # one exchange for all three
     local = torch.stack([stats["logprob"], entropy, stats["correct"].detach()], dim=1)

@@ -81,9 +81,8 @@ def compute_log_probs(model, steps, rollouts, tokens, device, *, temperature: fl
     of the world calls it.
     """
     from varbatch_kit.train.parallel.cp_groups import share_for
-    from varbatch_kit.train.parallel.tensor_parallel import vocab_shard
-    from varbatch_kit.train.step.cp_response import cp_response_logits, cp_response_stats
-    from varbatch_kit.train.step.packed_batch import pack, response_logits, response_token_stats
+    from varbatch_kit.train.step.cp_response import cp_response_logits
+    from varbatch_kit.train.step.packed_batch import pack, response_logits
 
     models = model if isinstance(model, list) else [model]
     rank = dist.get_rank()
@@ -101,20 +100,17 @@ def compute_log_probs(model, steps, rollouts, tokens, device, *, temperature: fl
 
     try:
         rounds = _my_micro_batches(steps, pool_rank, cp_allgather)
-        batches = [pack([tokens[g] for g in rnd.samples], rollouts.prompt_len[rnd.samples],
-                        rnd.samples, device=device) for rnd in rounds]
-        if isinstance(model, list):  # pipeline stages (cp = 1 there)
-            _pipelined(models, batches, keep, layout, temperature, tp)
-        for rnd, batch in zip(rounds, batches) if not isinstance(model, list) else ():
-            share = share_for(rnd, batch)
-            if share is None:
-                logits = response_logits(model, batch)
-                stats = response_token_stats(logits, batch, at_response_rows=True,
-                                             temperature=temperature,
-                                             **vocab_shard(logits, **tp))
-            else:
-                stats = cp_response_stats(cp_response_logits(model, batch, share), batch,
-                                          share, temperature=temperature)
+        items = []  # (round, packed batch, this rank's CP share or None)
+        for rnd in rounds:
+            batch = pack([tokens[g] for g in rnd.samples], rollouts.prompt_len[rnd.samples],
+                         rnd.samples, device=device)
+            items.append((rnd, batch, share_for(rnd, batch)))
+        if isinstance(model, list):  # pipeline stages
+            _pipelined(models, items, keep, layout, temperature, tp)
+        for rnd, batch, share in items if not isinstance(model, list) else ():
+            logits = (response_logits(model, batch) if share is None
+                      else cp_response_logits(model, batch, share))
+            stats = _stats(logits, batch, share, temperature, tp)
             if rnd.cp_rank:
                 continue  # the group's CP rank 0 keeps the micro-batch's log-probs
             keep(batch, stats["logprob"].cpu().numpy())
@@ -137,41 +133,59 @@ def _tp_of(layout, rank: int) -> dict:
     return {"tp_rank": layout.coords(rank).tp_rank, "tp_size": layout.tp}
 
 
-def _pipelined(models, batches, keep, layout, temperature, tp: dict) -> None:
-    """The forward-only pipeline over ``batches``
-    (:mod:`~varbatch_kit.train.step.pipeline_schedule`); the last stage keeps
-    the log-probs. The interleaved schedule takes all micro-batches as one group of at least
-    ``pp``: a shorter list is padded with repeats (their results are the same values)."""
+def _stats(logits, batch, share, temperature: float, tp: dict) -> dict:
+    """The response tokens' statistics of one micro-batch: the whole row's, or (all-gather CP)
+    the full responses gathered from the group's shares; vocab-parallel under tp > 1."""
+    from varbatch_kit.train.parallel.tensor_parallel import vocab_shard
+    from varbatch_kit.train.step.cp_response import cp_response_stats
+    from varbatch_kit.train.step.packed_batch import response_token_stats
+
+    shard = vocab_shard(logits, **tp)
+    if share is None:
+        return response_token_stats(logits, batch, at_response_rows=True,
+                                    temperature=temperature, **shard)
+    return cp_response_stats(logits, batch, share, temperature=temperature, **shard)
+
+
+def _pipelined(models, items, keep, layout, temperature, tp: dict) -> None:
+    """The forward-only pipeline over ``items`` (``(round, batch, CP share or None)``,
+    :mod:`~varbatch_kit.train.step.pipeline_schedule`); the last stage keeps the log-probs
+    (of CP rank 0 in a group). The interleaved schedule takes all micro-batches as one group
+    of at least ``pp``: a shorter list is padded with repeats (their results are the same
+    values)."""
     from megatron.core.utils import get_model_config
 
-    from varbatch_kit.train.parallel.tensor_parallel import vocab_shard
     from varbatch_kit.train.step import pipeline_schedule
-    from varbatch_kit.train.step.packed_batch import response_logits, response_token_stats
+    from varbatch_kit.train.step.cp_response import cp_response_logits, cp_stage_forward
+    from varbatch_kit.train.step.packed_batch import response_logits
 
-    if not batches:
+    if not items:
         return
     if len(models) > 1:
-        batches = batches + [batches[-1]] * max(0, layout.pp - len(batches))
+        items = items + [items[-1]] * max(0, layout.pp - len(items))
     config = get_model_config(models[0])
     saved = config.microbatch_group_size_per_vp_stage
     if len(models) > 1:
-        config.microbatch_group_size_per_vp_stage = len(batches)
+        config.microbatch_group_size_per_vp_stage = len(items)
 
     def forward_step(data_iterator, model):
-        batch = next(data_iterator)
+        rnd, batch, share = next(data_iterator)
         if not pipeline_schedule.is_post_process(model):
-            return model(batch.tokens, batch.position_ids, **batch.model_inputs()), None
-        logits = response_logits(model, batch)
+            if share is None:
+                return model(batch.tokens, batch.position_ids, **batch.model_inputs()), None
+            return cp_stage_forward(model, batch, share), None
+        logits = (response_logits(model, batch) if share is None
+                  else cp_response_logits(model, batch, share))
 
         def loss_func(out):
-            lp = response_token_stats(out, batch, at_response_rows=True, temperature=temperature,
-                                      **vocab_shard(out, **tp))["logprob"].cpu().numpy()
-            keep(batch, lp)
+            lp = _stats(out, batch, share, temperature, tp)["logprob"]
+            if not rnd.cp_rank:  # the group's CP rank 0 keeps the micro-batch's log-probs
+                keep(batch, lp.cpu().numpy())
             return torch.zeros((), device=out.device), {}
         return logits, loss_func
 
     try:
-        pipeline_schedule.forward_backward(models, batches, forward_step, forward_only=True)
+        pipeline_schedule.forward_backward(models, items, forward_step, forward_only=True)
     finally:
         config.microbatch_group_size_per_vp_stage = saved
 

@@ -125,8 +125,9 @@ def _pair_ordered_class():
 
 
 def _tokens(item) -> int:
-    batch = item[0] if isinstance(item, tuple) else item
-    return int(batch.num_tokens)
+    """The tokens of a micro-batch: a packed batch, or a tuple that holds one."""
+    parts = item if isinstance(item, tuple) else (item,)
+    return max(int(p.num_tokens) for p in parts if hasattr(p, "num_tokens"))
 
 
 def is_post_process(model) -> bool:

@@ -134,7 +134,11 @@ def train_step(layout, loss, faults, mode, model, optimizer, step, rollouts, dat
     from varbatch_kit.report.objective import policy_objective
     from varbatch_kit.train.parallel.cp_groups import idle_round, rank_rounds, share_for
     from varbatch_kit.train.parallel.tensor_parallel import vocab_shard
-    from varbatch_kit.train.step.cp_response import cp_response_logits, cp_response_stats
+    from varbatch_kit.train.step.cp_response import (
+        cp_response_logits,
+        cp_response_stats,
+        cp_stage_forward,
+    )
     from varbatch_kit.train.step.microbatch_timer import (
         MicroBatchTimer,
         busy_and_straggler,
@@ -210,10 +214,10 @@ def train_step(layout, loss, faults, mode, model, optimizer, step, rollouts, dat
                        entropy_grad=loss.entropy_coef != 0)
         # the full responses' values (all-gather CP: gathered from the group's shares;
         # tp > 1: vocab-parallel)
-        stats = (response_token_stats(logits, batch, at_response_rows=True, **stat_kw,
-                                      **vocab_shard(logits, tp_rank=here.tp_rank,
-                                                    tp_size=layout.tp))
-                 if share is None else cp_response_stats(logits, batch, share, **stat_kw))
+        shard = vocab_shard(logits, tp_rank=here.tp_rank, tp_size=layout.tp)
+        stats = (response_token_stats(logits, batch, at_response_rows=True, **stat_kw, **shard)
+                 if share is None else cp_response_stats(logits, batch, share, **stat_kw,
+                                                         **shard))
         splits = list(batch.response_lens)
         adv = _f64(inputs.advantages, idx)
         # every term of slime's policy loss on the full responses (train/objective docs)
@@ -268,10 +272,10 @@ def train_step(layout, loss, faults, mode, model, optimizer, step, rollouts, dat
         batch, cp_size, cp_rank, share = next(data_iterator)
         timer.lengths = list(batch.lengths)
         loss = partial(loss_func, batch, cp_size, cp_rank, share)
-        if staged:  # pipeline stages (cp = 1, no share)
-            if not pipeline_schedule.is_post_process(model):  # hidden states to the next stage
+        if staged and not pipeline_schedule.is_post_process(model):  # to the next stage
+            if share is None:
                 return model(batch.tokens, batch.position_ids, **batch.model_inputs()), loss
-            return response_logits(model, batch), loss
+            return cp_stage_forward(model, batch, share), loss  # all-gather CP: the share's
         # the output layer on response rows only (all-gather CP: on this rank's share)
         logits = (response_logits(model, batch) if share is None
                   else cp_response_logits(model, batch, share))

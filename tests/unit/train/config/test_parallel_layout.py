@@ -41,8 +41,12 @@ def test_bad_sizes_name_the_field():
         ParallelLayout(cp_impl="ring")
 
 
-def test_every_reason_is_listed():
-    lay = ParallelLayout(dp=1, cp=2, pp=2, cp_mode="dynamic", cp_impl="emulated")
-    reasons = "\n".join(lay.unsupported())
-    assert "context parallelism runs with pp=1 and tp=1" in reasons
-    assert "cp_mode='dynamic' with pp=2: dynamic CP needs pp=1" in reasons
+def test_each_reason_is_listed():
+    lay = ParallelLayout(dp=1, cp=2, pp=1, vpp=2, tp=3, mb_group=1)
+    reasons = lay.unsupported()
+    assert len(reasons) == 1 and "vpp=2 needs pipeline parallelism" in reasons[0]
+    lay = ParallelLayout(dp=1, cp=2, pp=2, vpp=2, cp_mode="dynamic", cp_impl="emulated")
+    assert ["mb_group=1 with pp=2, vpp=2" in r for r in lay.unsupported()] == [True]
+    # context parallelism, fixed or dynamic, with tensor and pipeline parallelism runs: 4D
+    assert ParallelLayout(dp=2, cp=2, pp=2, tp=2).unsupported() == []
+    assert ParallelLayout(cp=2, tp=2, pp=2, cp_mode="dynamic").unsupported() == []

@@ -115,8 +115,6 @@ def test_train_config_checks_what_spans_sub_configs():
 
 @pytest.mark.parametrize("changes, match", [
     (dict(vpp=2), r"vpp=2 needs pipeline parallelism: set pp > 1 or vpp=1"),
-    (dict(cp=2, tp=2), r"cp=2 with pp=1, tp=2: context parallelism runs with pp=1 and tp=1"),
-    (dict(cp=2, pp=2), r"cp=2 with pp=2, tp=1: context parallelism runs with pp=1 and tp=1"),
     # the toy GPT's 2 layers cannot fill 4 stages; 3 layers cannot be cut in 2 equal ones
     (dict(pp=4), r"num_layers=2 does not split into pp\*vpp=4 equal pipeline chunks"),
     (dict(pp=2, num_layers=3), r"num_layers=3 does not split into pp\*vpp=2"),
@@ -435,3 +433,13 @@ def test_fp64_precision_is_accepted_and_named_in_the_label():
     with pytest.raises(ValueError, match=r"precision='fp16': choose one of \('fp32', 'bf16', "
                                          r"'fp64'\)"):
         TrainConfig().with_(precision="fp16")
+
+
+def test_a_4d_layout_with_context_parallelism_is_a_run():
+    """dp x cp x pp x tp: CP with tensor and pipeline parallelism is accepted, world size 16."""
+    from varbatch_kit import ScheduleConfig
+
+    cfg = TrainConfig(tp=2, schedule=ScheduleConfig(dp=2, cp=2, pp=2, global_batch_size=4,
+                                                  max_tokens_per_gpu=256))
+    assert cfg.world_size == 16 and cfg.layout.unsupported() == []
+    assert cfg.layout.describe() == "dp2 cp2(allgather) pp2 tp2"
