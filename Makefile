@@ -84,7 +84,10 @@ bench: $(STAMP) $(PEER_PKGS)/.installed
 lint: $(STAMP)
 	$(VENV)/bin/ruff check varbatch_kit tests benchmarks scripts
 
+# setuptools never deletes from build/lib: a file removed or renamed since the last build would
+# ship in the wheel, so the build's own folders go first
 wheel: $(STAMP)
+	rm -rf build/lib build/bdist.*
 	$(PY) -m pip wheel -q --no-deps --no-build-isolation -w build/wheel .
 
 # the wheels scripts/gpu_check.sh installs on a GPU machine without network (docs/gpu.md):
@@ -102,6 +105,7 @@ gpu-wheels: $(STAMP)
 	$(PY) -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
 	  --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
 	  --platform manylinux2014_x86_64 -d $(GPU_WHEELS) $(GPU_WHEEL_PINS)
+	rm -rf build/lib build/bdist.*
 	$(PY) -m pip wheel -q --no-deps --no-build-isolation -w $(GPU_WHEELS) .
 	$(SHARED_CACHES) $(PY) -c "from varbatch_kit.train.measure.device_bench import copy_smollm2_files; \
 	  copy_smollm2_files('$(GPU_WHEELS)/smollm2')"
