@@ -8,7 +8,8 @@ import torch
 
 from varbatch_kit.train.parallel.cp_attention import CPShare, all_gather_rows, cp_share_active
 
-__all__ = ['cp_response_logits', 'cp_response_stats', 'cp_stage_forward', 'local_inputs']
+__all__ = ['chunk_output', 'cp_response_logits', 'cp_response_stats', 'cp_stage_forward',
+           'local_inputs']
 
 
 def local_inputs(batch, share: CPShare) -> dict:
@@ -53,6 +54,21 @@ def cp_stage_forward(model, batch, share: CPShare) -> torch.Tensor:
     inputs = local_inputs(batch, share)
     with cp_share_active(share):
         return model(inputs.pop("input_ids"), inputs.pop("position_ids"), **inputs)
+
+
+def chunk_output(model, batch, share: CPShare | None, *, post_process: bool = True):
+    """What ``model`` (a whole model or a pipeline chunk) gives for ``batch``: with
+    ``post_process`` the logits at the rows that predict response tokens, else the hidden
+    states for the next stage; of the whole row, or (``share``, all-gather CP) of this rank's
+    share."""
+    from varbatch_kit.train.step.packed_batch import response_logits
+
+    if post_process:
+        return (response_logits(model, batch) if share is None
+                else cp_response_logits(model, batch, share))
+    if share is None:
+        return model(batch.tokens, batch.position_ids, **batch.model_inputs())
+    return cp_stage_forward(model, batch, share)
 
 
 def cp_response_stats(logits: torch.Tensor, batch, share: CPShare, *, temperature: float = 1.0,

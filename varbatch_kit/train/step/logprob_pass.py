@@ -81,8 +81,8 @@ def compute_log_probs(model, steps, rollouts, tokens, device, *, temperature: fl
     of the world calls it.
     """
     from varbatch_kit.train.parallel.cp_groups import share_for
-    from varbatch_kit.train.step.cp_response import cp_response_logits
-    from varbatch_kit.train.step.packed_batch import pack, response_logits
+    from varbatch_kit.train.step.cp_response import chunk_output
+    from varbatch_kit.train.step.packed_batch import pack
 
     models = model if isinstance(model, list) else [model]
     rank = dist.get_rank()
@@ -108,9 +108,7 @@ def compute_log_probs(model, steps, rollouts, tokens, device, *, temperature: fl
         if isinstance(model, list):  # pipeline stages
             _pipelined(models, items, keep, layout, temperature, tp)
         for rnd, batch, share in items if not isinstance(model, list) else ():
-            logits = (response_logits(model, batch) if share is None
-                      else cp_response_logits(model, batch, share))
-            stats = _stats(logits, batch, share, temperature, tp)
+            stats = _stats(chunk_output(model, batch, share), batch, share, temperature, tp)
             if rnd.cp_rank:
                 continue  # the group's CP rank 0 keeps the micro-batch's log-probs
             keep(batch, stats["logprob"].cpu().numpy())
@@ -156,8 +154,7 @@ def _pipelined(models, items, keep, layout, temperature, tp: dict) -> None:
     from megatron.core.utils import get_model_config
 
     from varbatch_kit.train.step import pipeline_schedule
-    from varbatch_kit.train.step.cp_response import cp_response_logits, cp_stage_forward
-    from varbatch_kit.train.step.packed_batch import response_logits
+    from varbatch_kit.train.step.cp_response import chunk_output
 
     if not items:
         return
@@ -171,11 +168,8 @@ def _pipelined(models, items, keep, layout, temperature, tp: dict) -> None:
     def forward_step(data_iterator, model):
         rnd, batch, share = next(data_iterator)
         if not pipeline_schedule.is_post_process(model):
-            if share is None:
-                return model(batch.tokens, batch.position_ids, **batch.model_inputs()), None
-            return cp_stage_forward(model, batch, share), None
-        logits = (response_logits(model, batch) if share is None
-                  else cp_response_logits(model, batch, share))
+            return chunk_output(model, batch, share, post_process=False), None
+        logits = chunk_output(model, batch, share)
 
         def loss_func(out):
             lp = _stats(out, batch, share, temperature, tp)["logprob"]

@@ -134,17 +134,13 @@ def train_step(layout, loss, faults, mode, model, optimizer, step, rollouts, dat
     from varbatch_kit.report.objective import policy_objective
     from varbatch_kit.train.parallel.cp_groups import idle_round, rank_rounds, share_for
     from varbatch_kit.train.parallel.tensor_parallel import vocab_shard
-    from varbatch_kit.train.step.cp_response import (
-        cp_response_logits,
-        cp_response_stats,
-        cp_stage_forward,
-    )
+    from varbatch_kit.train.step.cp_response import chunk_output, cp_response_stats
     from varbatch_kit.train.step.microbatch_timer import (
         MicroBatchTimer,
         busy_and_straggler,
         gather_timings,
     )
-    from varbatch_kit.train.step.packed_batch import pack, response_logits, response_token_stats
+    from varbatch_kit.train.step.packed_batch import pack, response_token_stats
 
     t0 = time.perf_counter()
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -272,14 +268,10 @@ def train_step(layout, loss, faults, mode, model, optimizer, step, rollouts, dat
         batch, cp_size, cp_rank, share = next(data_iterator)
         timer.lengths = list(batch.lengths)
         loss = partial(loss_func, batch, cp_size, cp_rank, share)
-        if staged and not pipeline_schedule.is_post_process(model):  # to the next stage
-            if share is None:
-                return model(batch.tokens, batch.position_ids, **batch.model_inputs()), loss
-            return cp_stage_forward(model, batch, share), loss  # all-gather CP: the share's
-        # the output layer on response rows only (all-gather CP: on this rank's share)
-        logits = (response_logits(model, batch) if share is None
-                  else cp_response_logits(model, batch, share))
-        return logits, loss
+        # the output layer on response rows only, or a pipeline stage's hidden states (all-
+        # gather CP: of this rank's share)
+        last = not staged or pipeline_schedule.is_post_process(model)
+        return chunk_output(model, batch, share, post_process=last), loss
 
     # 3. megatron-core's forward/backward schedule (no pipelining, or 1F1B over pp stages),
     # DDP grad sync at the end
