@@ -253,12 +253,15 @@ def test_cli_runs_pipeline_and_tensor_layouts(tmp_path, capsys):
 
 
 def test_timeout_kills_torchrun_and_workers(tmp_path):
+    # rank 1 hangs at step 2 (no step timeout): the run can only end by the launch timeout,
+    # however fast the machine (a plain run of this size once took longer than 4 s; a faster
+    # start made it finish first)
     cfg = TrainConfig().with_(dp=2, global_batch_size=4, max_tokens_per_gpu=32,
-                      timeout_s=4, **TINY)
+                              timeout_s=4, hang_at_step=2, fail_rank=1, **TINY)
     with pytest.raises(TrainingTimeout) as info:
         run(cfg, _invariance_rollouts(), out_dir=tmp_path, progress=False)
-    # the launch timeout fired before the run ended (an ordering, not a wall-time bound that
-    # load can break): raised only once timeout_s has passed with the run still going
+    # the launch timeout fired (an ordering, not a wall-time bound that load can break):
+    # raised only once timeout_s has passed with the run still going
     assert "training timed out after 4 s (timeout_s)" in str(info.value)
     assert not _alive(info.value.torchrun_pid)
     assert job_processes(info.value.job_dir) == []

@@ -52,6 +52,7 @@ from varbatch_kit.train.runs.plan import PlannedRun, plan_runs
 from varbatch_kit.train.runs.results import Run, load_run
 from varbatch_kit.train.runs.step_log import read_records, truncate_to_step
 from varbatch_kit.train.runs.supervise import (
+    FAILED_RANK_EXIT_DELAY_S,
     TrainingTimeout,
     _alive,
     kill_job,
@@ -87,6 +88,8 @@ def _package_root() -> str:
 # ``python -m torch.distributed.run`` runs) in this process, imported with the cyclic garbage
 # collector paused: 1.5 -> 1.1 s of CPU per launch (the collector otherwise runs over and over
 # while torch creates its modules; see megatron_import.py, which does the same for the workers).
+# With ``--preload-worker`` first (CPU launches) it imports what a worker imports
+# (:func:`varbatch_kit.train.runs.worker.preload`) before torchrun forks the ranks from it.
 _DIE_WITH_PARENT = (
     "import ctypes, gc, os, signal, sys\n"
     "try:\n"
@@ -94,6 +97,10 @@ _DIE_WITH_PARENT = (
     "except (OSError, AttributeError):\n"
     "    pass  # not Linux: the launcher's own cleanup only\n"
     "if os.getppid() != int(sys.argv[1]): os._exit(1)  # the launcher is already gone\n"
+    "if sys.argv[2] == '--preload-worker':  # CPU: the ranks are forked from this process\n"
+    "    del sys.argv[2]\n"
+    "    from varbatch_kit.train.runs.worker import preload\n"
+    "    preload()\n"
     "gc.disable()\n"
     "from torch.distributed import run as torchrun\n"
     "gc.enable()\n"
@@ -211,11 +218,17 @@ def _torchrun_command(c0: TrainConfig, job_dir: Path, fingerprints,
                                                          env.get("PYTHONPATH")])))
     rdzv_id = hashlib.sha256(json.dumps([fingerprints, c0.nodes.rdzv_endpoint], sort_keys=True,
                                         default=str).encode()).hexdigest()[:16]
-    cmd = [sys.executable, "-c", _DIE_WITH_PARENT, str(os.getpid()),
+    if device == "cpu":  # ranks forked from the agent, which imported their modules once
+        from varbatch_kit.train.runs import worker
+
+        preload = ["--preload-worker"]
+        entry = ["--start-method=fork", "--run-path", str(Path(worker.__file__).resolve())]
+    else:  # CUDA: a fresh interpreter per rank (no CUDA state inherited through fork)
+        preload, entry = [], ["-m", "varbatch_kit.train.runs.worker"]
+    cmd = [sys.executable, "-c", _DIE_WITH_PARENT, str(os.getpid()), *preload,
            f"--nproc_per_node={c0.world_size // c0.nodes.nnodes}",
            *_rendezvous_args(c0, rdzv_id),
-           "--max_restarts=0", "--monitor_interval=0.2",
-           "-m", "varbatch_kit.train.runs.worker", str(job_dir)]
+           "--max_restarts=0", "--monitor_interval=0.2", *entry, str(job_dir)]
     return cmd, env
 
 
@@ -277,8 +290,8 @@ def _launch(plans: list[PlannedRun], rollouts: Rollouts, device: str, job_dir: P
                     errors = sorted((job_dir / "errors").glob("rank*.txt"),
                                     key=lambda p: p.stat().st_mtime_ns)
                 else:  # a traceback may follow a peer's death: let torchrun name the cause
-                    try:
-                        proc.wait(timeout=3)
+                    try:  # (a failing worker exits FAILED_RANK_EXIT_DELAY_S after its report)
+                        proc.wait(timeout=FAILED_RANK_EXIT_DELAY_S + 5)
                     except subprocess.TimeoutExpired:
                         pass
                 known = _torchrun_failure(c0, tail(log_path, 20000), traceback=bool(errors))

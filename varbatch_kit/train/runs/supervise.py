@@ -17,8 +17,14 @@ import subprocess
 import time
 from pathlib import Path
 
-__all__ = ["TrainingError", "TrainingTimeout", "job_processes", "kill_job", "raise_failure",
-           "read_new_lines", "tail", "worker_pids"]
+#: a worker of a launch of several ranks that failed (its traceback written) waits this long
+#: before it exits: on CPU the ranks are forked by torchrun's agent, which then names only the
+#: first rank it sees exit; a rank killed by a signal (the cause) exits at once, the peers'
+#: tracebacks that follow ("Connection reset by peer") must not exit before it
+FAILED_RANK_EXIT_DELAY_S = 1.0
+
+__all__ = ["FAILED_RANK_EXIT_DELAY_S", "TrainingError", "TrainingTimeout", "job_processes",
+           "kill_job", "raise_failure", "read_new_lines", "tail", "worker_pids"]
 
 
 class TrainingError(RuntimeError):
