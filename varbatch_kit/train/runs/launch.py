@@ -206,9 +206,11 @@ CPU_MALLOC_ENV = {"MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": str(1 << 40
 
 def _torchrun_command(c0: TrainConfig, job_dir: Path, fingerprints,
                       device: str = "cpu") -> tuple[list[str], dict]:
-    """The torchrun command line (workers: ``python -m varbatch_kit.train.runs.worker JOB_DIR``) and
-    its environment, for a launch whose configs share ``c0``'s world size and nodes, on
-    ``device`` (CPU workers get :data:`CPU_MALLOC_ENV`)."""
+    """The torchrun command line and its environment, for a launch whose configs share
+    ``c0``'s world size and nodes, on ``device``. The workers run
+    :mod:`varbatch_kit.train.runs.worker` with ``JOB_DIR``: on CPU forked from the agent after
+    :func:`~varbatch_kit.train.runs.worker.preload` (and with :data:`CPU_MALLOC_ENV`), on CUDA
+    one ``python -m varbatch_kit.train.runs.worker`` per rank."""
     env = dict(os.environ)
     if device == "cpu":
         for key, value in CPU_MALLOC_ENV.items():
