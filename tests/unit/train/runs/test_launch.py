@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from varbatch_kit import Rollouts, ScheduleConfig
@@ -47,6 +49,34 @@ def test_cpu_workers_keep_large_allocations_in_the_heap_unless_the_user_says_oth
     monkeypatch.setenv("MALLOC_MMAP_MAX_", "65536")
     _, env = _torchrun_command(cfg, tmp_path, None, "cpu")
     assert env["MALLOC_MMAP_MAX_"] == "65536"
+
+
+def test_cpu_ranks_are_forked_from_a_preloaded_agent_and_cuda_ranks_start_fresh(tmp_path):
+    """CPU: torchrun forks the ranks (``--start-method=fork``, the worker file run as a script)
+    from its agent, which first imports what a worker imports; CUDA: ``python -m`` per rank,
+    nothing preloaded (the launches themselves: tests/integration)."""
+    import subprocess
+    import sys
+
+    from varbatch_kit.train import TrainConfig
+    from varbatch_kit.train.runs import worker
+    from varbatch_kit.train.runs.launch import _torchrun_command
+
+    cfg = TrainConfig()
+    cpu, _ = _torchrun_command(cfg, tmp_path, None, "cpu")
+    assert cpu[4] == "--preload-worker"
+    assert cpu[-4:] == ["--start-method=fork", "--run-path",
+                        str(Path(worker.__file__).resolve()), str(tmp_path)]
+    cuda, _ = _torchrun_command(cfg, tmp_path, None, "cuda")
+    assert "--preload-worker" not in cuda and "--start-method=fork" not in cuda
+    assert cuda[-3:] == ["-m", "varbatch_kit.train.runs.worker", str(tmp_path)]
+    # preload imports every module it names, and starts no thread
+    code = ("import sys, threading\n"
+            "from varbatch_kit.train.runs.worker import PRELOAD_MODULES, preload\n"
+            "preload()\n"
+            "assert all(m in sys.modules for m in PRELOAD_MODULES)\n"
+            "assert threading.active_count() == 1, threading.enumerate()\n")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=300)
 
 
 def test_cpu_workers_run_adam_with_torchs_fused_kernel():
