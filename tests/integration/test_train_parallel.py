@@ -71,6 +71,10 @@ LAYOUTS = {
 TOY_ONLY = {
     "tp2 cp2 dynamic": dict(tp=2, cp=2, cp_mode="dynamic", cp_impl="allgather"),
     "pp2 cp2 dynamic": dict(pp=2, cp=2, cp_mode="dynamic", cp_impl="allgather"),
+    # world 8: three kinds of parallelism in one run (dynamic CP: fixed CP gives every rank 2
+    # micro-batches in both steps of this data, which would hide a stale count)
+    "dp2 tp2 pp2": dict(dp=2, tp=2, pp=2),
+    "dp2 cp2 tp2 dynamic": dict(dp=2, cp=2, tp=2, cp_mode="dynamic", cp_impl="allgather"),
 }
 #: where the naive mode must move: layouts whose micro-batches differ from dp 1's
 NAIVE = ("dp1", "cp2 allgather", "dp2 cp2 dynamic")
