@@ -178,6 +178,27 @@ def test_model_parallel_shards_checkpoint_and_resume_bitwise(tmp_path, reference
         run(cfg.with_(tp=1), rollouts, out_dir=tmp_path / "cut", progress=False, resume=True)
 
 
+def test_dp2_cp2_tp2_killed_and_resumed_bitwise(tmp_path):
+    """World 8 (dp 2 x all-gather cp 2 x tp 2): world rank 5 (TP rank 1 of a CP rank) killed in
+    step 3, resumed from step 2's checkpoint: bitwise the uninterrupted run (issue 30 item 7)."""
+    rollouts = synthetic_rollouts()
+    cfg = BASE.with_(dp=2, cp=2, tp=2, cp_impl="allgather", max_tokens_per_gpu=64,
+                     keep_last=4, label="dp2 cp2 tp2")
+    whole = run(cfg, rollouts, out_dir=tmp_path / "whole", progress=False)
+    with pytest.raises(TrainingError, match="rank 5 was killed by SIGKILL"):
+        run(cfg.with_(kill_at="mid_step:3", fail_rank=5), rollouts, out_dir=tmp_path / "cut",
+            progress=False)
+    out = _run_dir(tmp_path / "cut")
+    assert _steps(out) == [1, 2]
+    resumed = run(cfg, rollouts, out_dir=tmp_path / "cut", progress=False, resume=True)
+    assert resumed.meta["resumed_from_step"] == 2 and _steps(out) == [1, 2, 3, 4]
+    assert (whole.steps["layout"] == "dp2 cp2(allgather) pp1 tp2").all()
+    pd.testing.assert_frame_equal(resumed.steps.drop(columns=VOLATILE),
+                                  whole.steps.drop(columns=VOLATILE), check_exact=True)
+    p, q = resumed.params(4), whole.params(4)
+    assert p.keys() == q.keys() and all(torch.equal(p[k], q[k]) for k in p)
+
+
 def _copy_at_step_2(reference, root: Path) -> None:
     """The reference run's folder as it was when cut short after step 2's checkpoint."""
     out = root / reference.out_dir.name
