@@ -139,6 +139,18 @@ def test_killed_at_any_point_and_resumed_equals_the_uninterrupted_run_bitwise(tm
         run(cfg, synthetic_rollouts(seed=4), out_dir=root, progress=False, resume=True)
 
 
+def _whole_and_cut(cfg, rollouts, root: Path, rank: int):
+    """``cfg`` run whole, then again with world rank ``rank`` killed in step 3 (the launcher
+    names it); returns the whole run and the cut run's folder (steps 1 and 2 logged)."""
+    whole = run(cfg, rollouts, out_dir=root / "whole", progress=False)
+    with pytest.raises(TrainingError, match=f"rank {rank} was killed by SIGKILL"):
+        run(cfg.with_(kill_at="mid_step:3", fail_rank=rank), rollouts, out_dir=root / "cut",
+            progress=False)
+    out = _run_dir(root / "cut")
+    assert _steps(out) == [1, 2]
+    return whole, out
+
+
 def test_model_parallel_shards_checkpoint_and_resume_bitwise(tmp_path, reference):
     """tp 2 x pp 2: each (stage, TP rank) shard in the checkpoint; rank 3 (last stage, TP rank
     1) killed in step 3, resumed from step 2's shards: bitwise the uninterrupted tp 2 x pp 2
@@ -149,12 +161,7 @@ def test_model_parallel_shards_checkpoint_and_resume_bitwise(tmp_path, reference
 
     rollouts = synthetic_rollouts()
     cfg = BASE.with_(dp=1, pp=2, tp=2, keep_last=4, label="tp2 pp2")
-    whole = run(cfg, rollouts, out_dir=tmp_path / "whole", progress=False)
-    with pytest.raises(TrainingError, match="rank 3 was killed by SIGKILL"):
-        run(cfg.with_(kill_at="mid_step:3", fail_rank=3), rollouts, out_dir=tmp_path / "cut",
-            progress=False)
-    out = _run_dir(tmp_path / "cut")
-    assert _steps(out) == [1, 2]
+    whole, out = _whole_and_cut(cfg, rollouts, tmp_path, rank=3)
     ckpt = load_checkpoint(checkpoint_dirs(out / "checkpoints")[-1][1])
     assert [len(stage) for stage in ckpt["optimizer"]["stages"]] == [2, 2]
     assert {k.rsplit("/", 1)[0] for k in ckpt["model"]} == {
@@ -184,12 +191,7 @@ def test_dp2_cp2_tp2_killed_and_resumed_bitwise(tmp_path):
     rollouts = synthetic_rollouts()
     cfg = BASE.with_(dp=2, cp=2, tp=2, cp_impl="allgather", max_tokens_per_gpu=64,
                      keep_last=4, label="dp2 cp2 tp2")
-    whole = run(cfg, rollouts, out_dir=tmp_path / "whole", progress=False)
-    with pytest.raises(TrainingError, match="rank 5 was killed by SIGKILL"):
-        run(cfg.with_(kill_at="mid_step:3", fail_rank=5), rollouts, out_dir=tmp_path / "cut",
-            progress=False)
-    out = _run_dir(tmp_path / "cut")
-    assert _steps(out) == [1, 2]
+    whole, out = _whole_and_cut(cfg, rollouts, tmp_path, rank=5)
     resumed = run(cfg, rollouts, out_dir=tmp_path / "cut", progress=False, resume=True)
     assert resumed.meta["resumed_from_step"] == 2 and _steps(out) == [1, 2, 3, 4]
     assert (whole.steps["layout"] == "dp2 cp2(allgather) pp1 tp2").all()

@@ -360,23 +360,13 @@ PRELOAD_MODULES = (
 def preload() -> None:
     """Import what a CPU worker imports, in the torchrun agent that then forks the ranks
     (``torchrun --start-method=fork``, :mod:`varbatch_kit.train.runs.launch`): each rank starts
-    with them imported instead of paying about 2 s of CPU for its own imports. Nothing here
-    starts a thread or touches a device."""
-    import gc
-    import importlib
+    with them imported instead of paying about 2 s of CPU for its own imports. The same way
+    as the worker's own megatron import (:func:`~varbatch_kit.train.parallel.megatron_import.
+    import_megatron`: ``torch.compile`` deferred, the garbage collector paused, then frozen).
+    Nothing here starts a thread or touches a device."""
+    from varbatch_kit.train.parallel.megatron_import import WORKER_MODULES, import_megatron
 
-    from varbatch_kit.train.parallel.megatron_import import import_megatron
-
-    import_megatron()
-    collecting = gc.isenabled()
-    gc.disable()
-    try:
-        for name in PRELOAD_MODULES:
-            importlib.import_module(name)
-    finally:
-        if collecting:
-            gc.enable()
-    gc.freeze()
+    import_megatron(WORKER_MODULES + PRELOAD_MODULES)
 
 
 def main(argv: list[str] | None = None) -> int:
