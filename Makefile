@@ -30,19 +30,19 @@ SHARED_CACHES := VARBATCH_KIT_MODELS=$(CURDIR)/build/models VARBATCH_KIT_CACHE=$
 demo: $(STAMP)
 	$(SHARED_CACHES) $(PY) -m varbatch_kit.cli.demo --out build/demo
 
-# Three test sessions; every one always runs, the target fails when any does and prints how long
+# Four test sessions; every one always runs, the target fails when any does and prints how long
 # it all took. In the background from the start: the wheel test (mostly pip installing into two
 # fresh virtual environments: disk and network) and the browser tests (JupyterLab in headless
 # Chromium: mostly waiting on the server and the page), after scripts/ensure_chromium.sh, which
 # installs Debian's Chromium when it is missing and we are root and never fails the run (without
-# Chromium those tests skip). In the foreground, one session in two pytest-xdist workers: the
-# unit tier (pure CPU) and the integration tier together, so that neither worker waits at the
-# end of the unit tier. Tests that share an expensive fixture run in one worker (xdist_group
-# marks): the SmolLM2 float64 matrices, started first (the longest chain: about 470 s, never
-# two of their launches at once, for memory), then the tests marked start_early, then the rest. The browser tests run in a session of their own: their
+# Chromium those tests skip). In the foreground, one after the other: the unit tier (pure CPU)
+# and the integration tier, each in two pytest-xdist workers. In the integration tier, tests
+# that share an expensive fixture run in one worker (xdist_group marks): the SmolLM2 float64
+# matrices, started first (the longest chain; never two of their launches at once, for memory),
+# then the tests marked start_early. The browser tests run in a session of their own: their
 # Playwright keeps an asyncio loop in the main thread, so in a shared session they had to come
 # last, and one worker waited on them alone at the end. The background sessions' output follows
-# the tiers'.
+# the integration tier's.
 WHEEL_TEST := tests/integration/test_wheel.py
 BROWSER_TESTS := tests/integration/browser
 test: $(STAMP)
@@ -51,14 +51,15 @@ test: $(STAMP)
 	 $(PY) -m pytest -q -p no:cacheprovider $(BROWSER_TESTS)) > build/test-browser.log 2>&1 & \
 	  browser=$$!; \
 	$(PY) -m pytest -q -p no:cacheprovider $(WHEEL_TEST) > build/test-wheel.log 2>&1 & wheel=$$!; \
-	$(PY) -m pytest -q -n 2 --dist loadgroup tests/unit tests/integration \
-	  --ignore=$(WHEEL_TEST) --ignore=$(BROWSER_TESTS); tiers=$$?; \
+	$(PY) -m pytest -q -n 2 tests/unit; unit=$$?; \
+	$(PY) -m pytest -q -n 2 --dist loadgroup tests/integration --ignore=$(WHEEL_TEST) \
+	  --ignore=$(BROWSER_TESTS); integration=$$?; \
 	wait $$wheel; wheel=$$?; wait $$browser; browser=$$?; \
 	echo "== the wheel test, run beside the tiers ($(WHEEL_TEST)):"; cat build/test-wheel.log; \
 	echo "== the browser tests, run beside the tiers ($(BROWSER_TESTS)):"; \
 	  cat build/test-browser.log; \
-	echo "make test: $$(( $$(date +%s) - start )) s (unit and integration tiers: exit $$tiers, wheel: $$wheel, browser: $$browser)"; \
-	[ $$tiers = 0 ] && [ $$wheel = 0 ] && [ $$browser = 0 ]
+	echo "make test: $$(( $$(date +%s) - start )) s (unit tier: exit $$unit, wheel: $$wheel, browser: $$browser, integration: $$integration)"; \
+	[ $$unit = 0 ] && [ $$wheel = 0 ] && [ $$browser = 0 ] && [ $$integration = 0 ]
 
 # unit and property tests only: no notebooks, browser, torchrun or wheel build
 test-fast: $(STAMP)
