@@ -8,8 +8,8 @@ import torch
 
 from varbatch_kit.train.parallel.cp_attention import CPShare, all_gather_rows, cp_share_active
 
-__all__ = ['chunk_output', 'cp_response_logits', 'cp_response_stats', 'cp_stage_forward',
-           'local_inputs']
+__all__ = ['chunk_output', 'chunk_stats', 'cp_response_logits', 'cp_response_stats',
+           'cp_stage_forward', 'local_inputs']
 
 
 def local_inputs(batch, share: CPShare) -> dict:
@@ -101,3 +101,20 @@ def cp_response_stats(logits: torch.Tensor, batch, share: CPShare, *, temperatur
     full = all_gather_rows(local, share, share.max_response_rows, share.response_index)
     return {"logprob": full[:, 0], "entropy": full[:, 1] if entropy_grad else full[:, 1].detach(),
             "correct": full[:, 2].detach()}
+
+
+def chunk_stats(logits: torch.Tensor, batch, share: CPShare | None, *, tp_rank: int = 0,
+                tp_size: int = 1, temperature: float = 1.0,
+                entropy_grad: bool = False) -> dict[str, torch.Tensor]:
+    """The response tokens' statistics from :func:`chunk_output`'s logits: of the whole row
+    (:func:`~varbatch_kit.train.step.packed_batch.response_token_stats`), or (``share``,
+    all-gather CP) of the full responses gathered from the group's shares
+    (:func:`cp_response_stats`); vocab-parallel over the ``tp_size`` TP ranks."""
+    from varbatch_kit.train.parallel.tensor_parallel import vocab_shard
+    from varbatch_kit.train.step.packed_batch import response_token_stats
+
+    kw = dict(temperature=temperature, entropy_grad=entropy_grad,
+              **vocab_shard(logits, tp_rank=tp_rank, tp_size=tp_size))
+    if share is None:
+        return response_token_stats(logits, batch, at_response_rows=True, **kw)
+    return cp_response_stats(logits, batch, share, **kw)

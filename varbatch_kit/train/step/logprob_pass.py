@@ -81,7 +81,7 @@ def compute_log_probs(model, steps, rollouts, tokens, device, *, temperature: fl
     of the world calls it.
     """
     from varbatch_kit.train.parallel.cp_groups import share_for
-    from varbatch_kit.train.step.cp_response import chunk_output
+    from varbatch_kit.train.step.cp_response import chunk_output, chunk_stats
     from varbatch_kit.train.step.packed_batch import pack
 
     models = model if isinstance(model, list) else [model]
@@ -108,7 +108,8 @@ def compute_log_probs(model, steps, rollouts, tokens, device, *, temperature: fl
         if isinstance(model, list):  # pipeline stages
             _pipelined(models, items, keep, layout, temperature, tp)
         for rnd, batch, share in items if not isinstance(model, list) else ():
-            stats = _stats(chunk_output(model, batch, share), batch, share, temperature, tp)
+            stats = chunk_stats(chunk_output(model, batch, share), batch, share, **tp,
+                                temperature=temperature)
             if rnd.cp_rank:
                 continue  # the group's CP rank 0 keeps the micro-batch's log-probs
             keep(batch, stats["logprob"].cpu().numpy())
@@ -131,20 +132,6 @@ def _tp_of(layout, rank: int) -> dict:
     return {"tp_rank": layout.coords(rank).tp_rank, "tp_size": layout.tp}
 
 
-def _stats(logits, batch, share, temperature: float, tp: dict) -> dict:
-    """The response tokens' statistics of one micro-batch: the whole row's, or (all-gather CP)
-    the full responses gathered from the group's shares; vocab-parallel under tp > 1."""
-    from varbatch_kit.train.parallel.tensor_parallel import vocab_shard
-    from varbatch_kit.train.step.cp_response import cp_response_stats
-    from varbatch_kit.train.step.packed_batch import response_token_stats
-
-    shard = vocab_shard(logits, **tp)
-    if share is None:
-        return response_token_stats(logits, batch, at_response_rows=True,
-                                    temperature=temperature, **shard)
-    return cp_response_stats(logits, batch, share, temperature=temperature, **shard)
-
-
 def _pipelined(models, items, keep, layout, temperature, tp: dict) -> None:
     """The forward-only pipeline over ``items`` (``(round, batch, CP share or None)``,
     :mod:`~varbatch_kit.train.step.pipeline_schedule`); the last stage keeps the log-probs
@@ -154,7 +141,7 @@ def _pipelined(models, items, keep, layout, temperature, tp: dict) -> None:
     from megatron.core.utils import get_model_config
 
     from varbatch_kit.train.step import pipeline_schedule
-    from varbatch_kit.train.step.cp_response import chunk_output
+    from varbatch_kit.train.step.cp_response import chunk_output, chunk_stats
 
     if not items:
         return
@@ -172,7 +159,7 @@ def _pipelined(models, items, keep, layout, temperature, tp: dict) -> None:
         logits = chunk_output(model, batch, share)
 
         def loss_func(out):
-            lp = _stats(out, batch, share, temperature, tp)["logprob"]
+            lp = chunk_stats(out, batch, share, **tp, temperature=temperature)["logprob"]
             if not rnd.cp_rank:  # the group's CP rank 0 keeps the micro-batch's log-probs
                 keep(batch, lp.cpu().numpy())
             return torch.zeros((), device=out.device), {}

@@ -133,14 +133,13 @@ def train_step(layout, loss, faults, mode, model, optimizer, step, rollouts, dat
     from varbatch_kit.report.cp import slice_flat_responses_for_cp
     from varbatch_kit.report.objective import policy_objective
     from varbatch_kit.train.parallel.cp_groups import idle_round, rank_rounds, share_for
-    from varbatch_kit.train.parallel.tensor_parallel import vocab_shard
-    from varbatch_kit.train.step.cp_response import chunk_output, cp_response_stats
+    from varbatch_kit.train.step.cp_response import chunk_output, chunk_stats
     from varbatch_kit.train.step.microbatch_timer import (
         MicroBatchTimer,
         busy_and_straggler,
         gather_timings,
     )
-    from varbatch_kit.train.step.packed_batch import pack, response_token_stats
+    from varbatch_kit.train.step.packed_batch import pack
 
     t0 = time.perf_counter()
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -206,14 +205,11 @@ def train_step(layout, loss, faults, mode, model, optimizer, step, rollouts, dat
 
     def loss_func(batch, cp_size, cp_rank, share, logits):
         idx = [int(g) for g in batch.sample_indices]
-        stat_kw = dict(temperature=loss.rollout_temperature,
-                       entropy_grad=loss.entropy_coef != 0)
         # the full responses' values (all-gather CP: gathered from the group's shares;
         # tp > 1: vocab-parallel)
-        shard = vocab_shard(logits, tp_rank=here.tp_rank, tp_size=layout.tp)
-        stats = (response_token_stats(logits, batch, at_response_rows=True, **stat_kw, **shard)
-                 if share is None else cp_response_stats(logits, batch, share, **stat_kw,
-                                                         **shard))
+        stats = chunk_stats(logits, batch, share, tp_rank=here.tp_rank, tp_size=layout.tp,
+                            temperature=loss.rollout_temperature,
+                            entropy_grad=loss.entropy_coef != 0)
         splits = list(batch.response_lens)
         adv = _f64(inputs.advantages, idx)
         # every term of slime's policy loss on the full responses (train/objective docs)
