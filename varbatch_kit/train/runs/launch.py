@@ -67,7 +67,26 @@ __all__ = ["run", "run_many"]
 
 # ----------------------------------------------------------------------------- helpers
 def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+    """A port torchrun's store can bind, outside the kernel's ephemeral range: a port that the
+    kernel hands out (bind to port 0) is free now but may be taken by any outgoing connection
+    before torchrun binds it (seen: EADDRINUSE with two launches at once, their gloo
+    connections drawing from that range); below it, only another listener can take it."""
+    import random
+
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768  # Linux's default range starts here
+    ports = list(range(max(1024, low - 20000), low))
+    random.SystemRandom().shuffle(ports)
+    for port in ports[:200]:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:  # all tried are taken
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 

@@ -105,3 +105,18 @@ def test_cpu_workers_run_adam_with_torchs_fused_kernel():
         plain.step()
     for p, q in zip(params, twins):
         assert torch.allclose(p, q, rtol=1e-13, atol=1e-15)
+
+
+def test_the_master_port_is_free_and_outside_the_ephemeral_range():
+    """A port the kernel could hand to an outgoing connection (its ephemeral range) may be
+    taken before torchrun binds it; the launcher picks one below that range, free now."""
+    import socket
+
+    from varbatch_kit.train.runs.launch import _free_port
+
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    ports = [_free_port() for _ in range(20)]
+    assert all(1024 <= p < low for p in ports), ports
+    assert len(set(ports)) > 1  # drawn at random: two launches at once rarely meet
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", ports[0]))
