@@ -186,15 +186,16 @@ def test_model_parallel_shards_checkpoint_and_resume_bitwise(tmp_path, reference
 
 
 def test_dp2_cp2_tp2_killed_and_resumed_bitwise(tmp_path):
-    """World 8 (dp 2 x all-gather cp 2 x tp 2): world rank 5 (TP rank 1 of a CP rank) killed in
-    step 3, resumed from step 2's checkpoint: bitwise the uninterrupted run (issue 30 item 7)."""
+    """World 8 (dp 2 x all-gather cp 2 x tp 2, sequence parallel: tp's default): world rank 5
+    (TP rank 1 of a CP rank) killed in step 3, resumed from step 2's checkpoint: bitwise the
+    uninterrupted run (issue 30 item 7)."""
     rollouts = synthetic_rollouts()
     cfg = BASE.with_(dp=2, cp=2, tp=2, cp_impl="allgather", max_tokens_per_gpu=64,
                      keep_last=4, label="dp2 cp2 tp2")
     whole, out = _whole_and_cut(cfg, rollouts, tmp_path, rank=5)
     resumed = run(cfg, rollouts, out_dir=tmp_path / "cut", progress=False, resume=True)
     assert resumed.meta["resumed_from_step"] == 2 and _steps(out) == [1, 2, 3, 4]
-    assert (whole.steps["layout"] == "dp2 cp2(allgather) pp1 tp2").all()
+    assert (whole.steps["layout"] == "dp2 cp2(allgather) pp1 tp2 sp").all()
     pd.testing.assert_frame_equal(resumed.steps.drop(columns=VOLATILE),
                                   whole.steps.drop(columns=VOLATILE), check_exact=True)
     p, q = resumed.params(4), whole.params(4)

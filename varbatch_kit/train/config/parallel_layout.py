@@ -53,7 +53,9 @@ class ParallelLayout:
 
     ``dp``, ``cp``, ``pp``, ``vpp``, ``mb_group`` come from the schedule, ``tp`` and
     ``cp_impl`` from the :class:`~varbatch_kit.train.config.train_config.TrainConfig`;
-    ``cp_mode`` is the schedule's (``"fixed"`` or ``"dynamic"``). A run builds it once
+    ``cp_mode`` is the schedule's (``"fixed"`` or ``"dynamic"``); ``sp``: megatron's sequence
+    parallelism over the ``tp`` ranks (the activations outside attention and the MLP split
+    along the sequence; packed rows padded to a multiple of ``tp``). A run builds it once
     (``TrainConfig.layout``) and hands it to the model builders, the step and the log-prob
     pass: the tensor-parallel size and rank they use are this object's, never read back from
     megatron's parallel state.
@@ -67,12 +69,15 @@ class ParallelLayout:
     cp_impl: str = "allgather"
     cp_mode: str = "fixed"
     mb_group: int = 1
+    sp: bool = False
 
     def __post_init__(self) -> None:
         from varbatch_kit.checks import positive_int
 
         for name, what in _COUNTS.items():
             positive_int(name, getattr(self, name), note=f" ({what})", numpy=False)
+        if not isinstance(self.sp, bool):
+            raise ValueError(f"sp={self.sp!r}: give True or False (sequence parallelism)")
         if self.cp_impl not in CP_IMPLS:
             raise ValueError(f"cp_impl={self.cp_impl!r}: use one of {', '.join(CP_IMPLS)}")
 
@@ -108,16 +113,17 @@ class ParallelLayout:
 
     # ----------------------------------------------------------------- text
     def describe(self) -> str:
-        """``dp2 cp2(allgather) pp1 tp1``; ``vpp`` and the CP mode only when they matter."""
+        """``dp2 cp2(allgather) pp1 tp1``; ``vpp``, the CP mode and ``sp`` only when they
+        matter."""
         cp = f"cp{self.cp}"
         if self.cp > 1:
             cp += f"({self.cp_impl}{', dynamic' if self.cp_mode == 'dynamic' else ''})"
         pp = f"pp{self.pp}" + (f" vpp{self.vpp}" if self.vpp > 1 else "")
-        return f"dp{self.dp} {cp} {pp} tp{self.tp}"
+        return f"dp{self.dp} {cp} {pp} tp{self.tp}" + (" sp" if self.sp else "")
 
     def as_dict(self) -> dict:
         """The layout's fields plus ``world_size``, for step lines and summaries."""
-        return {"dp": self.dp, "cp": self.cp, "pp": self.pp, "vpp": self.vpp, "tp": self.tp,
+        return {"dp": self.dp, "cp": self.cp, "pp": self.pp, "vpp": self.vpp, "tp": self.tp, "sp": self.sp,
                 "cp_impl": self.cp_impl if self.cp > 1 else None, "world_size": self.world_size}
 
     # ----------------------------------------------------------------- what runs
@@ -140,5 +146,8 @@ class ParallelLayout:
                        "interleaved schedule runs micro-batches in groups of mb_group per "
                        f"virtual stage, at least pp; set mb_group >= {self.pp} (e.g. "
                        f"mb_group={self.pp})")
+        if self.sp and self.tp == 1:
+            out.append("sequence_parallel=True needs tp > 1 (it splits the sequence over the "
+                       "tensor-parallel ranks); set tp >= 2 or sequence_parallel=False")
         # parts being built: each line goes when its engine path lands
         return out

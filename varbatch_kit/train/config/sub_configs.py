@@ -318,7 +318,7 @@ class FaultConfig:
     exchange the CP invariance tests must catch (refused where it would act on nothing:
     cp 1, emulated CP, a rank not below cp).
 
-    Three more injected bugs, each one the layout-invariance matrix must catch
+    Four more injected bugs, each one the layout-invariance matrix must catch
     (``tests/integration/test_train_parallel.py``), each refused where it would
     change nothing:
 
@@ -331,6 +331,10 @@ class FaultConfig:
     ``microbatch_denominators`` (modes with per-rollout denominators): each
     micro-batch builds its samples' denominators over its own samples, not over
     the step (a rollout split over micro-batches gets too small a denominator).
+    ``sp_norm_grads_unreduced`` (sequence parallelism): the norms' parameters are not marked
+    sequence-parallel, so their gradients, each TP rank's from its slice of the sequence,
+    are not summed over the TP group (the bug of megatron's torch norm, which cannot be
+    marked).
     """
 
     fail_at_step: int | None = _f(None, "rank fail_rank raises at the start of this 1-based step")
@@ -347,13 +351,16 @@ class FaultConfig:
                                                 "counted as distinct tokens (an injected bug)")
     microbatch_denominators: bool = _f(False, "per-rollout denominators built per micro-batch, "
                                               "not per step (an injected bug)")
+    sp_norm_grads_unreduced: bool = _f(False, "sequence parallelism: the norms' gradients not "
+                                              "summed over the TP ranks (an injected bug)")
 
     def __post_init__(self) -> None:
         for name in ("fail_at_step", "hang_at_step", "disk_full_at_step"):
             need_int("faults", name, getattr(self, name), 1, optional=True)
         need_int("faults", "fail_rank", self.fail_rank, 0)
         need_int("faults", "cp_swap_chunks_rank", self.cp_swap_chunks_rank, 0, optional=True)
-        for name in ("stale_loss_prescale", "cp_duplicate_token_counts", "microbatch_denominators"):
+        for name in ("stale_loss_prescale", "cp_duplicate_token_counts", "microbatch_denominators",
+                     "sp_norm_grads_unreduced"):
             need_bool("faults", name, getattr(self, name))
         if self.kill_at is not None:
             point, _, step = str(self.kill_at).partition(":")

@@ -121,6 +121,10 @@ class TrainConfig:
                                   "share, K/V all-gathered; emulated = every CP rank runs the "
                                   "full forward, loss on its slice (the reference)",
                       choices=CP_IMPLS)
+    sequence_parallel: bool | None = _f(
+        None, "megatron's sequence parallelism over the tp ranks (norms and dropout on a "
+              "1/tp slice of the sequence, packed rows padded to a multiple of tp); None: on "
+              "when tp > 1, as slime runs tp (--sequence-parallel); True needs tp > 1")
     model: ModelConfig = field(default_factory=ModelConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     loss: LossConfig = field(default_factory=LossConfig)
@@ -144,6 +148,9 @@ class TrainConfig:
         get_report_mode(self.mode)
         if self.precision not in PRECISIONS:
             raise ValueError(f"precision={self.precision!r}: choose one of {PRECISIONS}")
+        if self.sequence_parallel not in (None, True, False):
+            raise ValueError(f"sequence_parallel={self.sequence_parallel!r}: give True, False or "
+                             "None (on when tp > 1)")
         # accepted and ignored would be a bug: a layout the engine cannot run is refused here,
         # once (building the layout checks its sizes and cp_impl); the pipeline's depth here
         # when the config gives it, else once the checkpoint is read (plan_runs), and tp's
@@ -182,6 +189,10 @@ class TrainConfig:
                              f"{self.cp_impl!r}: it acts on the K/V exchange of all-gather CP, "
                              "on a CP rank in [0, cp); use cp >= 2, cp_impl='allgather' and a "
                              f"rank below {max(self.cp, 2)}")
+        if f.sp_norm_grads_unreduced and not self.layout.sp:
+            raise ValueError("faults.sp_norm_grads_unreduced without sequence parallelism: it "
+                             "acts on the norms' gradients of a sequence-parallel run; use tp >= 2 "
+                             "with sequence_parallel on")
         if f.microbatch_denominators and mode.denominators != "rollout":
             raise ValueError(f"faults.microbatch_denominators with mode={self.mode!r}: its "
                              "denominators do not depend on the other samples of the step; use "
@@ -213,8 +224,10 @@ class TrainConfig:
         (:class:`~varbatch_kit.train.config.parallel_layout.ParallelLayout`), built (and
         checked) once per configuration."""
         s = self.schedule
+        sp = self.tp > 1 if self.sequence_parallel is None else self.sequence_parallel
         return ParallelLayout(dp=s.dp, cp=s.cp, pp=s.pp, vpp=s.vpp, tp=self.tp,
-                              cp_impl=self.cp_impl, cp_mode=s.cp_mode, mb_group=s.mb_group)
+                              cp_impl=self.cp_impl, cp_mode=s.cp_mode, mb_group=s.mb_group,
+                              sp=sp)
 
     @property
     def world_size(self) -> int:
@@ -248,6 +261,7 @@ class TrainConfig:
         cp = f"cp{s.cp}" + ("" if len(s.cp_degrees) == 1 else f" {s.cp_mode}")
         more = "".join(f" {k}{v}" for k, v in (("pp", s.pp), ("vpp", s.vpp), ("tp", self.tp))
                        if v > 1)
+        more += " no-sp" if self.tp > 1 and not self.layout.sp else ""
         more += "" if self.precision == "fp32" else f" {self.precision}"
         return f"dp{s.dp} {cp}{more} {s.packing}/{s.distribution} {self.mode}"
 
@@ -299,7 +313,7 @@ class TrainConfig:
         s = self.schedule
         return {
             "label": self.name, "dp": s.dp, "cp": s.cp, "cp_mode": s.cp_mode, "pp": s.pp,
-            "vpp": s.vpp, "tp": self.tp, "cp_impl": self.cp_impl if s.cp > 1 else None,
+            "vpp": s.vpp, "tp": self.tp, "sequence_parallel": self.layout.sp, "cp_impl": self.cp_impl if s.cp > 1 else None,
             "world_size": self.world_size, "precision": self.precision,
             "packing": s.packing,
             "distribution": s.distribution, "global_batch_size": s.global_batch_size,

@@ -198,7 +198,11 @@ class PerSampleAttention(MegatronModule):
                              "gives [T, heads, head_dim]")
         share = current_share()  # all-gather CP: this rank's zigzag share (train/cp_attention)
         if share is not None:
-            out = cp_core_attention(query, key, value, share, self.softmax_scale)
+            n = sum(share.local_lengths())  # then a pad segment (sequence parallelism), alone
+            out = cp_core_attention(query[:n], key[:n], value[:n], share, self.softmax_scale)
+            if query.size(0) > n:
+                out = torch.cat([out, segment_attention(query[n:], key[n:], value[n:],
+                                                        lengths[-1:], self.softmax_scale)])
         else:
             out = segment_attention(query, key, value, lengths, self.softmax_scale)
         return out.reshape(out.size(0), -1)  # [T, h*d]; megatron adds the batch dim of 1
@@ -226,7 +230,9 @@ def _segment_lengths(params, total: int) -> list[int]:
 
 def local_layer_spec(*, qk_layernorm: bool = False, per_sample: bool = True,
                      normalization: str = "LayerNorm", **kwargs: Any):
-    """megatron-core's local GPT layer spec, core attention replaced by :class:`PerSampleAttention`.
+    """megatron-core's local GPT layer spec, core attention replaced by :class:`PerSampleAttention`
+    and the norms by :class:`~varbatch_kit.train.model.norms.TorchNorm` (the same torch modules,
+    usable under sequence parallelism).
 
     ``qk_layernorm`` and ``normalization`` (``"LayerNorm"`` or ``"RMSNorm"``;
     the ``TransformerConfig`` must say the same) and any other keyword go to
@@ -236,6 +242,9 @@ def local_layer_spec(*, qk_layernorm: bool = False, per_sample: bool = True,
     ``thd`` path).
     """
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    from megatron.core.transformer.identity_op import IdentityOp
+
+    from varbatch_kit.train.model.norms import TorchNorm
 
     if normalization not in ("LayerNorm", "RMSNorm"):
         raise ValueError(f"normalization={normalization!r}: use 'LayerNorm' or 'RMSNorm'")
@@ -247,5 +256,12 @@ def local_layer_spec(*, qk_layernorm: bool = False, per_sample: bool = True,
     if not per_sample:
         return spec
     spec = copy.deepcopy(spec)
-    spec.submodules.self_attention.submodules.core_attention = PerSampleAttention
+    layer = spec.submodules
+    attention = layer.self_attention.submodules
+    attention.core_attention = PerSampleAttention
+    # torch's norms, marked for sequence parallelism (megatron's WrappedTorchNorm refuses it)
+    layer.input_layernorm = layer.pre_mlp_layernorm = TorchNorm
+    for name in ("q_layernorm", "k_layernorm"):
+        if getattr(attention, name) is not IdentityOp:
+            setattr(attention, name, TorchNorm)
     return spec

@@ -25,7 +25,7 @@ import torch
 
 from varbatch_kit.train.config.model_config import ResolvedModel
 
-__all__ = ["build_gpt", "layer_spec", "transformer_config", "wrap_precision"]
+__all__ = ["block_spec", "build_gpt", "layer_spec", "transformer_config", "wrap_precision"]
 
 
 def layer_spec(*, normalization: str = "LayerNorm", qk_layernorm: bool = False):
@@ -44,6 +44,23 @@ def layer_spec(*, normalization: str = "LayerNorm", qk_layernorm: bool = False):
     return local_layer_spec(normalization=normalization, qk_layernorm=qk_layernorm)
 
 
+def block_spec(layer, config, vp_stage: int | None = None):
+    """The transformer block of one model chunk: ``layer`` (:func:`layer_spec`) for each layer
+    this pipeline stage builds (megatron's count), and the final norm as
+    :class:`~varbatch_kit.train.model.norms.TorchNorm` (megatron would pick
+    ``WrappedTorchNorm``, which refuses sequence parallelism)."""
+    from megatron.core.transformer.transformer_block import (
+        TransformerBlockSubmodules,
+        get_num_layers_to_build,
+    )
+
+    from varbatch_kit.train.model.norms import TorchNorm
+
+    return TransformerBlockSubmodules(
+        layer_specs=[layer] * get_num_layers_to_build(config, vp_stage=vp_stage),
+        layer_norm=TorchNorm)
+
+
 def _check(model) -> None:
     if not isinstance(model, ResolvedModel):
         raise ValueError(  # noqa: TRY004 - user errors are ValueError (docs/architecture.md)
@@ -51,15 +68,15 @@ def _check(model) -> None:
             "(varbatch_kit.train.config.model_config.resolve_model(ModelConfig(...)))")
 
 
-def _common(per_token_loss: bool, precision: str, tp: int) -> dict:
+def _common(per_token_loss: bool, precision: str, layout) -> dict:
     """TransformerConfig settings shared by both kinds: deterministic, built in float32 on
     CPU too (``precision="bf16"`` sets megatron's ``bf16``: :func:`wrap_precision` then
     casts the built model, whose weights were made or loaded in float32); the
-    tensor-parallel size ``tp`` of the run's layout."""
+    tensor-parallel size and sequence parallelism of the run's layout (None: neither)."""
     return dict(
         bf16=precision == "bf16",
-        tensor_model_parallel_size=tp,
-        sequence_parallel=False,
+        tensor_model_parallel_size=1 if layout is None else layout.tp,
+        sequence_parallel=False if layout is None else layout.sp,
         hidden_dropout=0.0,
         attention_dropout=0.0,
         params_dtype=torch.float32,
@@ -82,8 +99,8 @@ def transformer_config(model: ResolvedModel, *, layout=None, per_token_loss: boo
     CPU initialisation (so the initial weights are the same on CPU and GPU for a
     given seed, and under every tensor-parallel size: megatron draws the full
     master weight and keeps this rank's shard, :mod:`~varbatch_kit.train.parallel.tensor_parallel`);
-    the tensor-parallel size is ``layout.tp`` (a
-    :class:`~varbatch_kit.train.config.parallel_layout.ParallelLayout`; None: 1).
+    the tensor-parallel size is ``layout.tp`` and sequence parallelism ``layout.sp`` (a
+    :class:`~varbatch_kit.train.config.parallel_layout.ParallelLayout`; None: 1, off).
     ``per_token_loss`` sets ``calculate_per_token_loss`` (Megatron's per-token
     path, used by the ``per_token`` report mode). For a checkpoint
     the shape, norms, MLP and attention options come from its ``config.json``
@@ -101,7 +118,7 @@ def transformer_config(model: ResolvedModel, *, layout=None, per_token_loss: boo
             hidden_size=model.hidden_size,
             num_attention_heads=model.num_attention_heads,
             ffn_hidden_size=model.ffn_hidden_size,
-            **_common(per_token_loss, precision, tp),
+            **_common(per_token_loss, precision, layout),
         )
     import torch.nn.functional as F
 
@@ -125,7 +142,7 @@ def transformer_config(model: ResolvedModel, *, layout=None, per_token_loss: boo
         # marks its split parameters (tensor_model_parallel, partition_dim / stride: the grad
         # norm, the loader's and the gather's splits) only when it initialises them
         perform_initialization=tp > 1,
-        **_common(per_token_loss, precision, tp),
+        **_common(per_token_loss, precision, layout),
     )
 
 
@@ -154,10 +171,11 @@ def build_gpt(model: ResolvedModel, *, max_seq_len: int, layout=None, world_rank
         config = transformer_config(model, layout=layout, per_token_loss=per_token_loss,
                                     precision=precision)
     stage = dict(stage or {})
+    vp_stage = stage.get("vp_stage")
     if model.is_toy:
         return GPTModel(
-            config=config,
-            transformer_layer_spec=layer_spec(),  # per-sample attention (attention.py)
+            config=config,  # per-sample attention (attention.py), torch norms (norms.py)
+            transformer_layer_spec=block_spec(layer_spec(), config, vp_stage),
             vocab_size=model.vocab_size,
             max_sequence_length=max_seq_len,
             position_embedding_type="learned_absolute",
@@ -175,7 +193,8 @@ def build_gpt(model: ResolvedModel, *, max_seq_len: int, layout=None, world_rank
             "the window (where it equals full causal attention)")
     gpt = GPTModel(
         config=config,
-        transformer_layer_spec=layer_spec(normalization="RMSNorm", qk_layernorm=spec.qk_norm),
+        transformer_layer_spec=block_spec(
+            layer_spec(normalization="RMSNorm", qk_layernorm=spec.qk_norm), config, vp_stage),
         vocab_size=spec.vocab_size,
         max_sequence_length=max_seq_len,
         position_embedding_type="rope",

@@ -61,6 +61,10 @@ PATCHED_MODULES: tuple[str, ...] = (
     "megatron.core.optimizer.clip_grads",  # grad-norm scratch tensors on device="cuda"
     # pipeline p2p: shape / receive buffers on current_device(), torch.cuda.synchronize()
     "megatron.core.pipeline_parallel.p2p_communication",
+    # sequence parallelism: gather / reduce-scatter outputs on current_device()
+    "megatron.core.tensor_parallel.mappings",
+    # sequence parallelism: the linear layers' backward reduce-scatter buffer on current_device()
+    "megatron.core.tensor_parallel.layers",
 )
 
 # (module, function name) -> replacement factory; the function is replaced in that module only.

@@ -147,6 +147,13 @@ def train(cfg: TrainConfig, model_spec, steps: list, log_prob_steps: list, rollo
                         per_token_loss=mode.megatron_per_token_loss,
                         precision=cfg.precision).to(device)
         chunks = [gpt]
+    if faults.sp_norm_grads_unreduced:  # an injected bug: the norms' gradients stay partial
+        from varbatch_kit.train.model.norms import mark_sequence_parallel
+
+        for c in chunks:
+            for m in c.modules():
+                if isinstance(m, (torch.nn.LayerNorm, torch.nn.RMSNorm)):
+                    mark_sequence_parallel(m, False)
     # saved parameters / gradients go to rank 0: without pipelining only its TP group (pool
     # rank 0) gathers them (each dp / cp replica's copy, the size of the model, was dropped)
     saver = stage is not None or layout.coords(rank).pool_rank == 0

@@ -12,46 +12,35 @@ __all__ = ['chunk_output', 'chunk_stats', 'cp_response_logits', 'cp_response_sta
            'cp_stage_forward', 'local_inputs']
 
 
-def local_inputs(batch, share: CPShare) -> dict:
+def local_inputs(batch, share: CPShare, multiple: int = 1) -> dict:
     """The local row's ``input_ids``, ``position_ids`` (original positions) and
-    ``packed_seq_params`` (per-sample local lengths)."""
-    from megatron.core.packed_seq_params import PackedSeqParams
+    ``packed_seq_params`` (per-sample local lengths); under sequence parallelism
+    (``multiple``: tp) a pad segment after them
+    (:func:`~varbatch_kit.train.step.sequence_parallel.padded_row`)."""
+    from varbatch_kit.train.step.sequence_parallel import padded_row, thd_params
 
     rows = share.local_row.to(batch.tokens.device)
-    lens = share.local_lengths()
-    cu = torch.tensor([0] + list(torch.tensor(lens).cumsum(0).tolist()), dtype=torch.int32,
-                      device=batch.tokens.device)
-    longest = max(lens)
-    params = PackedSeqParams(qkv_format="thd", cu_seqlens_q=cu, cu_seqlens_kv=cu,
-                             max_seqlen_q=longest, max_seqlen_kv=longest)
-    return {"input_ids": batch.tokens[:, rows], "position_ids": batch.position_ids[:, rows],
-            "attention_mask": None, "packed_seq_params": params}
+    ids, pos, lens = padded_row(batch.tokens[:, rows], batch.position_ids[:, rows],
+                                share.local_lengths(), multiple)
+    return {"input_ids": ids, "position_ids": pos, "attention_mask": None,
+            "packed_seq_params": thd_params(lens, batch.tokens.device)}
 
 
 def cp_response_logits(model, batch, share: CPShare) -> torch.Tensor:
     """``model`` on this rank's share of ``batch``: logits ``[1, n, V]`` of the local rows
     that predict response tokens (see :attr:`CPShare.response_rows`)."""
-    from varbatch_kit.train.step.packed_batch import unwrap_model
+    from varbatch_kit.train.step.sequence_parallel import keep_rows_at_output
 
-    rows = share.local_response_rows.to(batch.tokens.device)
-    layer = unwrap_model(model).output_layer
-
-    def keep_response_rows(_module, args, kwargs):
-        return (args[0].index_select(0, rows), *args[1:]), kwargs
-
-    inputs = local_inputs(batch, share)
-    handle = layer.register_forward_pre_hook(keep_response_rows, with_kwargs=True)
-    try:
-        with cp_share_active(share):
-            return model(inputs.pop("input_ids"), inputs.pop("position_ids"), **inputs)
-    finally:
-        handle.remove()
+    with keep_rows_at_output(model, share.local_response_rows.to(batch.tokens.device)):
+        return cp_stage_forward(model, batch, share)
 
 
 def cp_stage_forward(model, batch, share: CPShare) -> torch.Tensor:
-    """A pipeline stage that does not end the model (its input arrives from the previous
-    stage) on this rank's share of ``batch``: the hidden states of the local rows."""
-    inputs = local_inputs(batch, share)
+    """``model`` (a whole model, or a pipeline stage whose input arrives from the previous
+    stage) on this rank's share of ``batch``: the output of the local rows."""
+    from varbatch_kit.train.step.sequence_parallel import pad_multiple
+
+    inputs = local_inputs(batch, share, pad_multiple(model))
     with cp_share_active(share):
         return model(inputs.pop("input_ids"), inputs.pop("position_ids"), **inputs)
 
@@ -67,7 +56,10 @@ def chunk_output(model, batch, share: CPShare | None, *, post_process: bool = Tr
         return (response_logits(model, batch) if share is None
                 else cp_response_logits(model, batch, share))
     if share is None:
-        return model(batch.tokens, batch.position_ids, **batch.model_inputs())
+        from varbatch_kit.train.step.sequence_parallel import pad_multiple
+
+        input_ids, position_ids, kwargs = batch.model_args(pad_multiple(model))
+        return model(input_ids, position_ids, **kwargs)
     return cp_stage_forward(model, batch, share)
 
 

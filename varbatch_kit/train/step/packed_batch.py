@@ -127,6 +127,22 @@ class PackedBatch:
             return {"attention_mask": None, "packed_seq_params": self.packed_seq_params}
         return {"attention_mask": self.dense_mask, "packed_seq_params": None}
 
+    def model_args(self, multiple: int = 1) -> tuple[torch.Tensor, torch.Tensor, dict]:
+        """``(input_ids, position_ids, kwargs)`` for ``GPTModel.forward``; the row padded to a
+        multiple of ``multiple`` (sequence parallelism:
+        :func:`~varbatch_kit.train.step.sequence_parallel.padded_row`, a pad segment of its own
+        that no response row reads)."""
+        from varbatch_kit.train.step.sequence_parallel import padded_row, thd_params
+
+        ids, pos, lengths = padded_row(self.tokens, self.position_ids, self.lengths, multiple)
+        if len(lengths) == len(self.lengths):
+            return self.tokens, self.position_ids, self.model_inputs()
+        if self.attention == "per_sample":
+            return ids, pos, {"attention_mask": None,
+                              "packed_seq_params": thd_params(lengths, self.tokens.device)}
+        return ids, pos, {"attention_mask": block_causal_mask(lengths, self.tokens.device),
+                          "packed_seq_params": None}
+
     def response_positions(self) -> torch.Tensor:
         """Row positions of the logits that predict each response token (samples concatenated)."""
         pos = [
@@ -205,19 +221,15 @@ def response_logits(model, batch: PackedBatch) -> torch.Tensor:
     large vocabulary, e.g. SmolLM2's 576 x 49152) runs on those rows only: a
     forward pre-hook on megatron-core's ``output_layer`` selects them from the
     decoder's ``[T, 1, H]`` hidden states. Each row's logits are the same
-    computation as in the full forward; prompt rows are skipped.
+    computation as in the full forward; prompt rows are skipped. Under sequence parallelism
+    the row is padded to a multiple of tp and the rows are picked from the gathered sequence
+    (:mod:`~varbatch_kit.train.step.sequence_parallel`).
     """
-    rows = batch.response_positions()
-    layer = unwrap_model(model).output_layer
+    from varbatch_kit.train.step.sequence_parallel import keep_rows_at_output, pad_multiple
 
-    def keep_response_rows(_module, args, kwargs):
-        return (args[0].index_select(0, rows), *args[1:]), kwargs
-
-    handle = layer.register_forward_pre_hook(keep_response_rows, with_kwargs=True)
-    try:
-        return model(batch.tokens, batch.position_ids, **batch.model_inputs())
-    finally:
-        handle.remove()
+    input_ids, position_ids, kwargs = batch.model_args(pad_multiple(model))
+    with keep_rows_at_output(model, batch.response_positions()):
+        return model(input_ids, position_ids, **kwargs)
 
 
 def response_token_stats(logits: torch.Tensor, batch: PackedBatch, *,

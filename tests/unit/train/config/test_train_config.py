@@ -442,4 +442,29 @@ def test_a_4d_layout_with_context_parallelism_is_a_run():
     cfg = TrainConfig(tp=2, schedule=ScheduleConfig(dp=2, cp=2, pp=2, global_batch_size=4,
                                                   max_tokens_per_gpu=256))
     assert cfg.world_size == 16 and cfg.layout.unsupported() == []
-    assert cfg.layout.describe() == "dp2 cp2(allgather) pp2 tp2"
+    assert cfg.layout.describe() == "dp2 cp2(allgather) pp2 tp2 sp"  # sequence parallel: tp's
+
+
+def test_sequence_parallelism_is_on_with_tensor_parallelism_unless_turned_off():
+    """slime's layouts run tp with --sequence-parallel: None means on when tp > 1; True at tp 1
+    (nothing to split the sequence over) is refused, not ignored."""
+    assert not TrainConfig().layout.sp
+    on = TrainConfig(tp=2)
+    assert on.layout.sp and on.summary()["sequence_parallel"] and "no-sp" not in on.name
+    off = TrainConfig(tp=2, sequence_parallel=False)
+    assert not off.layout.sp and " tp2 no-sp " in off.name
+    assert off.layout.describe() == "dp1 cp1 pp1 tp2"
+    with pytest.raises(ValueError, match=r"sequence_parallel=True needs tp > 1"):
+        TrainConfig(sequence_parallel=True)
+    with pytest.raises(ValueError, match=r"sequence_parallel='yes': give True, False or None"):
+        TrainConfig(tp=2, sequence_parallel="yes")
+
+
+def test_the_sequence_parallel_fault_is_refused_where_it_would_change_nothing():
+    from varbatch_kit.train.config.sub_configs import FaultConfig
+
+    bug = FaultConfig(sp_norm_grads_unreduced=True)
+    TrainConfig(tp=2, faults=bug)
+    for cfg in (dict(), dict(tp=2, sequence_parallel=False)):
+        with pytest.raises(ValueError, match=r"sp_norm_grads_unreduced without sequence "):
+            TrainConfig(faults=bug, **cfg)

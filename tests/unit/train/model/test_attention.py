@@ -303,8 +303,19 @@ def test_local_layer_spec_and_its_refusals(megatron_process):
     assert dense.submodules.self_attention.submodules.core_attention is DotProductAttention
     rms = local_layer_spec(normalization="RMSNorm", qk_layernorm=True)
     stock = get_gpt_layer_local_spec(normalization="RMSNorm", qk_layernorm=True)
-    assert rms.submodules.self_attention.submodules.q_layernorm is \
-        stock.submodules.self_attention.submodules.q_layernorm
+    # every norm megatron's spec has is torch's, through TorchNorm (sequence-parallel marks)
+    from megatron.core.transformer.identity_op import IdentityOp
+
+    from varbatch_kit.train.model.norms import TorchNorm
+
+    for built, theirs in ((rms, stock), (spec, get_gpt_layer_local_spec())):
+        for name in ("input_layernorm", "pre_mlp_layernorm"):
+            assert getattr(built.submodules, name) is TorchNorm
+        for name in ("q_layernorm", "k_layernorm"):
+            ours = getattr(built.submodules.self_attention.submodules, name)
+            stock_norm = getattr(theirs.submodules.self_attention.submodules, name)
+            assert ours is (IdentityOp if stock_norm is IdentityOp else TorchNorm)
+    assert rms.submodules.self_attention.submodules.q_layernorm is TorchNorm
     # megatron's own spec is not modified by ours
     assert get_gpt_layer_local_spec().submodules.self_attention.submodules.core_attention \
         is DotProductAttention

@@ -140,6 +140,6 @@ def test_per_sample_attention_runs_on_its_head_shard():
 def test_tp_is_a_layout_the_engine_runs():
     cfg = TrainConfig().with_(tp=2, dp=2)
     assert cfg.world_size == 4 and cfg.layout.unsupported() == []
-    assert cfg.layout.describe() == "dp2 cp1 pp1 tp2" and cfg.name.startswith("dp2 cp1 tp2 ")
+    assert cfg.layout.describe() == "dp2 cp1 pp1 tp2 sp" and cfg.name.startswith("dp2 cp1 tp2 ")
     # checkpoints hold each TP rank's shard (tests/integration/test_train_fault.py)
     assert TrainConfig().with_(tp=2, save_every=2).checkpoint.save_every == 2
