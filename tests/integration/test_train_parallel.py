@@ -28,7 +28,8 @@ be within ``FP32_MULTIPLE`` times that floor (never below fp32's epsilon).
 **The tests bite.** Injected bugs (:class:`~varbatch_kit.train.config.sub_configs.FaultConfig`),
 each on data where it shows (the two steps have different micro-batch counts
 in every fixed layout): a stale loss prescale under pp 2, CP-duplicated token
-counts, per-micro-batch denominators, a swapped K/V chunk in all-gather CP.
+counts, per-micro-batch denominators, a swapped K/V chunk in all-gather CP, the norms'
+gradients of a sequence-parallel run not summed over the TP ranks.
 Each must leave dp 1 by at least ``BUG_MARGIN`` times ``TOL``; the naive mode
 must drift where the micro-batches change.
 
@@ -54,7 +55,8 @@ from varbatch_kit.train.step.train_step import report_keys
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(900)]
 
 MODES = ("per_rollout_mean", "per_token")
-#: name -> what differs from dp 1 (TrainConfig.with_ names)
+#: name -> what differs from dp 1 (TrainConfig.with_ names). Every tp layout runs sequence
+#: parallelism (tp's default, as slime runs tp); "tp2 no-sp" (toy only) runs tp without it
 LAYOUTS = {
     "dp1": {},
     "tp2": dict(tp=2),
@@ -69,6 +71,7 @@ LAYOUTS = {
 #: trained on the toy GPT only: dynamic CP with tp and with pp (the SmolLM2 matrix, the suite's
 #: longest chain of launches, trains the fixed pp 2 x cp 2; its 9 heads refuse tp 2 anyway)
 TOY_ONLY = {
+    "tp2 no-sp": dict(tp=2, sequence_parallel=False),
     "tp2 cp2 dynamic": dict(tp=2, cp=2, cp_mode="dynamic", cp_impl="allgather"),
     "pp2 cp2 dynamic": dict(pp=2, cp=2, cp_mode="dynamic", cp_impl="allgather"),
     # world 8: three kinds of parallelism in one run (dynamic CP: fixed CP gives every rank 2
@@ -88,6 +91,8 @@ BUGS = {
     "per-micro-batch denominators": ("dp1", "per_rollout_mean",
                                      dict(microbatch_denominators=True)),
     "K/V chunk swap": ("cp2 allgather", "per_rollout_mean", dict(cp_swap_chunks_rank=1)),
+    "SP norm gradients not summed over TP": ("tp2", "per_rollout_mean",
+                                            dict(sp_norm_grads_unreduced=True)),
 }
 #: the fp32 row: fp32 dp 1 and its reordered twin give the floor, cp 2 is checked
 FP32_LAYOUT = "cp2 allgather"

@@ -18,7 +18,8 @@ Examples::
 The training flags are generated from :class:`~varbatch_kit.train.TrainConfig`'s
 fields and carry their names, words joined by dashes: ``--GROUP.FIELD`` for a
 sub-config's field (``--optim.lr``, ``--run.timeout-s``, ``--model.num-layers``),
-``--mode``, ``--tp``, ``--cp-impl``, ``--precision``; the layout flags are
+``--mode``, ``--tp``, ``--sequence-parallel`` (``--no-sequence-parallel``), ``--cp-impl``,
+``--precision``; the layout flags are
 ScheduleConfig's fields (``--dp``, ``--cp``, ``--pp``, ``--vpp``, ``--mb-group``,
 ``--global-batch-size``). Both commands take the same options; ``compare`` accepts
 several values for ``--dp``, ``--cp``, ``--pp``, ``--vpp``, ``--mb-group``, ``--tp``,

@@ -109,7 +109,7 @@ def test_every_flag_sets_its_field_and_nothing_else(cmd, where, value):
 
 def test_the_table_covers_every_mapped_flag():
     tested = {shlex.split(c)[0] for c, _, _ in MAPPED}
-    assert tested == {m.flag for m in TRAIN_FLAGS}
+    assert tested == {m.flag for m in TRAIN_FLAGS if m.section != "layout"}  # below
 
 
 def test_the_issues_example():
@@ -202,6 +202,25 @@ def test_tensor_parallelism_from_the_flags_reaches_the_engine():
                                        "--actor-num-gpus-per-node 4", base=BASE)
     assert (cfg.tp, cfg.dp, cfg.world_size) == (2, 2, 4)
     assert train_config_from_slime_args("--global-batch-size 4", base=BASE).tp == 1
+
+
+@pytest.mark.parametrize("cmd,sp", [
+    ("--global-batch-size 4 --actor-num-gpus-per-node 2 --tensor-model-parallel-size 2 "
+     "--sequence-parallel", True),
+    ("--global-batch-size 4 --actor-num-gpus-per-node 2 --tensor-model-parallel-size 2",
+     False),  # slime without the flag
+    ("--global-batch-size 4 --tensor-model-parallel-size 1 --sequence-parallel", False),
+    ("--sequence-parallel", False),  # base's tp 1: megatron turns it off
+    ("--global-batch-size 4", None),  # neither flag: base's
+])
+def test_sequence_parallelism_from_the_flags_follows_megatrons_rule(cmd, sp):
+    """``--sequence-parallel`` runs sequence parallelism with tp > 1; megatron turns it off at
+    tp 1; a slime command line that sets tp without the flag runs tp without it."""
+    cfg = _quiet(cmd)
+    assert cfg.sequence_parallel is sp
+    assert cfg.layout.sp is (cfg.tp > 1 if sp is None else sp)
+    on = TrainConfig(tp=2)
+    assert _quiet("--sequence-parallel", base=on).layout.sp
 
 
 @pytest.mark.parametrize("cmd,match", [
@@ -405,6 +424,9 @@ def _flags_of(cfg: TrainConfig) -> list[str]:
     for m in TRAIN_FLAGS:
         if m.section == "mode":
             out += [m.flag] if cfg.mode == "per_token" else []
+            continue
+        if m.section == "layout":
+            out += [m.flag] if getattr(cfg, m.field) else []
             continue
         v = getattr(getattr(cfg, m.section), m.field)
         action = m.kwargs.get("action")

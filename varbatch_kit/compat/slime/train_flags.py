@@ -49,6 +49,10 @@ slime flag                              TrainConfig field
 ``--clip-grad``                         ``optim.clip_grad``
 ``--calculate-per-token-loss``          ``mode = "per_token"``
 ``--tensor-model-parallel-size``        ``tp``
+``--sequence-parallel``                 ``sequence_parallel`` (megatron's rule:
+                                        off at tp 1; with
+                                        ``--tensor-model-parallel-size`` and
+                                        without this flag, off)
 the schedule flags                      ``schedule``, by
                                         :func:`~varbatch_kit.compat.slime.schedule_config_from_slime_args`
 ======================================  =======================================
@@ -155,8 +159,9 @@ def _tis_function(path: str | None) -> str:
 class MappedFlag:
     """A slime flag the training config reads: ``section.field`` gets its (converted) value.
 
-    ``section`` is a ``TrainConfig`` sub-config (``loss``, ``data``, ``optim``) or
-    ``mode``; ``kwargs`` are its argparse keyword arguments; ``none_is_value``:
+    ``section`` is a ``TrainConfig`` sub-config (``loss``, ``data``, ``optim``), ``mode`` or
+    ``layout`` (a ``TrainConfig`` field of the layout, set with ``tp``); ``kwargs`` are its
+    argparse keyword arguments; ``none_is_value``:
     slime's default is None and means something (a namespace's None sets it).
     """
 
@@ -230,6 +235,7 @@ TRAIN_FLAGS: tuple[MappedFlag, ...] = (
     _mapped("optim", "--adam-eps", float),
     _mapped("optim", "--clip-grad", float),
     _mapped("mode", "--calculate-per-token-loss", "true", name="mode"),
+    _mapped("layout", "--sequence-parallel", "true"),
 )
 
 
@@ -378,6 +384,8 @@ def train_config_from_slime_args(flags: Any, base: TrainConfig | None = None) ->
         value = given[row.dest]
         if value is None and not row.none_is_value:
             continue  # a namespace's "unset": base's value stays
+        if row.section == "layout":
+            continue  # with tp, below
         if row.section == "mode":
             if value is True:
                 mode = "per_token"
@@ -399,9 +407,15 @@ def train_config_from_slime_args(flags: Any, base: TrainConfig | None = None) ->
         schedule = schedule_config_from_slime_args(
             namespace if not parsed else argparse.Namespace(**given))
     tp = base.tp  # the schedule counted it in dp (GPUs / tp*pp*cp); the engine runs it too
+    sp = base.sequence_parallel
     if given.get("tensor_model_parallel_size") is not None:
         tp = int(given["tensor_model_parallel_size"])
+    if given.get("tensor_model_parallel_size") is not None or \
+            given.get("sequence_parallel") is not None:
+        # slime runs what megatron runs: sequence parallelism when asked for, off at tp 1
+        sp = bool(given.get("sequence_parallel")) and tp > 1
     try:
-        return replace(base, schedule=schedule, mode=mode, tp=tp, **sections)
+        return replace(base, schedule=schedule, mode=mode, tp=tp, sequence_parallel=sp,
+                       **sections)
     except ValueError as e:
         raise ValueError(f"slime flags: {e}") from None

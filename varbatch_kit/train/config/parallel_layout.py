@@ -123,8 +123,9 @@ class ParallelLayout:
 
     def as_dict(self) -> dict:
         """The layout's fields plus ``world_size``, for step lines and summaries."""
-        return {"dp": self.dp, "cp": self.cp, "pp": self.pp, "vpp": self.vpp, "tp": self.tp, "sp": self.sp,
-                "cp_impl": self.cp_impl if self.cp > 1 else None, "world_size": self.world_size}
+        return {"dp": self.dp, "cp": self.cp, "pp": self.pp, "vpp": self.vpp, "tp": self.tp,
+                "sp": self.sp, "cp_impl": self.cp_impl if self.cp > 1 else None,
+                "world_size": self.world_size}
 
     # ----------------------------------------------------------------- what runs
     def check(self, *, engine: str = "the training engine") -> None:

@@ -313,7 +313,8 @@ class TrainConfig:
         s = self.schedule
         return {
             "label": self.name, "dp": s.dp, "cp": s.cp, "cp_mode": s.cp_mode, "pp": s.pp,
-            "vpp": s.vpp, "tp": self.tp, "sequence_parallel": self.layout.sp, "cp_impl": self.cp_impl if s.cp > 1 else None,
+            "vpp": s.vpp, "tp": self.tp, "sequence_parallel": self.layout.sp,
+            "cp_impl": self.cp_impl if s.cp > 1 else None,
             "world_size": self.world_size, "precision": self.precision,
             "packing": s.packing,
             "distribution": s.distribution, "global_batch_size": s.global_batch_size,

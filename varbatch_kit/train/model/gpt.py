@@ -25,7 +25,8 @@ import torch
 
 from varbatch_kit.train.config.model_config import ResolvedModel
 
-__all__ = ["block_spec", "build_gpt", "layer_spec", "transformer_config", "wrap_precision"]
+__all__ = ["block_spec", "build_gpt", "layer_spec", "transformer_config", "unwrap_model",
+           "wrap_precision"]
 
 
 def layer_spec(*, normalization: str = "LayerNorm", qk_layernorm: bool = False):
@@ -228,3 +229,10 @@ def wrap_precision(gpt, precision: str = "fp32"):
     from megatron.core.transformer.module import Float16Module
 
     return Float16Module(gpt.config, gpt)
+
+
+def unwrap_model(model):
+    """The ``GPTModel`` inside megatron's DDP (or other ``.module``) wrappers."""
+    while not hasattr(model, "output_layer") and hasattr(model, "module"):
+        model = model.module
+    return model

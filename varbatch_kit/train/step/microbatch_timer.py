@@ -104,7 +104,7 @@ class MicroBatchTimer:
         Everything is restored on exit."""
         from megatron.core.pipeline_parallel import schedules
 
-        from varbatch_kit.train.step.packed_batch import unwrap_model
+        from varbatch_kit.train.model.gpt import unwrap_model
 
         fwd, bwd = schedules.forward_step, schedules.backward_step
         finalize = getattr(config, "finalize_model_grads_func", None)

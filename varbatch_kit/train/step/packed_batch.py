@@ -50,8 +50,7 @@ import torch
 
 from varbatch_kit.report.objective.token_stats import chunked_token_stats
 
-__all__ = ["ATTENTION_PATHS", "PackedBatch", "block_causal_mask", "pack", "response_token_stats",
-           "unwrap_model"]
+__all__ = ["ATTENTION_PATHS", "PackedBatch", "block_causal_mask", "pack", "response_token_stats"]
 
 #: the attention paths of :func:`pack`
 ATTENTION_PATHS = ("per_sample", "dense")
@@ -204,13 +203,6 @@ def pack(
         attention=attention,
         dense_mask=block_causal_mask(lengths, device=device) if attention == "dense" else None,
     )
-
-
-def unwrap_model(model):
-    """The ``GPTModel`` inside megatron's DDP (or other ``.module``) wrappers."""
-    while not hasattr(model, "output_layer") and hasattr(model, "module"):
-        model = model.module
-    return model
 
 
 def response_logits(model, batch: PackedBatch) -> torch.Tensor:

@@ -132,6 +132,6 @@ def _tokens(item) -> int:
 
 def is_post_process(model) -> bool:
     """Whether a chunk (or its DDP wrapper) ends the model: its output is the logits."""
-    from varbatch_kit.train.step.packed_batch import unwrap_model
+    from varbatch_kit.train.model.gpt import unwrap_model
 
     return bool(getattr(unwrap_model(model), "post_process", True))

@@ -29,7 +29,7 @@ __all__ = ["keep_rows_at_output", "pad_multiple", "padded_row", "thd_params"]
 def pad_multiple(model) -> int:
     """The multiple a packed row's length must be for ``model`` (a GPT, a pipeline chunk or
     a wrapper of one): its tensor-parallel size under sequence parallelism, else 1."""
-    from varbatch_kit.train.step.packed_batch import unwrap_model
+    from varbatch_kit.train.model.gpt import unwrap_model
 
     config = unwrap_model(model).config
     return int(config.tensor_model_parallel_size) if config.sequence_parallel else 1
@@ -65,7 +65,7 @@ def keep_rows_at_output(model, rows: torch.Tensor):
     """Within the block, ``model``'s output layer runs on the decoder's rows ``rows`` only
     (``[T, 1, H]`` -> ``[len(rows), 1, H]``); under sequence parallelism after gathering the
     sequence (see the module docstring)."""
-    from varbatch_kit.train.step.packed_batch import unwrap_model
+    from varbatch_kit.train.model.gpt import unwrap_model
 
     layer = unwrap_model(model).output_layer
     sp = bool(getattr(layer, "sequence_parallel", False))

@@ -291,8 +291,8 @@ def train_step(layout, loss, faults, mode, model, optimizer, step, rollouts, dat
         for rec, (_, cp_size, _, share) in zip(timer.records, batches):  # what this rank
             rec.update(cp_size=cp_size, cp_share=share is not None)  # computed: share or row
     if grads_out is not None:  # DDP has reduced them into main_grad (finalize_model_grads)
+        from varbatch_kit.train.model.gpt import unwrap_model
         from varbatch_kit.train.parallel.tensor_parallel import gather_full_parameters
-        from varbatch_kit.train.step.packed_batch import unwrap_model
 
         for m in models:
             gpt = unwrap_model(m)

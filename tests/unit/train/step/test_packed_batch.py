@@ -99,3 +99,58 @@ def test_packed_losses_equal_each_sample_alone(megatron_single_process):
         leaky = response_token_stats(gpt(packed.tokens, packed.position_ids, causal),
                                      packed)["logprob"].split(list(packed.response_lens))
         assert (leaky[1] - per_sample[1]).abs().max() > 1e-4
+
+
+def test_a_row_padded_for_sequence_parallelism_gets_a_pad_segment_of_its_own():
+    """43 tokens padded to a multiple of 4: one pad token, a segment of its own (cu_seqlens
+    and the dense mask), positions from 0; a multiple already met adds nothing."""
+    lengths, prompts = [9, 17, 5, 12], [3, 6, 1, 4]
+    seqs = [np.arange(n) % 7 + 1 for n in lengths]
+    batch = pack(seqs, prompts)
+    assert batch.model_args(1)[0] is batch.tokens and batch.model_args(43)[0] is batch.tokens
+    ids, pos, kw = batch.model_args(4)
+    assert ids.shape == (1, 44) and int(ids[0, -1]) == 0 and int(pos[0, -1]) == 0
+    assert torch.equal(ids[:, :43], batch.tokens) and torch.equal(pos[:, :43], batch.position_ids)
+    assert kw["packed_seq_params"].cu_seqlens_q.tolist() == [0, 9, 26, 31, 43, 44]
+    ids, pos, kw = pack(seqs, prompts, attention="dense").model_args(5)
+    assert ids.shape == (1, 45) and torch.equal(pos[0, 43:], torch.arange(2))
+    assert torch.equal(kw["attention_mask"], block_causal_mask([*lengths, 2]))
+
+
+@pytest.mark.parametrize("cp", [False, True])
+def test_the_pad_segment_changes_no_response_logit(megatron_single_process, cp):
+    """The model on a padded row (multiples 2..5) gives the response rows' logits of the row
+    without padding, also on a CP share (its pad segment attends alone, after the share's
+    K/V attention)."""
+    from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
+
+    from varbatch_kit.train.model.gpt import build_gpt
+    from varbatch_kit.train.parallel.cp_attention import CPShare, cp_share_active
+    from varbatch_kit.train.step.cp_response import local_inputs
+
+    device = megatron_single_process
+    cfg = resolve_model(ModelConfig(num_layers=2, hidden_size=32, num_attention_heads=4,
+                                    vocab_size=64))
+    torch.manual_seed(0)
+    model_parallel_cuda_manual_seed(0, inference_rng_tracker=True, force_reset_rng=True)
+    gpt = build_gpt(cfg, max_seq_len=32).to(device).eval().double()
+    rng = np.random.default_rng(0)
+    lengths, prompts = [9, 17, 5, 12], [3, 6, 1, 4]
+    batch = pack([rng.integers(1, 64, n) for n in lengths], prompts, device=device)
+    share = CPShare(group=None, rank=0, size=1, lengths=tuple(lengths),
+                    prompt_lens=tuple(prompts), slot_ranks=(0,))
+
+    def logits(multiple):
+        if not cp:
+            ids, pos, kw = batch.model_args(multiple)
+            return gpt(ids, pos, **kw)[0, batch.response_positions()]
+        kw = local_inputs(batch, share, multiple)
+        with cp_share_active(share):
+            out = gpt(kw.pop("input_ids"), kw.pop("position_ids"), **kw)
+        return out[0, share.local_response_rows]
+
+    with torch.no_grad():
+        ref = logits(1)
+        for multiple in (2, 3, 4, 5):
+            got = logits(multiple)
+            assert got.shape == ref.shape and float((got - ref).abs().max()) < 1e-12, multiple
