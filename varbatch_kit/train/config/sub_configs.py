@@ -53,6 +53,10 @@ class OptimConfig:
     adam_beta2: float = _f(0.999, "Adam beta2, in [0, 1)")
     adam_eps: float = _f(1e-8, "Adam epsilon (> 0)")
     clip_grad: float = _f(1.0, "gradient-norm clipping (0 = off)")
+    distributed: bool = _f(False, "megatron's distributed optimizer (ZeRO-1, slime's "
+                                  "--use-distributed-optimizer): Adam's moments (and bf16's "
+                                  "fp32 main parameters) sharded over the dp*cp ranks, "
+                                  "gradients reduce-scattered, parameters all-gathered")
 
     def __post_init__(self) -> None:
         need_number("optim", "lr", self.lr, lo=0, lo_open=True)
@@ -66,6 +70,7 @@ class OptimConfig:
         need_number("optim", "adam_beta2", self.adam_beta2, lo=0, hi=1, hi_open=True)
         need_number("optim", "adam_eps", self.adam_eps, lo=0, lo_open=True)
         need_number("optim", "clip_grad", self.clip_grad, lo=0)
+        need_bool("optim", "distributed", self.distributed)
 
 
 #: slime's ``--advantage-estimator`` values the engine trains (``ppo`` needs a critic: refused)

@@ -65,6 +65,8 @@ PATCHED_MODULES: tuple[str, ...] = (
     "megatron.core.tensor_parallel.mappings",
     # sequence parallelism: the linear layers' backward reduce-scatter buffer on current_device()
     "megatron.core.tensor_parallel.layers",
+    # the distributed optimizer: shard buffers on current_device()
+    "megatron.core.optimizer.distrib_optimizer",
 )
 
 # (module, function name) -> replacement factory; the function is replaced in that module only.
@@ -75,6 +77,8 @@ PATCHED_FUNCTIONS: tuple[tuple[str, str], ...] = (
     ("megatron.core.optimizer", "Float16OptimizerWithFloat16Params"),
     # fp64: the local L2 norm rounds every grad norm to a float32 CUDA tensor
     ("megatron.core.optimizer.clip_grads", "l2_norm_impl"),
+    # the distributed optimizer sorts parameters by CUDA type names, as the bf16 one does
+    ("megatron.core.optimizer", "DistributedOptimizer"),
 )
 
 _FACTORIES = frozenset({
@@ -206,6 +210,77 @@ def _float16_optimizer_on_cpu():
     return Float16OptimizerOnCpu
 
 
+def _distributed_optimizer_on_cpu():
+    """megatron-core's ``DistributedOptimizer`` that sorts parameters by dtype.
+
+    Its main-parameter groups (the shards of the parameters this DP rank steps) are built by
+    a class method that tells 16-bit parameters (an fp32 main copy of the shard) from fp32
+    ones (the shard itself) by ``param.type()`` against CUDA type names, refusing every CPU
+    tensor. This subclass builds the same five groups by dtype (float32 and, under
+    ``precision="fp64"``, float64 parameters step their own shard); every other method is
+    megatron's.
+    """
+    from megatron.core import tensor_parallel
+    from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
+
+    def shard_of(param, start: int, end: int, *, main: bool = False, detach: bool = True):
+        """The flat ``[start, end)`` slice of ``param`` (a view; ``main``: an fp32 copy),
+        carrying its tensor-parallel attributes."""
+        piece = (param.detach() if detach else param).view(-1)[start:end]
+        if main:
+            piece = piece.clone().float()
+        tensor_parallel.copy_tensor_model_parallel_attributes(piece, param)
+        if hasattr(param, "shared"):
+            piece.shared = param.shared
+        return piece
+
+    class DistributedOptimizerOnCpu(DistributedOptimizer):
+        @classmethod
+        def _build_model_and_main_param_groups(cls, gbuf_ranges, param_gbuf_map,
+                                               opt_group_ranges, config):
+            if config.use_precision_aware_optimizer_no_fp8_or_ds_fp8:
+                raise ValueError("the precision-aware optimizer is not supported on the CPU")
+            groups = tuple([] for _ in range(5))  # megatron's five, in its order
+            low_model, full_model, low_shards, full_shards, mains = groups
+            for group_range in opt_group_ranges:
+                lists = tuple([] for _ in range(5))
+                for g, part in zip(groups, lists):
+                    g.append(part)
+                for param in group_range["params"]:
+                    buffer, dtype, bucket = param_gbuf_map[param]
+                    rng = gbuf_ranges[buffer][dtype][bucket]["param_map"][param]["param"]
+                    if param.dtype in (torch.float16, torch.bfloat16):
+                        main = shard_of(param, rng.start, rng.end, main=True)
+                        param.main_param, param.main_param_sharded = main, True
+                        lists[0].append(param)
+                        lists[2].append(shard_of(param, rng.start, rng.end))
+                        lists[4].append(main)
+                    elif param.dtype in (torch.float32, torch.float64):
+                        lists[1].append(param)  # the optimizer steps the view itself
+                        lists[3].append(shard_of(param, rng.start, rng.end, detach=False))
+                    else:
+                        raise TypeError(f"distributed optimizer: parameter of dtype "
+                                        f"{param.dtype}; expected float16, bfloat16, float32 "
+                                        "or float64")
+                group_range["orig_group"]["params"] = [*lists[3], *lists[4]]
+            return groups
+
+        def _copy_model_grads_to_main_grads(self):
+            # megatron's casts every shard's gradient to float32; float64 keeps float64
+            if self.is_stub_optimizer:
+                return
+            pairs = [*zip(self.model_float16_groups, self.shard_fp32_from_float16_groups),
+                     *zip(self.model_fp32_groups, self.shard_fp32_groups)]
+            for params, shards in pairs:
+                for param, shard in zip(params, shards):
+                    rng = self._get_model_param_range_map(param)["param"]
+                    grad = param.main_grad.view(-1)[rng.start:rng.end]
+                    shard.grad = grad.to(torch.promote_types(grad.dtype, torch.float32))
+
+    DistributedOptimizerOnCpu.__name__ = "DistributedOptimizer"
+    return DistributedOptimizerOnCpu
+
+
 def _l2_norm_keeping_float64():
     """megatron-core's L2-norm kernel (``multi_tensor_applier``'s signature) in which float64
     gradients give a float64 norm; float32 ones the kernel megatron-core chose, unchanged.
@@ -235,6 +310,7 @@ _REPLACEMENTS: dict[str, Callable] = {
 _LAZY_REPLACEMENTS: dict[str, Callable[[], Any]] = {
     "Float16OptimizerWithFloat16Params": _float16_optimizer_on_cpu,
     "l2_norm_impl": _l2_norm_keeping_float64,
+    "DistributedOptimizer": _distributed_optimizer_on_cpu,
 }
 
 

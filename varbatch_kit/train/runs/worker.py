@@ -160,8 +160,11 @@ def train(cfg: TrainConfig, model_spec, steps: list, log_prob_steps: list, rollo
     # bf16: megatron's Float16Module (bf16 parameters), gradients reduced in fp32 and an
     # optimizer with fp32 main parameters and gradients (train/model/gpt.py wrap_precision)
     bf16 = cfg.precision == "bf16"
+    # optim.distributed: megatron's distributed optimizer, its states sharded over the dp*cp
+    # pool (megatron's data-parallel group here), gradients reduce-scattered into the shards
     ddp = [DistributedDataParallel(c.config, DistributedDataParallelConfig(
-        grad_reduce_in_fp32=bf16), wrap_precision(c, cfg.precision)) for c in chunks]
+        grad_reduce_in_fp32=bf16, use_distributed_optimizer=opt.distributed),
+        wrap_precision(c, cfg.precision)) for c in chunks]
     for m in ddp:
         m.broadcast_params()
     config = chunks[0].config  # one config shared by the chunks
@@ -172,7 +175,8 @@ def train(cfg: TrainConfig, model_spec, steps: list, log_prob_steps: list, rollo
         OptimizerConfig(optimizer="adam", lr=opt.lr, min_lr=opt.min_lr,
                         weight_decay=opt.weight_decay, adam_beta1=opt.adam_beta1,
                         adam_beta2=opt.adam_beta2, adam_eps=opt.adam_eps,
-                        clip_grad=opt.clip_grad, bf16=bf16),
+                        clip_grad=opt.clip_grad, bf16=bf16,
+                        use_distributed_optimizer=opt.distributed),
         ddp,
     )
     if device.type == "cpu":
