@@ -162,6 +162,12 @@ class TrainConfig:
         if problem:
             raise ValueError(problem)
         self._check_injected_bugs()
+        if self.optim.distributed and self.precision == "fp64" and self.checkpoint.save_every:
+            raise ValueError(
+                "checkpoint.save_every with optim.distributed and precision='fp64': megatron's "
+                "distributed optimizer gathers its shards for a checkpoint in float32, so a "
+                "float64 run would not resume exactly; use precision 'fp32' or 'bf16', or "
+                "optim.distributed=False")
         if not self.faults.fail_rank < self.world_size:
             raise ValueError(f"faults.fail_rank={self.faults.fail_rank}: give a rank of the "
                              f"world of dp*cp*pp*tp={self.world_size}, in [0, {self.world_size})")

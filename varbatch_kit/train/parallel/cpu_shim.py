@@ -9,7 +9,8 @@ of :mod:`varbatch_kit.train` goes through:
   scalars in the optimizer and the grad-norm code),
 - the ``param.grad.type() == 'torch.cuda.FloatTensor'`` assertion in
   gradient clipping, and the CUDA type names by which the bf16 optimizer
-  (``Float16OptimizerWithFloat16Params``) sorts parameters,
+  (``Float16OptimizerWithFloat16Params``) and the distributed optimizer
+  (``DistributedOptimizer``, also its checkpoint load) sort parameters,
 - ``torch.cuda.synchronize()`` after the pipeline's p2p exchanges (a no-op here),
 - the grad norm of its local (no apex) L2-norm kernel, returned as a float32
   CUDA tensor whatever the gradients' dtype: on the CPU float64 gradients
@@ -217,8 +218,11 @@ def _distributed_optimizer_on_cpu():
     a class method that tells 16-bit parameters (an fp32 main copy of the shard) from fp32
     ones (the shard itself) by ``param.type()`` against CUDA type names, refusing every CPU
     tensor. This subclass builds the same five groups by dtype (float32 and, under
-    ``precision="fp64"``, float64 parameters step their own shard); every other method is
-    megatron's.
+    ``precision="fp64"``, float64 parameters step their own shard) and copies the reduced
+    gradients into the shards without megatron's cast to float32 (float64 stays float64).
+    Loading a checkpoint, it gives each parameter's Adam state its own ``step`` tensor
+    (megatron's torch-Adam path shares one, which Adam then advances once per parameter) and
+    keeps the moments in the main parameters' dtype. Every other method is megatron's.
     """
     from megatron.core import tensor_parallel
     from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
@@ -264,6 +268,28 @@ def _distributed_optimizer_on_cpu():
                                         "or float64")
                 group_range["orig_group"]["params"] = [*lists[3], *lists[4]]
             return groups
+
+        def load_state_dict(self, state_dict):
+            super().load_state_dict(state_dict)
+            # megatron gives every parameter's state one shared "step" tensor, which torch's
+            # Adam then advances in place once per parameter: each its own
+            for state in self.optimizer.state.values():
+                if isinstance(state.get("step"), torch.Tensor):
+                    state["step"] = state["step"].clone()
+
+        def _set_main_param_and_optimizer_states(self, model_param, tensors):
+            # a checkpoint's shard loaded back: megatron's copies into every state key,
+            # torch Adam's "step" too (which its saved shard does not hold), and into
+            # float32 placeholders; here the moments take the main parameter's dtype
+            # (float64 stays float64) and "step" stays what load_state_dict set
+            group, order = self.model_param_group_index_map[model_param]
+            main = self.optimizer.param_groups[group]["params"][order]
+            state = self.optimizer.state[main]
+            with torch.no_grad():
+                main.copy_(tensors["param"])
+            for key, value in tensors.items():
+                if key != "param":
+                    state[key] = value.detach().to(device=main.device, dtype=main.dtype).clone()
 
         def _copy_model_grads_to_main_grads(self):
             # megatron's casts every shard's gradient to float32; float64 keeps float64

@@ -58,7 +58,7 @@ MAY_CHANGE = frozenset({
     "schedule.dp", "schedule.cp", "schedule.packing", "schedule.distribution",
     "schedule.micro_batch_size", "schedule.max_tokens_per_gpu",
     "run.device", "run.timeout_s", "run.threads_per_worker", "run.save_params_at", "run.label",
-    "run.step_timeout_s",
+    "run.step_timeout_s", "sequence_parallel",
     "checkpoint.save_every", "checkpoint.keep_last",
     "nodes.nnodes", "nodes.node_rank", "nodes.rdzv_endpoint", "nodes.rdzv_timeout_s",
     "faults.fail_at_step", "faults.fail_rank", "faults.hang_at_step", "faults.kill_at",

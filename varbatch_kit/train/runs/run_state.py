@@ -83,15 +83,56 @@ def shard_prefix(stage: int, tp_rank: int, tp: int) -> str:
     return f"stage{stage}/" if tp == 1 else f"stage{stage}/tp{tp_rank}/"
 
 
+def _optimizers(optimizer) -> list:
+    """The optimizers inside megatron's (chained) optimizer."""
+    return list(getattr(optimizer, "chained_optimizers", [optimizer]))
+
+
+def is_distributed(optimizer) -> bool:
+    """Whether ``optimizer`` is megatron's distributed optimizer (its states sharded)."""
+    return any(hasattr(o, "get_parameter_state_dp_zero") for o in _optimizers(optimizer))
+
+
+def optimizer_state(optimizer) -> dict | None:
+    """The optimizer's whole state. Under the distributed optimizer a collective over the
+    data-parallel group: each shard's parameter state (Adam's moments, the main parameters)
+    gathered to DP rank 0 (megatron's ``get_parameter_state_dp_zero``, over its gloo group,
+    in float32) beside megatron's own ``state_dict`` (the param groups and step); complete on
+    DP rank 0 only."""
+    if not is_distributed(optimizer):
+        return optimizer.state_dict()
+    return {"distributed": [{"common": o.state_dict(), "params": o.get_parameter_state_dp_zero()}
+                            for o in _optimizers(optimizer)]}
+
+
+def load_optimizer_state(optimizer, state: dict) -> None:
+    """:func:`optimizer_state` loaded back (under the distributed optimizer a collective: DP
+    rank 0's copy is scattered to the shards)."""
+    saved = state.get("distributed") if isinstance(state, dict) else None
+    if (saved is not None) != is_distributed(optimizer):
+        raise ValueError("the checkpoint's optimizer state and this run's optimizer differ in "
+                         "optim.distributed")
+    if saved is None:
+        optimizer.load_state_dict(state)
+        return
+    for o, part in zip(_optimizers(optimizer), saved, strict=True):
+        o.load_state_dict(part["common"])
+        with torch.no_grad():  # the shards are views of the parameters, written in place
+            o.load_parameter_state_from_dp_zero(part["params"])
+
+
 def gather_model_shards(gpt, optimizer, layout) -> list[list[tuple[dict, dict]]] | None:
     """``shards[k][t]``: ``(model state, optimizer state)`` of pipeline stage ``k``, TP rank
-    ``t`` on world rank 0 (None elsewhere), from the ranks of dp / cp rank 0 (a collective)."""
+    ``t`` on world rank 0 (None elsewhere), from the ranks of dp / cp rank 0 (a collective;
+    under the distributed optimizer each pool gathers its shards first)."""
     import torch.distributed as dist
 
     c = layout.coords(dist.get_rank())
     mine = None
+    state = optimizer_state(optimizer) if is_distributed(optimizer) else None
     if c.pool_rank == 0:
-        mine = (c.pp_rank, c.tp_rank, _model_state(gpt), optimizer.state_dict())
+        mine = (c.pp_rank, c.tp_rank, _model_state(gpt),
+                optimizer.state_dict() if state is None else state)
     parts = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
     dist.gather_object(mine, parts, dst=0)
     if parts is None:
@@ -101,9 +142,10 @@ def gather_model_shards(gpt, optimizer, layout) -> list[list[tuple[dict, dict]]]
 
 
 def save(cfg, out_dir: Path, counters: dict, gpt, optimizer, scheduler, fingerprint,
-          hook, shards: list | None = None) -> None:
+          hook, shards: list | None = None, optim_state: dict | None = None) -> None:
     """Rank 0: checkpoint after step ``counters["step"]`` (full state: the same on every rank;
-    ``shards``: per pipeline stage and TP rank, :func:`gather_model_shards`)."""
+    ``shards``: per pipeline stage and TP rank, :func:`gather_model_shards`; ``optim_state``:
+    the distributed optimizer's, :func:`optimizer_state`)."""
     from varbatch_kit.train.runs.checkpoint import save_checkpoint
 
     number = counters["step"]
@@ -115,7 +157,8 @@ def save(cfg, out_dir: Path, counters: dict, gpt, optimizer, scheduler, fingerpr
         resource.setrlimit(resource.RLIMIT_FSIZE,
                            (64 * 1024, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
     if shards is None:
-        model_state, optim_state = _model_state(gpt), optimizer.state_dict()
+        model_state = _model_state(gpt)
+        optim_state = optimizer.state_dict() if optim_state is None else optim_state
     else:
         tp = len(shards[0])
         model_state = {f"{shard_prefix(k, r, tp)}{n}": t
@@ -166,7 +209,7 @@ def restore(path: str, gpt, optimizer, scheduler, *, stage: int | None = None,
     with torch.no_grad():
         for name, value in ckpt["model"].items():
             current[name].data.copy_(value)
-    optimizer.load_state_dict(ckpt["optimizer"])
+    load_optimizer_state(optimizer, ckpt["optimizer"])
     scheduler.load_state_dict(ckpt["state"]["scheduler"])
     _set_rng_state(ckpt["state"]["rng"])
     return int(ckpt["state"]["step"]), int(ckpt["state"]["lr_consumed"])

@@ -273,12 +273,17 @@ def train(cfg: TrainConfig, model_spec, steps: list, log_prob_steps: list, rollo
         record.update(step=number, lr_increment=increments[number - 1], lr_consumed=consumed,
                       lr_next=_lr_of(optimizer))
         every = cfg.checkpoint.save_every
-        params = shards = None
+        params = shards = optim_state = None
         if every and number % every == 0 and (stage is not None or layout.tp > 1):
             # each pipeline stage's and TP rank's model and optimizer shard, to rank 0
             from varbatch_kit.train.runs.run_state import gather_model_shards
 
             shards = gather_model_shards(gpt, optimizer, layout)
+        elif every and number % every == 0 and opt.distributed:
+            # the distributed optimizer's shards, gathered to rank 0 (a collective)
+            from varbatch_kit.train.runs.run_state import optimizer_state
+
+            optim_state = optimizer_state(optimizer)
         if stage is not None:  # pp: the stages' parts, gathered to rank 0 (collectives)
             from varbatch_kit.train.model.pipeline_stages import gather_full_params, gather_grads
 
@@ -302,7 +307,8 @@ def train(cfg: TrainConfig, model_spec, steps: list, log_prob_steps: list, rollo
                             "rollouts_consumed": int(sum(s.num_rollouts for s in done)),
                             "samples_consumed": int(sum(s.num_samples for s in done))}
                 save(cfg, out_dir, counters, gpt, optimizer, scheduler, fingerprint,
-                     hook=partial(_at_point, at, number), shards=shards)
+                     hook=partial(_at_point, at, number), shards=shards,
+                     optim_state=optim_state)
                 at("after_ckpt", number)
         if cfg.checkpoint.save_every and number % cfg.checkpoint.save_every == 0:
             # no rank starts the next step before rank 0's checkpoint is complete: a rank that

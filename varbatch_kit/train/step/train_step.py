@@ -76,8 +76,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-__all__ = ["EXTRA_METRIC_KEYS", "PolicyInputs", "reduce_step_report", "report_keys",
-           "train_step"]
+__all__ = ["EXTRA_METRIC_KEYS", "PolicyInputs", "optimizer_state_bytes", "reduce_step_report",
+           "report_keys", "train_step"]
 
 #: reported beside slime's policy-loss metrics: the response tokens' negative log-likelihood,
 #: the share the argmax predicts, and the mean advantage (all under the report mode)
@@ -295,6 +295,8 @@ def train_step(layout, loss, faults, mode, model, optimizer, step, rollouts, dat
         from varbatch_kit.train.parallel.tensor_parallel import gather_full_parameters
 
         for m in models:
+            if m.ddp_config.use_distributed_optimizer:
+                _gather_reduced_grad_shards(m)
             gpt = unwrap_model(m)
             rename = getattr(gpt, "full_name_of", None) or (lambda n: n)
             local = {}
@@ -321,7 +323,8 @@ def train_step(layout, loss, faults, mode, model, optimizer, step, rollouts, dat
         report = None
     if staged:  # reduced on the last stage, as slime does, then handed to rank 0
         report = pipeline.from_last_stage(report, layout)
-    walls = torch.tensor([wall], dtype=torch.float64, device=device)
+    walls = torch.tensor([wall, optimizer_state_bytes(optimizer)], dtype=torch.float64,
+                         device=device)  # with this rank's optimizer-state bytes
     gathered = [torch.zeros_like(walls) for _ in range(world)]
     dist.all_gather(gathered, walls)
     timings = gather_timings(timer.records)  # per world rank
@@ -359,13 +362,50 @@ def train_step(layout, loss, faults, mode, model, optimizer, step, rollouts, dat
         "update_ok": bool(ok),
         "report_divisor": float(norm.report_divisor),
         "loss_prescale": float(prescale),
-        "wall_s": [float(w.item()) for w in gathered],
-        "step_time_s": max(float(w.item()) for w in gathered),
+        "wall_s": [float(w[0]) for w in gathered],
+        "step_time_s": max(float(w[0]) for w in gathered),
+        "optimizer_state_bytes": [int(w[1]) for w in gathered],
         "micro_batch_timing": timings,
         "busy_s": busy,
         "straggler_s": straggler,
         **piped,
     }
+
+
+def optimizer_state_bytes(optimizer) -> int:
+    """The bytes of optimizer state this rank holds: every tensor of the torch optimizers'
+    state (Adam's moments and step) and the main parameters that are copies, not the model's
+    parameters or views of them (bf16's fp32 main parameters). Under the distributed optimizer
+    these are this DP rank's shards: the total falls as 1/(dp*cp)."""
+    total = 0
+    for inner in getattr(optimizer, "chained_optimizers", [optimizer]):
+        torch_opt = getattr(inner, "optimizer", None)
+        if torch_opt is None:
+            continue
+        for state in torch_opt.state.values():
+            total += sum(t.numel() * t.element_size() for t in state.values()
+                         if isinstance(t, torch.Tensor))
+        for group in torch_opt.param_groups:
+            total += sum(p.numel() * p.element_size() for p in group["params"]
+                         if not isinstance(p, torch.nn.Parameter) and p._base is None)
+    return total
+
+
+def _gather_reduced_grad_shards(ddp) -> None:
+    """Under the distributed optimizer DDP reduce-scatters the gradients: a DP rank's grad
+    buffer holds the reduced sum on its own shard only (elsewhere its local, unreduced
+    gradient). All-gather the shards, so that the buffer holds the whole reduced gradient (for
+    ``grads_out``; the rank's own shard, which its optimizer steps, is unchanged)."""
+    import torch.distributed as dist
+
+    for buffer in [*ddp.buffers, *ddp.expert_parallel_buffers]:
+        group = buffer.data_parallel_group
+        size = group.size()
+        if size == 1:
+            continue
+        for bucket in buffer.buckets:
+            mine = bucket.grad_data.view(size, -1)[group.rank()].clone()
+            dist.all_gather_into_tensor(bucket.grad_data, mine, group=group)
 
 
 def _reward(data, step) -> float:
