@@ -318,3 +318,39 @@ def test_workers_do_not_outlive_a_killed_launcher(tmp_path):
         if launcher.poll() is None:
             launcher.kill()
             launcher.wait()
+
+
+def test_distributed_optimizer_killed_and_resumed_bitwise_and_on_another_dp(tmp_path):
+    """The distributed optimizer (dp 2: Adam's moments in two shards): rank 1 killed in step 3,
+    resumed from step 2's checkpoint (each shard gathered to rank 0, scattered back): bitwise
+    the uninterrupted run. The same checkpoint resumed at dp 4 (the moments cut into four
+    shards) trains steps 3 and 4 as the dp 2 run does, to fp32 rounding."""
+    from varbatch_kit.train.runs.checkpoint import load_checkpoint
+
+    rollouts = synthetic_rollouts()
+    cfg = BASE.with_(dp=2, distributed=True, keep_last=4, label="dp2 dist-opt")
+    whole, out = _whole_and_cut(cfg, rollouts, tmp_path, rank=1)
+    ckpt = load_checkpoint(checkpoint_dirs(out / "checkpoints")[-1][1])
+    (part,) = ckpt["optimizer"]["distributed"]  # megatron's state and the gathered shards
+    assert set(part) == {"common", "params"}
+    resumed = run(cfg, rollouts, out_dir=tmp_path / "cut", progress=False, resume=True)
+    assert resumed.meta["resumed_from_step"] == 2 and _steps(out) == [1, 2, 3, 4]
+    pd.testing.assert_frame_equal(resumed.steps.drop(columns=VOLATILE),
+                                  whole.steps.drop(columns=VOLATILE), check_exact=True)
+    p, q = resumed.params(4), whole.params(4)
+    assert p.keys() == q.keys() and all(torch.equal(p[k], q[k]) for k in p)
+
+    wider = tmp_path / "dp4"
+    wider.mkdir()
+    shutil.copytree(whole.out_dir, wider / whole.out_dir.name)
+    for step in (3, 4):
+        shutil.rmtree(wider / whole.out_dir.name / "checkpoints" / f"step_{step:06d}")
+    (wider / whole.out_dir.name / "done").unlink()
+    dp4 = run(cfg.with_(dp=4), rollouts, out_dir=wider, progress=False, resume=True)
+    assert dp4.meta["resumed_from_step"] == 2 and dp4.config.world_size == 4
+    for key in ("loss", "grad_norm"):
+        np.testing.assert_allclose(dp4.steps[key], whole.steps[key], rtol=1e-5)
+    assert param_rel_diff(dp4.params(4), q) < 1e-5
+    ratio = (max(dp4.steps["optimizer_state_bytes"].iloc[-1])
+             / max(whole.steps["optimizer_state_bytes"].iloc[-1]))
+    assert ratio <= 0.51, ratio  # each rank holds a quarter of the moments, not a half

@@ -5,7 +5,10 @@ pp 2 x vpp 2): tensor parallelism (tp 2), pipeline parallelism (pp 2, 1F1B;
 pp 2 x vpp 2, interleaved), all-gather context parallelism (cp 2) and dynamic
 CP on a pool of 4 (degrees 1 and 2 in one step), tp 2 x pp 2, and context parallelism
 with tensor and with pipeline parallelism (tp 2 x cp 2, pp 2 x cp 2), for
-``per_rollout_mean`` and ``per_token``, gradient clipping on (as slime runs).
+``per_rollout_mean`` and ``per_token``, gradient clipping on (as slime runs). On the toy GPT
+also tp 2 without sequence parallelism (every other tp layout runs it, tp's default), world-8
+layouts, and six layouts again with the distributed optimizer, whose per-rank optimizer state
+must fall as 1/(dp*cp).
 Runs of one world size share a launch (``compare`` groups them).
 
 **Tolerances from a measured floor, in a precision that does not wobble.**
@@ -79,6 +82,12 @@ TOY_ONLY = {
     "dp2 tp2 pp2": dict(dp=2, tp=2, pp=2),
     "dp2 cp2 tp2 dynamic": dict(dp=2, cp=2, tp=2, cp_mode="dynamic", cp_impl="allgather"),
 }
+#: the distributed optimizer (ZeRO-1: Adam's moments sharded over the dp*cp pool), toy GPT,
+#: on layouts whose pool holds 2 or 4 ranks, with tp and pp among them
+DIST_OPT = {f"{name} dist-opt": {**TOY_ONLY.get(name, LAYOUTS.get(name)), "distributed": True}
+            for name in ("cp2 allgather", "dp2 cp2 dynamic", "tp2 cp2", "pp2 cp2",
+                         "tp2 cp2 dynamic", "pp2 cp2 dynamic", "dp2 tp2 pp2",
+                         "dp2 cp2 tp2 dynamic")}
 #: where the naive mode must move: layouts whose micro-batches differ from dp 1's
 NAIVE = ("dp1", "cp2 allgather", "dp2 cp2 dynamic")
 #: the floor: dp 1 with each step's micro-batches trained in another order
@@ -143,13 +152,17 @@ def built(base: TrainConfig, extra: dict | None = None) -> dict[str, TrainConfig
 
 
 def matrix(base: TrainConfig, rollouts: Rollouts, out_dir, *, cap: int, bugs: dict,
-           extra: dict | None = None):
-    """Every run of one matrix in one ``compare`` (launches shared by world size)."""
-    layouts = built(base.with_(global_batch_size=6, max_tokens_per_gpu=cap,
-                               packing="first_fit", precision="fp64"), extra)
+           extra: dict | None = None, one_mode: dict | None = None):
+    """Every run of one matrix in one ``compare`` (launches shared by world size);
+    ``one_mode``: layouts trained in the first mode only (labelled ``"NAME MODE"``)."""
+    common = base.with_(global_batch_size=6, max_tokens_per_gpu=cap, packing="first_fit",
+                        precision="fp64")
+    layouts = built(common, extra)
     dp1 = layouts["dp1"]
     configs = [c.with_(mode=m, label=f"{name} {m}")
                for m in MODES for name, c in layouts.items()]
+    configs += [common.with_(mode=MODES[0], label=f"{name} {MODES[0]}", **changes)
+                for name, changes in (one_mode or {}).items()]
     configs += [dp1.with_(mode=m, label=f"dp1 reordered {m}", **REORDERED) for m in MODES]
     configs += [layouts[n].with_(mode="naive_microbatch_mean", label=f"{n} naive")
                 for n in NAIVE if n in layouts]
@@ -278,9 +291,23 @@ def test_toy_gpt_layout_matrix(tmp_path):
     base = TrainConfig().with_(lr=1e-3, min_lr=1e-3, lr_decay_style="constant",
                                n_samples_per_prompt=3, save_params_at=(1, 2), max_steps=2,
                                entropy_coef=0.01, **TOY)
-    layouts, table, runs = matrix(base, rollouts, tmp_path, cap=40, bugs=BUGS, extra=TOY_ONLY)
+    layouts, table, runs = matrix(base, rollouts, tmp_path, cap=40, bugs=BUGS, extra=TOY_ONLY,
+                                  one_mode=DIST_OPT)
     assert set(layouts) == set(LAYOUTS) | set(TOY_ONLY)  # the toy GPT runs every layout
     check(layouts, table, runs, rollouts, BUGS)
+    # the distributed optimizer: dp 1's numbers (it shards the update, not the gradients, so
+    # one report mode shows it), and each rank's optimizer-state bytes fall as 1/(dp*cp)
+    # against the same layout's without it (megatron pads each bucket to the pool: <= 2 %)
+    mode = MODES[0]
+    for name, changes in DIST_OPT.items():
+        d = differences(table, runs, f"{name} {mode}", f"dp1 {mode}")
+        assert max(d.values()) <= TOL, (name, d)
+        plain, pool = name.removesuffix(" dist-opt"), base.with_(**changes).layout.pool_size
+        ratio = (max(runs[f"{name} {mode}"].steps["optimizer_state_bytes"].iloc[-1])
+                 / max(runs[f"{plain} {mode}"].steps["optimizer_state_bytes"].iloc[-1]))
+        print(f"optimizer state, {name}: {ratio:.3f} of {plain}'s (1/{pool}); worst "
+              f"difference to dp 1 {max(d.values()):.1e}")
+        assert ratio <= 1.02 / pool, (name, ratio)
 
 
 # in the SmolLM2 chain's pytest-xdist worker (notebook 06's matrix, tests/conftest.py): their

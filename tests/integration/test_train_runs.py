@@ -55,6 +55,10 @@ def test_reports_gradients_and_parameters_do_not_move_with_the_layout(tmp_path):
     layouts = list(_layouts())
     configs = [TrainConfig().with_(schedule=s, mode=mode, **base)
                for mode in ("per_rollout_mean", "per_token") for s in layouts]
+    # dp 2 x cp 2 with the distributed optimizer (ZeRO-1 over the pool of 4): its saved
+    # gradient is the reduced shards gathered back, its parameters the shards' updates
+    configs += [TrainConfig().with_(schedule=layouts[15], mode=mode, distributed=True, **base)
+                for mode in ("per_rollout_mean", "per_token")]
     naive_layouts = [layouts[i] for i in (0, 2, 8, 15)]  # ref, first_fit, cp=2, dp2 cp2 kk
     configs += [TrainConfig().with_(schedule=s, mode="naive_microbatch_mean", **base)
                 for s in naive_layouts]
@@ -79,7 +83,7 @@ def test_reports_gradients_and_parameters_do_not_move_with_the_layout(tmp_path):
         ref = t[t.config == t.reference]
         assert ref["label"].iloc[0] == "dp1 cp1 static/strided " + mode
         s1, s3 = t[t.step == 1], t[t.step == 3]
-        assert len(s1) == 16 and len(s3) == 16
+        assert len(s1) == 17 and len(s3) == 17  # the 16 layouts, and dp2 cp2 dist-opt
         assert s1["loss_rel_diff"].max() < 1e-5, s1[cols]
         assert s1["grad_norm_rel_diff"].max() < 1e-5, s1[cols]
         assert s1["param_rel_diff"].max() < 1e-5, s1[cols]

@@ -94,6 +94,7 @@ MAPPED = [
     ("--adam-beta2 0.98", "optim.adam_beta2", 0.98),
     ("--adam-eps 1e-6", "optim.adam_eps", 1e-6),
     ("--clip-grad 0.5", "optim.clip_grad", 0.5),
+    ("--use-distributed-optimizer", "optim.distributed", True),
     ("--calculate-per-token-loss", "mode", "per_token"),
 ]
 
@@ -453,7 +454,7 @@ def _flags_of(cfg: TrainConfig) -> list[str]:
         data=DataConfig(seed=11, n_samples_per_prompt=2, rollout_batch_size=6),
         optim=OptimConfig(lr=1e-6, min_lr=1e-7, lr_decay_style="constant",
                           lr_warmup_fraction=0.05, weight_decay=0.01, adam_beta1=0.85,
-                          adam_beta2=0.95, adam_eps=1e-5, clip_grad=0.7)),
+                          adam_beta2=0.95, adam_eps=1e-5, clip_grad=0.7, distributed=True)),
 ], ids=["defaults", "everything_moved"])
 def test_round_trip_through_slimes_command_line(cfg):
     """A config written as slime's flags reads back equal, onto a base holding none of it."""

@@ -47,6 +47,7 @@ slime flag                              TrainConfig field
 ``--adam-beta1``, ``--adam-beta2``      ``optim.adam_beta1``, ``optim.adam_beta2``
 ``--adam-eps``                          ``optim.adam_eps``
 ``--clip-grad``                         ``optim.clip_grad``
+``--use-distributed-optimizer``         ``optim.distributed = True``
 ``--calculate-per-token-loss``          ``mode = "per_token"``
 ``--tensor-model-parallel-size``        ``tp``
 ``--sequence-parallel``                 ``sequence_parallel`` (megatron's rule:
@@ -234,6 +235,7 @@ TRAIN_FLAGS: tuple[MappedFlag, ...] = (
     _mapped("optim", "--adam-beta2", float),
     _mapped("optim", "--adam-eps", float),
     _mapped("optim", "--clip-grad", float),
+    _mapped("optim", "--use-distributed-optimizer", "true", name="distributed"),
     _mapped("mode", "--calculate-per-token-loss", "true", name="mode"),
     _mapped("layout", "--sequence-parallel", "true"),
 )

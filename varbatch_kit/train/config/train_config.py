@@ -268,6 +268,7 @@ class TrainConfig:
         more = "".join(f" {k}{v}" for k, v in (("pp", s.pp), ("vpp", s.vpp), ("tp", self.tp))
                        if v > 1)
         more += " no-sp" if self.tp > 1 and not self.layout.sp else ""
+        more += " dist-opt" if self.optim.distributed else ""
         more += "" if self.precision == "fp32" else f" {self.precision}"
         return f"dp{s.dp} {cp}{more} {s.packing}/{s.distribution} {self.mode}"
 

@@ -10,9 +10,11 @@ Format (one folder per checkpoint; docs/checkpoints.md)::
         meta.json      format, step, fingerprint, file sizes — written last
 
 Without pipeline stages the engine keeps every parameter and the optimizer
-state whole on every rank (no distributed optimizer), and every rank holds the
+state whole on every rank (without the distributed optimizer), and every rank holds the
 same values, so rank 0's copy *is* the state of the run, independent of dp and
-cp: a checkpoint can be resumed with another layout. With ``pp > 1`` each stage
+cp: a checkpoint can be resumed with another layout. The distributed optimizer's shards
+are gathered to rank 0 first (:func:`~varbatch_kit.train.runs.run_state.optimizer_state`)
+and scattered back on resume, so its checkpoints are as independent of dp and cp. With ``pp > 1`` each stage
 has its own shard: ``model.pt`` holds ``stage{k}/NAME`` keys, ``optimizer.pt``
 ``{"stages": [...]}`` (one megatron state dict per stage; rank 0 writes them
 all, :mod:`varbatch_kit.train.runs.run_state`), and a resumed run keeps ``pp``. A checkpoint is

@@ -260,7 +260,9 @@ def train(cfg: TrainConfig, model_spec, steps: list, log_prob_steps: list, rollo
             while True:  # debug hook: a rank that hangs (the launcher's step timeout fires)
                 time.sleep(1)
         at("before_step", number)
-        grads = {} if number in cfg.run.save_grads_at and saver else None
+        # the saved gradient: the saver's TP group gathers it; under the distributed optimizer
+        # every rank first gathers the reduced shards of its pool (a collective of all ranks)
+        grads = {} if number in cfg.run.save_grads_at and (saver or opt.distributed) else None
         record = train_step(layout, cfg.loss, faults, mode, model, optimizer, step, rollouts,
                             data, inputs_for(number), device, run_name=cfg.name,
                             grads_out=grads)

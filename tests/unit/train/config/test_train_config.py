@@ -468,3 +468,22 @@ def test_the_sequence_parallel_fault_is_refused_where_it_would_change_nothing():
     for cfg in (dict(), dict(tp=2, sequence_parallel=False)):
         with pytest.raises(ValueError, match=r"sp_norm_grads_unreduced without sequence "):
             TrainConfig(faults=bug, **cfg)
+
+
+def test_the_distributed_optimizer_is_a_switch_named_in_the_label():
+    from varbatch_kit.train.config.sub_configs import OptimConfig
+
+    cfg = TrainConfig().with_(dp=2, distributed=True)
+    assert cfg.optim.distributed and cfg.name.startswith("dp2 cp1 dist-opt ")
+    with pytest.raises(ValueError, match=r"optim.distributed='yes'"):
+        OptimConfig(distributed="yes")
+
+
+def test_fp64_checkpoints_of_the_distributed_optimizer_are_refused():
+    """megatron gathers the optimizer's shards for a checkpoint in float32: a float64 run would
+    resume from rounded moments, so the combination is refused before any worker starts."""
+    cfg = TrainConfig().with_(dp=2, distributed=True, precision="fp64")
+    cfg.with_(precision="fp32", save_every=1)
+    cfg.with_(distributed=False, save_every=1)
+    with pytest.raises(ValueError, match=r"gathers its shards for a checkpoint in float32"):
+        cfg.with_(save_every=1)
