@@ -14,9 +14,9 @@ state whole on every rank (without the distributed optimizer), and every rank ho
 same values, so rank 0's copy *is* the state of the run, independent of dp and
 cp: a checkpoint can be resumed with another layout. The distributed optimizer's shards
 are gathered to rank 0 first (:func:`~varbatch_kit.train.runs.run_state.optimizer_state`)
-and scattered back on resume, so its checkpoints are as independent of dp and cp. With ``pp > 1`` each stage
-has its own shard: ``model.pt`` holds ``stage{k}/NAME`` keys, ``optimizer.pt``
-``{"stages": [...]}`` (one megatron state dict per stage; rank 0 writes them
+and scattered back on resume, so its checkpoints are as independent of dp and cp.
+With ``pp > 1`` each stage has its own shard: ``model.pt`` holds ``stage{k}/NAME`` keys,
+``optimizer.pt`` ``{"stages": [...]}`` (one megatron state dict per stage; rank 0 writes them
 all, :mod:`varbatch_kit.train.runs.run_state`), and a resumed run keeps ``pp``. A checkpoint is
 written
 to ``.tmp-step_NNNNNN-PID``, every file and the folder fsynced, then renamed;
