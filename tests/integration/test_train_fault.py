@@ -186,13 +186,19 @@ def test_model_parallel_shards_checkpoint_and_resume_bitwise(tmp_path, reference
 
 
 def test_dp2_cp2_tp2_killed_and_resumed_bitwise(tmp_path):
-    """World 8 (dp 2 x all-gather cp 2 x tp 2, sequence parallel: tp's default): world rank 5
-    (TP rank 1 of a CP rank) killed in step 3, resumed from step 2's checkpoint: bitwise the
-    uninterrupted run (issue 30 item 7)."""
+    """World 8 (dp 2 x all-gather cp 2 x tp 2, sequence parallel: tp's default, and the
+    distributed optimizer: each TP rank's Adam moments in four shards over its pool): world
+    rank 5 (TP rank 1 of a CP rank) killed in step 3, resumed from step 2's checkpoint: bitwise
+    the uninterrupted run (issue 30 items 4 and 7)."""
+    from varbatch_kit.train.runs.checkpoint import load_checkpoint
+
     rollouts = synthetic_rollouts()
     cfg = BASE.with_(dp=2, cp=2, tp=2, cp_impl="allgather", max_tokens_per_gpu=64,
-                     keep_last=4, label="dp2 cp2 tp2")
+                     distributed=True, keep_last=4, label="dp2 cp2 tp2 dist-opt")
     whole, out = _whole_and_cut(cfg, rollouts, tmp_path, rank=5)
+    ckpt = load_checkpoint(checkpoint_dirs(out / "checkpoints")[-1][1])
+    (row,) = ckpt["optimizer"]["stages"]  # one stage, two TP shards, each its pool's gathered
+    assert len(row) == 2 and all(set(part) == {"distributed"} for part in row)
     resumed = run(cfg, rollouts, out_dir=tmp_path / "cut", progress=False, resume=True)
     assert resumed.meta["resumed_from_step"] == 2 and _steps(out) == [1, 2, 3, 4]
     assert (whole.steps["layout"] == "dp2 cp2(allgather) pp1 tp2 sp").all()
