@@ -80,13 +80,16 @@ TOY_ONLY = {
     # world 8: three kinds of parallelism in one run (dynamic CP: fixed CP gives every rank 2
     # micro-batches in both steps of this data, which would hide a stale count)
     "dp2 tp2 pp2": dict(dp=2, tp=2, pp=2),
+    # slime's long-context layout (--tensor-model-parallel-size --sequence-parallel
+    # --context-parallel-size --pipeline-model-parallel-size), every kind but dp in one run
+    "tp2 cp2 pp2": dict(tp=2, cp=2, pp=2),
     "dp2 cp2 tp2 dynamic": dict(dp=2, cp=2, tp=2, cp_mode="dynamic", cp_impl="allgather"),
 }
 #: the distributed optimizer (ZeRO-1: Adam's moments sharded over the dp*cp pool), toy GPT,
 #: on layouts whose pool holds 2 or 4 ranks, with tp and pp among them
 DIST_OPT = {f"{name} dist-opt": {**TOY_ONLY.get(name, LAYOUTS.get(name)), "distributed": True}
             for name in ("cp2 allgather", "dp2 cp2 dynamic", "tp2 cp2", "pp2 cp2",
-                         "tp2 cp2 dynamic", "pp2 cp2 dynamic", "dp2 tp2 pp2",
+                         "tp2 cp2 dynamic", "pp2 cp2 dynamic", "dp2 tp2 pp2", "tp2 cp2 pp2",
                          "dp2 cp2 tp2 dynamic")}
 #: where the naive mode must move: layouts whose micro-batches differ from dp 1's
 NAIVE = ("dp1", "cp2 allgather", "dp2 cp2 dynamic")
