@@ -506,3 +506,91 @@ def test_without_columns_drops_extra_columns_and_names_missing_ones():
     assert [m.tolist() for m in r2.masks()] == [m.tolist() for m in r.masks()]
     with pytest.raises(ValueError, match=r"no column\(s\) \['nope'\]"):
         r.without_columns("nope")
+
+
+# --------------------------------------------------------------------------- loading
+def test_the_restricted_loader_reads_what_weights_only_reads(tmp_path):
+    """Tensors of several dtypes, nested containers, an OrderedDict, numbers and strings: the
+    C unpickler restricted to weights_only's globals gives what torch.load(weights_only=True)
+    gives."""
+    from collections import OrderedDict
+
+    from varbatch_kit.core.slime_dumps import _load_pt
+
+    obj = {"rollout_id": 3, "samples": [
+        {"tokens": torch.arange(7), "lp": torch.randn(4, dtype=torch.bfloat16),
+         "mask": torch.ones(3, dtype=torch.bool), "meta": OrderedDict(a=1.5, b=[1, (2, "x")]),
+         "status": "completed", "reward": None}]}
+    p = tmp_path / "rollout_3.pt"
+    torch.save(obj, p)
+    got, want = _load_pt(p), torch.load(p, weights_only=True)
+    assert isinstance(got["samples"][0]["meta"], OrderedDict)
+    for g, w in zip(got["samples"][0].values(), want["samples"][0].values()):
+        assert (torch.equal(g, w) and g.dtype == w.dtype) if isinstance(w, torch.Tensor) \
+            else g == w
+
+
+def test_a_global_outside_weights_onlys_list_is_refused_by_name(tmp_path):
+    """The restriction is in find_class: a global torch's weights_only loader would refuse
+    (os.getcwd, harmless) is refused before anything is built, and named."""
+    import os as os_module
+
+    class _Call:
+        def __reduce__(self):
+            return (os_module.getcwd, ())
+
+    p = tmp_path / "rollout_0.pt"
+    torch.save({"rollout_id": 0, "samples": [{"tokens": [1, 2], "response_length": 1,
+                                              "x": _Call()}]}, p)
+    with pytest.raises(TraceError, match=r"it asks for the Python object '(posix|os)\.getcwd'"):
+        read_trace(p)
+
+
+def test_a_dump_is_read_once_per_process_and_again_when_it_changes(tmp_path, monkeypatch):
+    from varbatch_kit.core import slime_dumps
+
+    p = tmp_path / "rollout_0.pt"
+    torch.save({"rollout_id": 0, "samples": [
+        {"tokens": [1, 2, 3, 4], "response_length": 2, "rollout_id": 0, "status": "completed"},
+        {"tokens": [1, 2, 3], "response_length": 1, "rollout_id": 0, "status": "completed"}]}, p)
+    loads = []
+    real = slime_dumps._load_pt
+    monkeypatch.setattr(slime_dumps, "_load_pt", lambda path: loads.append(path) or real(path))
+    slime_dumps._READ.clear()
+    a = read_trace(p)
+    b = read_trace(p)
+    assert len(loads) == 1 and a is not b and a.total_len.tolist() == b.total_len.tolist()
+    a.extra.loc[0, "status"] = "aborted"  # the caller's copy: the cached batch does not move
+    c = read_trace(p)
+    assert c.response_len[0] == 2 and c.extra.loc[0, "status"] == "completed"
+    # the file changes (size and mtime): it is read again
+    torch.save({"rollout_id": 0, "samples": [
+        {"tokens": [1, 2, 3, 4, 5], "response_length": 3, "rollout_id": 0,
+         "status": "completed"}]}, p)
+    os.utime(p, ns=(p.stat().st_atime_ns, p.stat().st_mtime_ns + 10**9))
+    assert read_trace(p).total_len.tolist() == [5] and len(loads) == 2
+
+
+def test_an_older_dump_says_once_what_was_assumed(tmp_path):
+    """No rollout_id and no status on any sample (an older slime): one warning naming both
+    assumptions; a dump that has them reads silently."""
+    import warnings
+
+    from varbatch_kit.core.slime_dumps import OlderSlimeDumpWarning
+
+    rec = READABLE["old_rollout_20"]
+    with pytest.warns(OlderSlimeDumpWarning) as got:
+        read_trace(GOLDEN / rec["dump"])
+    assert len(got) == 1
+    assert f"each of the {len(raw_samples(rec))} samples was read as a rollout of its own" \
+        in str(got[0].message)
+    p = tmp_path / "rollout_0.pt"
+    torch.save({"rollout_id": 0, "samples": [{"tokens": [1, 2, 3], "response_length": 1}]}, p)
+    with pytest.warns(OlderSlimeDumpWarning, match="no sample has a status, so none was "):
+        read_trace(p)
+    torch.save({"rollout_id": 0, "samples": [
+        {"tokens": [1, 2, 3], "response_length": 1, "rollout_id": 0, "status": "completed"}]},
+        tmp_path / "rollout_1.pt")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        read_trace(tmp_path / "rollout_1.pt")
