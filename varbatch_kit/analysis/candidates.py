@@ -37,10 +37,13 @@ CANDIDATE_COLUMNS = {
     "makespan_ratio": "busiest rank's FLOPs / max(step FLOPs / dp, largest sample), mean over "
                       "steps (ratio; 1 = optimal)",
     "mb_per_rank": "micro-batches per rank, mean over steps (count)",
-    "peak_mb_tokens": "tokens of the largest micro-batch (memory: compare with the limit)",
+    "peak_mb_tokens": "tokens of the largest micro-batch (under context parallelism split "
+                      "over the cp GPUs)",
+    "peak_gpu_tokens": "tokens one GPU holds of the largest micro-batch: peak_mb_tokens / cp, "
+                       "rounded up (memory: compare with the limit)",
     "oversize": "samples longer than the token cap, each alone in its micro-batch (count)",
-    "over_limit": "micro-batches of two or more samples above the memory limit (count; "
-                  "0 = safe)",
+    "over_limit": "micro-batches of two or more samples whose tokens per GPU (tokens / cp) "
+                  "exceed the memory limit (count; 0 = safe)",
 }
 
 
@@ -49,21 +52,24 @@ def candidate_figures(schedule: Schedule, *, memory_limit: int | None = None,
                       **simulate_kwargs: Any) -> dict[str, float]:
     """The figures of :data:`CANDIDATE_COLUMNS` for one schedule (built with a model shape).
 
-    ``memory_limit`` is the most tokens a micro-batch of two or more samples
-    may hold (default: the schedule's token cap; without a cap, no limit);
+    ``memory_limit`` is the most tokens one GPU may hold of a micro-batch of two or more
+    samples (default: the schedule's ``max_tokens_per_gpu``; without a cap, no limit). A
+    micro-batch is split over the ``cp`` GPUs of its context-parallel group (slime's cap is
+    ``max_tokens_per_gpu * cp`` per micro-batch), so it is judged by ``tokens / cp``;
     ``hardware``, ``tp`` and ``simulate_kwargs`` go to
     :func:`~varbatch_kit.analysis.simulate.simulate` (``pp`` is the config's).
     """
     if memory_limit is not None:
         memory_limit = positive_int("memory_limit", memory_limit)
-    limit = schedule.config.cap if memory_limit is None else memory_limit
+    cp = schedule.config.cp
+    limit = schedule.config.max_tokens_per_gpu if memory_limit is None else memory_limit
     sim = simulate(schedule, hardware, tp=tp, timelines=False, **simulate_kwargs)
     q = step_quality(schedule)
     over_limit = 0
     if limit is not None:
         for step in schedule.steps:
             a = micro_batch_arrays(schedule, step)
-            over_limit += int(((a["tokens"] > limit) & (a["samples"] > 1)).sum())
+            over_limit += int(((a["tokens"] > limit * cp) & (a["samples"] > 1)).sum())
     cap = schedule.config.cap
     if cap is not None:
         trained = np.concatenate([s.sample_indices for s in schedule.steps])
@@ -80,6 +86,7 @@ def candidate_figures(schedule: Schedule, *, memory_limit: int | None = None,
         "makespan_ratio": float(q["makespan_ratio"].mean()),
         "mb_per_rank": float(q["micro_batches_per_rank"].mean()),
         "peak_mb_tokens": int(q["max_mb_tokens"].max()),
+        "peak_gpu_tokens": -(-int(q["max_mb_tokens"].max()) // cp),
         "oversize": oversize,
         "over_limit": over_limit,
     }

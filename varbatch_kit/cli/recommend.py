@@ -32,7 +32,7 @@ __all__ = ["add_parser", "format_candidates", "run"]
 #: rows printed besides the user's and the best
 SHOWN_ROWS = 10
 _COLUMNS = ["mark", "changed", "time_s", "step_s", "above_bound", "mb_per_rank",
-            "peak_mb_tokens", "oversize", "over_limit"]
+            "peak_gpu_tokens", "oversize", "over_limit"]
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -55,8 +55,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     room.add_argument("--max-tokens-limit", type=int, default=None, metavar="N",
                       help="instead: the most tokens per GPU a micro-batch may hold")
     p.add_argument("--vary-global-batch-size", action="store_true",
-                   help="also change --global-batch-size when --num-steps-per-rollout is not "
-                        "given (with it, the search changes --num-steps-per-rollout anyway)")
+                   help="also search the batch size: --num-steps-per-rollout when given, else "
+                        "--global-batch-size (it changes the RL algorithm: optimizer updates "
+                        "per rollout batch; by default both are yours)")
     p.add_argument("--hardware", default=DEFAULT_HARDWARE, choices=sorted(HARDWARE),
                    help=f"accelerator of the step-time model (default {DEFAULT_HARDWARE})")
     p.add_argument("--json", action="store_true", help="print one JSON object instead")
@@ -79,7 +80,7 @@ def format_candidates(rec) -> str:
         out[c] = out[c].map(lambda v: f"{v:.3f}")
     out["above_bound"] = out["above_bound"].map(lambda v: f"{v:.3f}")
     out["mb_per_rank"] = out["mb_per_rank"].map(lambda v: f"{v:.1f}")
-    for c in ("peak_mb_tokens", "oversize", "over_limit"):
+    for c in ("peak_gpu_tokens", "oversize", "over_limit"):
         out[c] = out[c].map(lambda v: str(int(v)))
     hidden = len(rec.table) - len(df)
     text = out.to_string(index=False)

@@ -40,7 +40,7 @@ from varbatch_kit.checks import int_in_range
 from varbatch_kit.compat.slime.flags import SLIME_FLAGS, schedule_config_from_slime_args
 from varbatch_kit.core.build import OversizeSampleWarning
 from varbatch_kit.core.config import ScheduleConfig
-from varbatch_kit.core.flops import ModelShape, available_presets
+from varbatch_kit.core.flops import ModelShape, as_model_shape, available_presets
 from varbatch_kit.core.rollouts import Rollouts
 from varbatch_kit.core.run_dumps import is_run_path
 from varbatch_kit.core.traces import bundled_traces, read_trace
@@ -130,12 +130,7 @@ def load_trace(spec: str) -> tuple[str, Rollouts]:
 
 def load_model(spec: str) -> ModelShape:
     """A model shape preset by name, or a Hugging Face ``config.json`` path."""
-    if spec in available_presets():
-        return ModelShape.preset(spec)
-    if Path(spec).suffix == ".json" or Path(spec).exists():
-        return ModelShape.from_hf_config(spec)
-    raise ValueError(f"--model {spec!r} is neither a preset ({', '.join(available_presets())}) "
-                     "nor a config.json path")
+    return as_model_shape(spec, name="--model")
 
 
 #: the layout when neither the flags nor ``--slime-args`` give one (the cap: dynamic batching)

@@ -19,7 +19,7 @@ import numpy as np
 from varbatch_kit.checks import positive_int
 from varbatch_kit.resources import data_dir
 
-__all__ = ["ModelShape", "MODELS_DIR", "available_presets"]
+__all__ = ["ModelShape", "MODELS_DIR", "as_model_shape", "available_presets"]
 
 #: the model presets shipped with the package (``data/models``)
 MODELS_DIR = Path(str(data_dir("models")))
@@ -281,3 +281,18 @@ def available_presets() -> list[str]:
     return sorted(p.stem for p in MODELS_DIR.glob("*.json"))
 
 
+def as_model_shape(model: ModelShape | str | Path, *, name: str = "model") -> ModelShape:
+    """``model`` as a :class:`ModelShape`: itself, a preset by name
+    (:func:`available_presets`), or the path of a Hugging Face ``config.json``. ``name``: the
+    argument's name in the error (``"--model"`` on the command line)."""
+    if isinstance(model, ModelShape):
+        return model
+    if isinstance(model, (str, Path)):
+        if str(model) in available_presets():
+            return ModelShape.preset(str(model))
+        if Path(model).suffix == ".json" or Path(model).exists():
+            return ModelShape.from_hf_config(model)
+        raise ValueError(f"{name} {str(model)!r} is neither a preset "
+                         f"({', '.join(available_presets())}) nor a config.json path")
+    raise ValueError(f"{name} must be a ModelShape, a preset name or a config.json path, got "
+                     f"{type(model).__name__}")

@@ -115,3 +115,18 @@ def test_global_batch_size_derived_as_slime_does(cmd, gbs):
 def test_global_batch_size_derivation_errors(cmd, match):
     with pytest.raises(ValueError, match=match):
         schedule_config_from_slime_args(cmd)
+
+
+def test_a_misspelled_flag_gets_a_suggestion_and_slimes_other_flags_none():
+    """A typo of a flag the schedule reads is named with the flag it resembles; slime's own
+    flags that only look alike (--expert-model-parallel-size, 0.86 alike) are not."""
+    with pytest.warns(UserWarning) as got:
+        schedule_config_from_slime_args(
+            "--global-batch-size 4 --balanse-data --use-dynamic-batch-size "
+            "--max-token-per-gpu 64 --max-tokens-per-gpu 64 --expert-model-parallel-size 2")
+    (w,) = got
+    text = str(w.message)
+    assert "--balanse-data (did you mean --balance-data?)" in text
+    assert "--max-token-per-gpu (did you mean --max-tokens-per-gpu?)" in text
+    assert text.endswith(", --expert-model-parallel-size")
+    assert text.count("did you mean") == 2

@@ -2,7 +2,8 @@
 (scripts/record_slime_realistic_dump.py: 64 prompts x 4 rollouts, a quarter compact, lengths
 up to 8k, samples without a rollout id, remove_sample, rollout log-probs): the user's flags
 leave about two micro-batches per rank; the recommended slime flags are pasteable, simulate as
-predicted and save more than 10 %."""
+predicted and save more than 10 % when the batch size may change, and about 10 % keeping the
+user's --num-steps-per-rollout (the default: it is the RL algorithm's)."""
 
 import json
 import warnings
@@ -29,7 +30,7 @@ def advice():
     assert len(r) == record["samples"] and "rollout_log_probs" in r.extra
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return r, recommend(r, USER, ModelShape.preset("qwen3-8b"))
+        return r, recommend(r, USER, ModelShape.preset("qwen3-8b"), vary_global_batch_size=True)
 
 
 def test_the_recommended_flags_save_more_than_10_percent_and_simulate_as_predicted(advice):
@@ -45,3 +46,14 @@ def test_the_recommended_flags_save_more_than_10_percent_and_simulate_as_predict
     assert float(sim.step_times["time_s"].sum()) == pytest.approx(rec.best["time_s"], rel=1e-9)
     # the user's other flags are kept verbatim, in order
     assert rec.command.startswith("--actor-num-gpus-per-node 8 --rollout-batch-size 64")
+
+
+def test_by_default_the_steps_per_rollout_are_the_users(advice):
+    r, varied = advice
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        kept = recommend(r, USER, "qwen3-8b")
+    assert set(kept.table["num_steps_per_rollout"]) == {4}
+    assert "--num-steps-per-rollout 4" in kept.command
+    assert "--num-steps-per-rollout 4" not in varied.command  # asked: the batch size moved
+    assert kept.best["safe"] and kept.best["time_s"] < 0.95 * kept.user["time_s"]

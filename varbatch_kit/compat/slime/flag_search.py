@@ -22,13 +22,15 @@ hardware table, ``tp`` from the flags) and ranks it
   :data:`~varbatch_kit.compat.slime.flags.SLIME_FLAGS`; ``--balance-by-flops``
   at two caps only, the user's and the best first-fit one: its Karmarkar-Karp
   packing is the slow one);
-- the global batch size, when the rollout settings allow changing it:
-  with ``--num-steps-per-rollout`` slime derives it as ``rollout_batch_size *
+- the global batch size only when asked (``vary_global_batch_size=True``,
+  ``--vary-global-batch-size``): it changes the RL algorithm (more or fewer
+  optimizer updates per rollout batch), so by default it and
+  ``--num-steps-per-rollout`` are the user's. When asked: with
+  ``--num-steps-per-rollout`` slime derives it as ``rollout_batch_size *
   n_samples_per_prompt // num_steps_per_rollout`` and the search changes
-  ``--num-steps-per-rollout`` (1 to 32); with ``--global-batch-size`` alone it
-  is kept unless ``vary_global_batch_size=True`` (then its divisors of the
-  trained rollouts). Only values that train exactly the user's rollouts are
-  tried (the same work), at most five, nearest the user's first;
+  ``--num-steps-per-rollout`` (1 to 32); with ``--global-batch-size`` its
+  divisors of the trained rollouts. Only values that train exactly the user's
+  rollouts are tried (the same work), at most five, nearest the user's first;
 - ``--microbatch-group-size-per-vp-stage`` with ``vpp > 1``: ``pp`` to
   ``2 * pp`` (Megatron accepts values from ``pp`` up to the micro-batch count).
 
@@ -66,7 +68,7 @@ from varbatch_kit.compat.slime.flags import (
 )
 from varbatch_kit.compat.slime.flags import positive_int as flag_int
 from varbatch_kit.core.config import ScheduleConfig
-from varbatch_kit.core.flops import ModelShape
+from varbatch_kit.core.flops import ModelShape, as_model_shape
 from varbatch_kit.core.hardware import DEFAULT_HARDWARE
 from varbatch_kit.core.rollouts import Rollouts
 
@@ -292,7 +294,8 @@ class Recommendation:
             lines.append(f"recommended: {b['changed']}: {b['time_s']:.2f} s "
                          f"({100 * (1 - b['time_s'] / u['time_s']):.1f} % less, "
                          f"{b['above_bound']:.3f}x the bound), peak micro-batch "
-                         f"{b['peak_mb_tokens']} tokens (memory limit {self.memory_limit})")
+                         f"{b['peak_gpu_tokens']} tokens per GPU (memory limit "
+                         f"{self.memory_limit})")
         if b["oversize"]:
             lines.append(f"warning: {b['oversize']} sample(s) longer than the cap; each "
                          "trains alone in its micro-batch")
@@ -361,7 +364,7 @@ def _evaluate(rollouts, model, ns, user, k, limit, hardware, tp, sim_kwargs):
     return row
 
 
-def recommend(rollouts: Rollouts, slime_args: str | Sequence[str], model: ModelShape, *,
+def recommend(rollouts: Rollouts, slime_args: str | Sequence[str], model: ModelShape | str, *,
               max_tokens_headroom: float = 1.0, max_tokens_limit: int | None = None,
               vary_global_batch_size: bool | None = None, hardware: str = DEFAULT_HARDWARE,
               **simulate_kwargs: Any) -> Recommendation:
@@ -375,16 +378,20 @@ def recommend(rollouts: Rollouts, slime_args: str | Sequence[str], model: ModelS
         The user's slime command line (a string or a list of arguments), read
         strictly (a bad value or an abbreviated flag is a ``ValueError`` naming it).
     model:
-        The model shape (FLOPs drive the simulated times).
+        The model shape (FLOPs drive the simulated times): a ``ModelShape``, a preset name
+        (``"qwen2.5-0.5b"``, :func:`~varbatch_kit.available_presets`, as ``--model`` takes)
+        or a Hugging Face ``config.json`` path.
     max_tokens_headroom:
         How far ``--max-tokens-per-gpu`` may grow, as a multiple of the user's
         (>= 1; default 1.0: not at all).
     max_tokens_limit:
         Instead, the most tokens per GPU a micro-batch may hold (>= the user's cap).
     vary_global_batch_size:
-        None (default): vary it only through ``--num-steps-per-rollout`` when
-        the user gives it; True: also when only ``--global-batch-size`` is
-        given; False: never.
+        True: also search the global batch size (through
+        ``--num-steps-per-rollout`` when the user gives it, else
+        ``--global-batch-size``); None or False (default): keep the user's
+        (changing it changes the RL algorithm: optimizer updates per rollout
+        batch).
     hardware, simulate_kwargs:
         The step-time model's (:func:`varbatch_kit.analysis.simulate.simulate`).
 
@@ -395,9 +402,7 @@ def recommend(rollouts: Rollouts, slime_args: str | Sequence[str], model: ModelS
     t0 = time.perf_counter()
     if not isinstance(rollouts, Rollouts):
         raise ValueError(f"rollouts must be a Rollouts, got {type(rollouts).__name__}")
-    if not isinstance(model, ModelShape):
-        raise ValueError(f"model must be a ModelShape (the FLOPs of the simulated step times), "
-                         f"got {type(model).__name__}")
+    model = as_model_shape(model)  # a ModelShape, a preset name or a config.json path
     headroom = number_in("max_tokens_headroom", max_tokens_headroom, 1.0,
                          note=" (a multiple of the user's --max-tokens-per-gpu)")
     if vary_global_batch_size not in (None, True, False):
@@ -416,7 +421,8 @@ def recommend(rollouts: Rollouts, slime_args: str | Sequence[str], model: ModelS
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             user_sched = build_schedule(rollouts, user_cfg, model)
-        base_limit = int(step_quality(user_sched)["max_mb_tokens"].max())
+        # per GPU: a micro-batch is split over the cp GPUs of its CP group
+        base_limit = -(-int(step_quality(user_sched)["max_mb_tokens"].max()) // user_cfg.cp)
     if max_tokens_limit is not None:
         limit = positive_int("max_tokens_limit", max_tokens_limit)
         if user.dynamic and limit < user.size:
@@ -424,8 +430,7 @@ def recommend(rollouts: Rollouts, slime_args: str | Sequence[str], model: ModelS
                              f"{user.size}: give a limit >= {user.size}")
     else:
         limit = int(base_limit * headroom)
-    vary = vary_global_batch_size if vary_global_batch_size is not None else \
-        user.num_steps is not None
+    vary = bool(vary_global_batch_size)  # the RL algorithm's: the user's unless asked
     args = (rollouts, model, ns, user)
     seen: dict[_Knobs, dict] = {}
 
@@ -490,7 +495,7 @@ def _result(tokens, raw, user, best, seen, user_cfg, rollouts, model, limit, har
     table = pd.DataFrame(rows).sort_values("time_s", kind="stable", na_position="last")
     table = table.reset_index(drop=True)
     for col in ("max_tokens_per_gpu", "micro_batch_size", "num_steps_per_rollout", "steps",
-                "peak_mb_tokens", "oversize", "over_limit"):
+                "peak_mb_tokens", "peak_gpu_tokens", "oversize", "over_limit"):
         table[col] = pd.array([None if v is None or v != v else int(v) for v in table[col]],
                               dtype="Int64")
     changes = _changes(raw, user, best)
