@@ -29,6 +29,8 @@ from varbatch_kit.core.traces import bundled_traces
 
 __all__ = ["add_parser", "format_candidates", "run"]
 
+#: the model when neither --model nor slime's model flags give one
+DEFAULT_MODEL = "qwen3-8b"
 #: rows printed besides the user's and the best
 SHOWN_ROWS = 10
 _COLUMNS = ["mark", "changed", "time_s", "step_s", "above_bound", "mb_per_rank",
@@ -46,8 +48,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--slime-args", required=True, metavar="FLAGS",
                    help="your slime command line, written --slime-args='--global-batch-size 64 "
                         "...' (its parallel sizes are kept)")
-    p.add_argument("--model", default="qwen3-8b", help="model shape preset or a config.json path "
-                                                       "(default qwen3-8b)")
+    p.add_argument("--model", default=None,
+                   help="model shape preset or a config.json path (default: the model flags "
+                        f"of --slime-args, --num-layers ..., else {DEFAULT_MODEL})")
     room = p.add_mutually_exclusive_group()
     room.add_argument("--max-tokens-headroom", type=float, default=1.0, metavar="X",
                       help="--max-tokens-per-gpu may grow up to X times yours (default 1.0: "
@@ -103,7 +106,12 @@ def _plain(value: Any) -> Any:
 def run(args: argparse.Namespace) -> int:
     """Run the subcommand; ``ValueError`` for anything the user can fix."""
     name, rollouts = load_trace(args.trace)
-    model = load_model(args.model)
+    if args.model is not None:
+        model = load_model(args.model)
+    else:  # slime's own model flags, as slime computes FLOPs from them; else the default
+        from varbatch_kit.compat.slime.model_flags import model_shape_from_slime_args
+
+        model = model_shape_from_slime_args(args.slime_args) or load_model(DEFAULT_MODEL)
     rec = recommend(rollouts, args.slime_args, model, max_tokens_headroom=args.max_tokens_headroom,
                     max_tokens_limit=args.max_tokens_limit,
                     vary_global_batch_size=True if args.vary_global_batch_size else None,

@@ -194,8 +194,8 @@ def test_bad_input_is_a_value_error_naming_it(args, kwargs, match):
 def test_bad_rollouts_or_model():
     with pytest.raises(ValueError, match="rollouts must be a Rollouts"):
         recommend([1, 2], "--global-batch-size 8", MODEL)
-    with pytest.raises(ValueError, match="model must be a ModelShape"):
-        recommend(read_trace(DUMP), "--global-batch-size 8", None)
+    with pytest.raises(ValueError, match="model must be a ModelShape, a preset name or a "):
+        recommend(read_trace(DUMP), "--global-batch-size 8", 3.5)
 
 
 def test_a_static_user_gets_the_limit_of_their_own_largest_micro_batch():
@@ -243,3 +243,36 @@ def test_under_context_parallelism_the_memory_limit_is_per_gpu():
     per_gpu = [a["tokens"][a["samples"] > 1] / 2 for a in
                (micro_batch_arrays(sched, s) for s in sched.steps)]
     assert max(x.max() for x in per_gpu if x.size) <= 64
+
+
+QWEN3_8B_FLAGS = ("--swiglu --num-layers 36 --hidden-size 4096 --ffn-hidden-size 12288 "
+                  "--num-attention-heads 32 --group-query-attention --num-query-groups 8 "
+                  "--kv-channels 128 --vocab-size 151936 --normalization RMSNorm")
+
+
+def test_slimes_model_flags_are_the_model_and_not_ignored():
+    """slime's MODEL_ARGS for Qwen3-8B give the preset's FLOPs shape; recommend reads them
+    (no model argument), lists none of them as ignored, and refuses a different model given
+    beside them."""
+    from varbatch_kit.compat.slime.model_flags import model_shape_from_slime_args
+    from varbatch_kit.core.flops import ModelShape
+
+    shape = model_shape_from_slime_args(QWEN3_8B_FLAGS)
+    preset = ModelShape.preset("qwen3-8b")
+    for f in ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads",
+              "num_query_groups", "kv_channels", "vocab_size"):
+        assert getattr(shape, f) == getattr(preset, f), f
+    assert model_shape_from_slime_args("--global-batch-size 4") is None
+    with pytest.raises(ValueError, match=r"--hidden-size, --vocab-size missing"):
+        model_shape_from_slime_args("--num-layers 2 --num-attention-heads 4")
+    r = read_trace(DUMP)
+    with pytest.warns(UserWarning) as got:
+        rec = recommend(r, DUMP_ARGS + " " + QWEN3_8B_FLAGS)
+    ignored = " ".join(str(w.message) for w in got)
+    assert "--num-layers" not in ignored and "--swiglu" in ignored
+    by_preset = _quiet(recommend, r, DUMP_ARGS, "qwen3-8b")
+    np.testing.assert_allclose(rec.table["time_s"], by_preset.table["time_s"], rtol=1e-12)
+    with pytest.raises(ValueError, match="describe different models"):
+        _quiet(recommend, r, DUMP_ARGS + " " + QWEN3_8B_FLAGS, "qwen2.5-0.5b")
+    with pytest.raises(ValueError, match="no model: give model="):
+        _quiet(recommend, r, DUMP_ARGS)

@@ -33,6 +33,7 @@ from varbatch_kit.compat.slime.metrics import (
     reduce_train_step_metrics,
     rollout_log_metric_contribution,
 )
+from varbatch_kit.compat.slime.model_flags import model_shape_from_slime_args
 from varbatch_kit.compat.slime.objective import (
     chunked_discounted_returns,
     compute_advantages_and_returns,
@@ -76,6 +77,7 @@ __all__ = [
     "chunked_discounted_returns",
     "compute_advantages_and_returns",
     "compute_approx_kl",
+    "model_shape_from_slime_args",
     "compute_cispo_loss",
     "compute_gspo_kl",
     "compute_opsm_mask",

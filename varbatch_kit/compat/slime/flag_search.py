@@ -57,7 +57,7 @@ import shlex
 import time
 import warnings
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from varbatch_kit.checks import number_in, positive_int
@@ -84,9 +84,30 @@ MAX_BATCH_SIZES = 5
 
 
 def _table() -> tuple:
+    from varbatch_kit.compat.slime.model_flags import MODEL_FLAG_TABLE
+
     known = {flag for flag, _ in SCHEDULE_FLAG_TABLE}
-    return SCHEDULE_FLAG_TABLE + tuple((f, {"type": flag_int}) for f in ROLLOUT_FLAGS
-                                       if f not in known)
+    return (SCHEDULE_FLAG_TABLE + tuple((f, {"type": flag_int}) for f in ROLLOUT_FLAGS
+                                        if f not in known) + MODEL_FLAG_TABLE)
+
+
+def _the_model(model, ns: argparse.Namespace) -> ModelShape:
+    """The model of the search: ``model`` (a shape, a preset name or a config.json path) or
+    the slime command line's model flags; both given must be the same model."""
+    from varbatch_kit.compat.slime.model_flags import model_shape_from_slime_args
+
+    from_flags = model_shape_from_slime_args(ns)
+    if model is None:
+        if from_flags is None:
+            raise ValueError("no model: give model= (a ModelShape, a preset name or a "
+                             "config.json path) or slime's model flags (--num-layers "
+                             "--hidden-size --num-attention-heads --vocab-size ...)")
+        return from_flags
+    shape = as_model_shape(model)
+    if from_flags is not None and replace(shape, name="") != replace(from_flags, name=""):
+        raise ValueError(f"model={shape.name!r} and the slime command line's model flags "
+                         "describe different models; give one of them")
+    return shape
 
 
 def _parse(argv: str | Sequence[str]) -> tuple[list[str], argparse.Namespace]:
@@ -364,7 +385,8 @@ def _evaluate(rollouts, model, ns, user, k, limit, hardware, tp, sim_kwargs):
     return row
 
 
-def recommend(rollouts: Rollouts, slime_args: str | Sequence[str], model: ModelShape | str, *,
+def recommend(rollouts: Rollouts, slime_args: str | Sequence[str],
+              model: ModelShape | str | None = None, *,
               max_tokens_headroom: float = 1.0, max_tokens_limit: int | None = None,
               vary_global_batch_size: bool | None = None, hardware: str = DEFAULT_HARDWARE,
               **simulate_kwargs: Any) -> Recommendation:
@@ -380,7 +402,10 @@ def recommend(rollouts: Rollouts, slime_args: str | Sequence[str], model: ModelS
     model:
         The model shape (FLOPs drive the simulated times): a ``ModelShape``, a preset name
         (``"qwen2.5-0.5b"``, :func:`~varbatch_kit.available_presets`, as ``--model`` takes)
-        or a Hugging Face ``config.json`` path.
+        or a Hugging Face ``config.json`` path; None: the model flags of ``slime_args``
+        (``--num-layers --hidden-size ...``, as slime computes FLOPs from them:
+        :func:`~varbatch_kit.compat.slime.model_flags.model_shape_from_slime_args`).
+        Both given must describe the same model.
     max_tokens_headroom:
         How far ``--max-tokens-per-gpu`` may grow, as a multiple of the user's
         (>= 1; default 1.0: not at all).
@@ -402,13 +427,13 @@ def recommend(rollouts: Rollouts, slime_args: str | Sequence[str], model: ModelS
     t0 = time.perf_counter()
     if not isinstance(rollouts, Rollouts):
         raise ValueError(f"rollouts must be a Rollouts, got {type(rollouts).__name__}")
-    model = as_model_shape(model)  # a ModelShape, a preset name or a config.json path
     headroom = number_in("max_tokens_headroom", max_tokens_headroom, 1.0,
                          note=" (a multiple of the user's --max-tokens-per-gpu)")
     if vary_global_batch_size not in (None, True, False):
         raise ValueError(f"vary_global_batch_size must be None, True or False, got "
                          f"{vary_global_batch_size!r}")
     tokens, raw = _parse(slime_args)
+    model = _the_model(model, raw)
     ns = _derive_gbs(raw)
     user_cfg = schedule_config_from_slime_args(ns)
     user = _user_knobs(ns, user_cfg)
