@@ -130,17 +130,22 @@ class _CudaOnCpu:
 
 
 class _TorchOnCpu:
-    """``torch`` as seen by a patched module; everything else is the real module."""
+    """``torch`` as seen by a patched module; everything else is the real module.
+
+    Each name is looked up on ``torch`` once and then kept as this object's own attribute,
+    so the patched modules' hot paths (megatron's linear layers call ``torch.matmul`` and
+    friends in every forward and backward) pay a plain attribute read, not a
+    ``__getattr__`` call."""
 
     def __init__(self) -> None:
         self.cuda = _CudaOnCpu()
-        self._factories = {name: _factory_on_cpu(getattr(torch, name)) for name in _FACTORIES}
+        for name in _FACTORIES:
+            setattr(self, name, _factory_on_cpu(getattr(torch, name)))
 
     def __getattr__(self, name: str) -> Any:
-        factories = self.__dict__.get("_factories", {})
-        if name in factories:
-            return factories[name]
-        return getattr(torch, name)
+        value = getattr(torch, name)
+        self.__dict__[name] = value
+        return value
 
     def __repr__(self) -> str:
         return "<torch as seen by megatron-core on CPU (varbatch_kit.train.parallel.cpu_shim)>"
