@@ -569,6 +569,16 @@ def test_a_dump_is_read_once_per_process_and_again_when_it_changes(tmp_path, mon
          "status": "completed"}]}, p)
     os.utime(p, ns=(p.stat().st_atime_ns, p.stat().st_mtime_ns + 10**9))
     assert read_trace(p).total_len.tolist() == [5] and len(loads) == 2
+    # the cache is bounded by the files' bytes: the oldest dump leaves first
+    q = tmp_path / "rollout_1.pt"
+    torch.save({"rollout_id": 1, "samples": [
+        {"tokens": [1, 2, 3], "response_length": 1, "rollout_id": 0, "status": "completed"}]}, q)
+    monkeypatch.setattr(slime_dumps, "_READ_MAX_BYTES", p.stat().st_size + q.stat().st_size - 1)
+    read_trace(q)  # both do not fit: p leaves
+    read_trace(q)
+    assert len(loads) == 3
+    read_trace(p)
+    assert len(loads) == 4 and len(slime_dumps._READ) == 1
 
 
 def test_an_older_dump_says_once_what_was_assumed(tmp_path):
