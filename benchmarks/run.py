@@ -55,6 +55,8 @@ each writing ``build/bench/<name>.json``):
 - ``u`` **Dump loading** (``benchmarks/dump_loading.py``): a 35 MB slime-shaped dump read by
   varbatch_kit's restricted loader against ``torch.load`` unrestricted and with
   ``weights_only=True``, and a second read of the same file (the per-process cache).
+- ``a`` **Launch overhead** (``benchmarks/launch_overhead.py``): one-step dp 2 toy launches,
+  their agents forked by the agent server against fresh interpreters: CPU and wall per launch.
 
 Run ``python -m benchmarks.run`` (``--quick`` for a short run, ``--help``).
 The step-time model: H100, efficiency 0.45, 4 ms per micro-batch, pp 1.
@@ -330,7 +332,7 @@ def section_gap(count: int, time_limit_s: float) -> None:
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="small sizes, 30 gap instances")
-    ap.add_argument("--sections", default="12345mpdoklcbwieu",
+    ap.add_argument("--sections", default="12345mpdoklcbwieua",
                     help="which sections to run, e.g. 12 or mp (see the module docstring)")
     ap.add_argument("--peer-packages", default=None, metavar="DIR",
                     help="section p: folder holding verl / areal / openrlhf (pip --target)")
@@ -365,7 +367,8 @@ def main(argv=None) -> None:
     for key, name in (("m", "measured"), ("p", "peers"), ("d", "dynamic_cp"), ("o", "pp_order"),
                       ("k", "checkpoint"), ("l", "logprob_memory"), ("c", "cp_memory"),
                       ("b", "pp_measured"), ("w", "worker_malloc"),
-                      ("i", "worker_import"), ("e", "engine_speed"), ("u", "dump_loading")):
+                      ("i", "worker_import"), ("e", "engine_speed"), ("u", "dump_loading"),
+                      ("a", "launch_overhead")):
         if key not in args.sections:
             continue
         import importlib

@@ -288,3 +288,35 @@ def test_a_cpu_run_on_a_gpu_host_trains(tmp_path, monkeypatch):
     assert choice["reason"] == "run.device='cpu' (8 GPUs per node)"
     assert r.meta["device"] == "cpu" and r.steps["device"].tolist() == ["cpu"]
     assert np.isfinite(r.steps["loss"]).all() and (r.steps["grad_norm"] > 0).all()
+
+
+def test_agents_forked_by_the_server_train_as_fresh_ones_do(tmp_path, monkeypatch):
+    """The agent server (train/runs/agent_server.py) changes how a CPU launch's agent starts,
+    nothing it computes: the same run from a fresh agent (VARBATCH_KIT_FRESH_AGENTS=1, and a
+    launch from another thread) gives the same steps bit for bit, and the served launch's
+    agent is a fork of this process's one server, recorded in the job's pid files."""
+    import threading
+
+    from varbatch_kit.train.runs import agent_server
+
+    cfg = TrainConfig().with_(dp=2, global_batch_size=4, max_tokens_per_gpu=32, max_steps=2,
+                              **TINY)
+    rollouts = _invariance_rollouts()
+    served = run(cfg, rollouts, out_dir=tmp_path / "served", progress=False)
+    (job,) = (tmp_path / "served").glob("job0-*")
+    assert (job / "pids" / "agent.pid").is_file()
+    server = agent_server._server
+    assert server is not None and server.alive()
+    monkeypatch.setenv(agent_server.FRESH_AGENTS_ENV, "1")
+    fresh = run(cfg, rollouts, out_dir=tmp_path / "fresh", progress=False)
+    (job,) = (tmp_path / "fresh").glob("job0-*")
+    assert not (job / "pids" / "agent.pid").exists()  # a fresh interpreter names its job
+    monkeypatch.delenv(agent_server.FRESH_AGENTS_ENV)
+    got = []
+    thread = threading.Thread(target=lambda: got.append(
+        run(cfg, rollouts, out_dir=tmp_path / "thread", progress=False)))
+    thread.start()
+    thread.join()
+    cols = ["step", "loss", "grad_norm", "samples", "num_microbatches"]
+    for other in (fresh, got[0]):
+        pd.testing.assert_frame_equal(served.steps[cols], other.steps[cols], check_exact=True)

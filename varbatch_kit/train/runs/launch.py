@@ -1,10 +1,13 @@
 """Launch training from a notebook or the CLI: ``torchrun`` as a subprocess, reports back.
 
 The caller (a notebook kernel) stays a single process. :func:`run` writes the
-rollouts and the config to a job folder, starts ``python -m
-torch.distributed.run --nproc_per_node=dp*cp*pp*tp/nnodes`` (one node: on a free
-local port), follows the JSON lines rank 0 writes (one per step) with a tqdm
-bar, and returns a :class:`Run` whose ``steps`` table holds them.
+rollouts and the config to a job folder, starts torchrun's agent
+(``--nproc_per_node=dp*cp*pp*tp/nnodes``; one node: on a free local port; on CPU
+forked by the launching process's agent server,
+:mod:`~varbatch_kit.train.runs.agent_server`, which imported torch and megatron once,
+else ``python -m torch.distributed.run`` in a fresh interpreter), follows the
+JSON lines rank 0 writes (one per step) with a tqdm bar, and returns a
+:class:`Run` whose ``steps`` table holds them.
 
 Failures never hang and never leave processes behind: when a worker writes
 its traceback (``errors/rankN.txt``), torchrun exits non-zero, or the
@@ -47,6 +50,7 @@ from pathlib import Path
 from varbatch_kit.core.rollouts import Rollouts
 from varbatch_kit.train.config.train_config import TrainConfig
 from varbatch_kit.train.parallel.devices import select_device
+from varbatch_kit.train.runs.agent_server import agent_server
 from varbatch_kit.train.runs.checkpoint import check_resumable, fingerprint, latest_checkpoint
 from varbatch_kit.train.runs.plan import PlannedRun, plan_runs
 from varbatch_kit.train.runs.results import Run, load_run
@@ -253,6 +257,21 @@ def _torchrun_command(c0: TrainConfig, job_dir: Path, fingerprints,
     return cmd, env
 
 
+def _start_agent(cmd: list[str], env: dict, job_dir: Path, log_path: Path, device: str):
+    """Start the launch's torchrun agent: on CPU forked by this process's agent server
+    (:mod:`~varbatch_kit.train.runs.agent_server`: torch and megatron imported once, not per
+    launch), else (CUDA, ``VARBATCH_KIT_FRESH_AGENTS=1``, a launch from another thread) as a
+    fresh interpreter, ``cmd``. Either way its own session, its output in ``log_path``."""
+    server = agent_server(env) if device == "cpu" else None
+    if server is not None:
+        log_path.touch()
+        argv = cmd[cmd.index("--preload-worker") + 1:]  # torchrun's own arguments
+        return server.start(argv, env, str(job_dir), str(log_path), str(job_dir))
+    with open(log_path, "wb") as log:
+        return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
+                                start_new_session=True, cwd=str(job_dir))
+
+
 def _launch(plans: list[PlannedRun], rollouts: Rollouts, device: str, job_dir: Path,
             out_dirs: list[Path], progress: bool, *,
             resume_from: list | None = None, fingerprints: list | None = None,
@@ -278,9 +297,7 @@ def _launch(plans: list[PlannedRun], rollouts: Rollouts, device: str, job_dir: P
                    desc=c0.name, unit="step", leave=True)
     t0 = time.monotonic()
     since_ns = time.time_ns() - 1_000_000_000
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
-                                start_new_session=True, cwd=str(job_dir))
+    proc = _start_agent(cmd, env, job_dir, log_path, device)
     # resumed runs: the lines before the checkpoint are not news
     # (node 0 cut the log back before it launched; another node may have looked earlier)
     states: list[dict] = [{"offset": (out / "steps.jsonl").stat().st_size}

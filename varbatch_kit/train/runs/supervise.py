@@ -1,10 +1,12 @@
 """Supervise a torchrun job: find its processes, stop them all, report a failure.
 
-Workers record their pids in ``JOB/pids/rankN.pid`` and their tracebacks in
-``JOB/errors/rankN.txt``; every process of a job names the job folder on its
-command line, so a worker that had not yet written its pid file is found
-too. :func:`kill_job` leaves no process behind; :func:`raise_failure` stops
-the job and raises :class:`TrainingError` with the failing rank's traceback.
+Workers record their pids (and start times) in ``JOB/pids/rankN.pid`` and their
+tracebacks in ``JOB/errors/rankN.txt``; a process started fresh names the job folder
+on its command line, and an agent forked by the agent server records itself in
+``JOB/pids/agent.pid``, so a worker that had not yet written its pid file is found
+too (by its command line, or as the recorded agent's descendant). :func:`kill_job`
+leaves no process behind; :func:`raise_failure` stops the job and raises
+:class:`TrainingError` with the failing rank's traceback.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ import signal
 import subprocess
 import time
 from pathlib import Path
+
+from varbatch_kit.train.runs.agent_server import process_start_time
 
 #: a worker of a launch of several ranks that failed (its traceback written) waits this long
 #: before it exits: on CPU the ranks are forked by torchrun's agent, which then names only the
@@ -64,7 +68,27 @@ def _alive(pid: int) -> bool:
             return False
 
 
-def _is_our_worker(pid: int, job_dir: Path) -> bool:
+def _recorded(job_dir: Path) -> dict[int, str]:
+    """pid -> start time of the processes the job recorded (``JOB/pids/*.pid``: its ranks and
+    a served agent, :mod:`~varbatch_kit.train.runs.agent_server`; an old file: no time)."""
+    out = {}
+    for p in (job_dir / "pids").glob("*.pid"):
+        try:
+            pid, *start = p.read_text().split()
+            out[int(pid)] = start[0] if start else ""
+        except (OSError, ValueError, IndexError):
+            pass
+    return out
+
+
+def _is_our_worker(pid: int, job_dir: Path, recorded: dict[int, str] | None = None) -> bool:
+    """``pid`` is a process of the job: a fresh interpreter names the job folder on its
+    command line; a forked one (an agent of the agent server and its ranks carry the
+    server's command line) is the process its pid file recorded, the start time the same
+    (``recorded``: :func:`_recorded`, read once by a caller that asks for many pids)."""
+    start = (_recorded(job_dir) if recorded is None else recorded).get(pid)
+    if start:
+        return process_start_time(pid) == start
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as f:
             return str(job_dir).encode() in f.read().split(b"\0")  # JOB_DIR is an argument
@@ -78,20 +102,43 @@ def worker_pids(job_dir: Path) -> list[int]:
     pids = []
     for p in sorted((job_dir / "pids").glob("rank*.pid")):
         try:
-            pids.append(int(p.read_text().strip()))
-        except (OSError, ValueError):
+            pids.append(int(p.read_text().split()[0]))
+        except (OSError, ValueError, IndexError):
             pass
     return pids
 
 
+def _children() -> dict[int, list[int]]:
+    """ppid -> pids of every live process (Linux ``/proc``)."""
+    out: dict[int, list[int]] = {}
+    for entry in Path("/proc").glob("[0-9]*"):
+        try:
+            with open(entry / "stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        out.setdefault(ppid, []).append(int(entry.name))
+    return out
+
+
 def job_processes(job_dir: Path) -> list[int]:
-    """Live processes whose command line names ``job_dir`` (torchrun and its workers; Linux)."""
-    me, found = os.getpid(), []
+    """Live processes of the job (Linux): those whose command line names ``job_dir`` (torchrun
+    and its workers started fresh), the recorded ones and, under a recorded agent of the
+    agent server, every descendant (a rank that had not yet written its pid file)."""
+    me, found, recorded = os.getpid(), set(), _recorded(job_dir)
     for entry in Path("/proc").glob("[0-9]*"):
         pid = int(entry.name)
-        if pid != me and _is_our_worker(pid, job_dir) and _alive(pid):
-            found.append(pid)
-    return found
+        if pid != me and _is_our_worker(pid, job_dir, recorded) and _alive(pid):
+            found.add(pid)
+    children, todo = None, [p for p in found if p in recorded]
+    while todo:
+        children = children if children is not None else _children()
+        pid = todo.pop()
+        for child in children.get(pid, []):
+            if child not in found and _alive(child):
+                found.add(child)
+                todo.append(child)
+    return sorted(found)
 
 
 def kill_job(proc: subprocess.Popen, job_dir: Path) -> None:
@@ -118,7 +165,7 @@ def kill_job(proc: subprocess.Popen, job_dir: Path) -> None:
             except ProcessLookupError:
                 pass
             proc.wait(timeout=10)
-    # a worker that had not yet written its pid file: find it by its command line
+    # a worker that had not yet written its pid file: by its command line or its agent
     for pid in job_processes(job_dir):
         try:
             os.kill(pid, signal.SIGKILL)

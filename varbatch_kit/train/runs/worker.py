@@ -398,13 +398,13 @@ def main(argv: list[str] | None = None) -> int:
         setup_process,
         use_layout,
     )
+    from varbatch_kit.train.runs.agent_server import write_pid_file
 
     argv = sys.argv[1:] if argv is None else argv
     job_dir = Path(argv[0])
     rank = int(os.environ["RANK"])
     die_with_parent()
-    (job_dir / "pids").mkdir(exist_ok=True)
-    (job_dir / "pids" / f"rank{rank}.pid").write_text(str(os.getpid()))
+    write_pid_file(job_dir / "pids" / f"rank{rank}.pid")  # pid and start time (supervise)
     current = "setup"
     try:
         with open(job_dir / "job.pkl", "rb") as f:
