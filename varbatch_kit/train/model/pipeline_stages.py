@@ -255,6 +255,16 @@ def from_last_stage(obj, layout):
     return box[0]
 
 
+def _merged_on_rank0(mine: dict) -> dict | None:
+    """Every rank's ``name -> tensor`` dict merged on world rank 0 (None elsewhere), the
+    tensors sent point to point (:func:`~varbatch_kit.train.parallel.object_gather.
+    gather_to_rank0`). A collective of every rank."""
+    from varbatch_kit.train.parallel.object_gather import gather_to_rank0
+
+    parts = gather_to_rank0(mine)
+    return None if parts is None else {k: v for part in parts for k, v in part.items()}
+
+
 def gather_full_params(chunks: Chunks, layout) -> dict | None:
     """Every stage's parameters under the full model's names, on world rank 0 (None
     elsewhere); the stages' pool rank 0 / tp rank 0 copies (a collective)."""
@@ -262,15 +272,7 @@ def gather_full_params(chunks: Chunks, layout) -> dict | None:
 
     c = layout.coords(dist.get_rank())
     full = chunks.full_params()  # every TP rank of the stage takes part in the gather
-    mine = full if c.pool_rank == 0 and c.tp_rank == 0 else {}
-    parts = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
-    dist.gather_object(mine, parts, dst=0)
-    if parts is None:
-        return None
-    out: dict = {}
-    for part in parts:
-        out.update(part)
-    return out
+    return _merged_on_rank0(full if c.pool_rank == 0 and c.tp_rank == 0 else {})
 
 
 def gather_grads(grads: dict, layout) -> dict | None:
@@ -278,9 +280,4 @@ def gather_grads(grads: dict, layout) -> dict | None:
     import torch.distributed as dist
 
     c = layout.coords(dist.get_rank())
-    mine = grads if c.pool_rank == 0 and c.tp_rank == 0 else {}
-    parts = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
-    dist.gather_object(mine, parts, dst=0)
-    if parts is None:
-        return None
-    return {k: v for part in parts for k, v in part.items()}
+    return _merged_on_rank0(grads if c.pool_rank == 0 and c.tp_rank == 0 else {})

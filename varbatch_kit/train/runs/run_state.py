@@ -127,14 +127,15 @@ def gather_model_shards(gpt, optimizer, layout) -> list[list[tuple[dict, dict]]]
     under the distributed optimizer each pool gathers its shards first)."""
     import torch.distributed as dist
 
+    from varbatch_kit.train.parallel.object_gather import gather_to_rank0
+
     c = layout.coords(dist.get_rank())
     mine = None
     state = optimizer_state(optimizer) if is_distributed(optimizer) else None
     if c.pool_rank == 0:
         mine = (c.pp_rank, c.tp_rank, _model_state(gpt),
                 optimizer.state_dict() if state is None else state)
-    parts = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
-    dist.gather_object(mine, parts, dst=0)
+    parts = gather_to_rank0(mine)  # the tensors point to point, not pickled and padded
     if parts is None:
         return None
     found = {(p[0], p[1]): (p[2], p[3]) for p in parts if p is not None}
