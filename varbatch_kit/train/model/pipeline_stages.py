@@ -121,14 +121,14 @@ class Chunks:
         self.module = torch.nn.ModuleList(chunks)
 
     def full_params(self) -> dict:
-        """This rank's parameters under the full model's names (CPU copies), each gathered
-        over the tensor-parallel group to its full tensor (a collective over that group;
-        a plain copy without TP)."""
+        """This rank's parameters under the full model's names, each gathered over the
+        tensor-parallel group to its full tensor (a collective over that group; without TP
+        the parameters themselves, detached: read them before the next update)."""
         from varbatch_kit.train.parallel.tensor_parallel import gather_full_parameters
 
         out = {}
         for chunk, layers, (pre, _post) in zip(self.chunks, self.layers, self.flags):
-            for n, t in gather_full_parameters(chunk).items():
+            for n, t in gather_full_parameters(chunk, copy=False).items():
                 name = full_name(n, layers, pre_process=pre, tied=self.tied)
                 if name is not None:
                     out[name] = t

@@ -115,13 +115,15 @@ def full_from_shards(shards: list[torch.Tensor], *, dim: int, stride: int = 1) -
 
 
 def gather_full_parameters(module, tensors: Mapping[str, torch.Tensor] | None = None,
-                           group=None) -> dict[str, torch.Tensor]:
+                           group=None, *, copy: bool = True) -> dict[str, torch.Tensor]:
     """Every parameter of ``module`` as its full (tp 1) CPU tensor, by tp 1's name.
 
     ``tensors`` (name -> a tensor shaped like that parameter's shard, e.g. its gradient):
     gather those instead of the parameters. A collective: every rank of the TP ``group``
     (default: megatron's tensor-parallel group) calls it with the same names. Without
-    tensor parallelism it is a plain copy.
+    tensor parallelism it is a plain copy; ``copy=False``: a CPU tensor that is not split
+    comes back as itself, detached (for a caller that only reads it before the next update,
+    e.g. to save it: no copy of every parameter, hundreds of MB on a float64 SmolLM2).
     """
     import torch
     import torch.distributed as dist
@@ -139,7 +141,7 @@ def gather_full_parameters(module, tensors: Mapping[str, torch.Tensor] | None = 
         value = value.detach()
         attrs = _split_attrs(params[name])
         if size == 1 or attrs is None:
-            out[name] = value.cpu().clone()
+            out[name] = value.cpu().clone() if copy or value.device.type != "cpu" else value
             continue
         dim, stride = attrs
         shards = [torch.empty_like(value) for _ in range(size)]

@@ -102,8 +102,9 @@ def saved_weights(run_dir: str | os.PathLike, step: int | None = None) -> tuple[
         raise ValueError(f"step={step!r}: the run trained steps 1..{final}; give one of them "
                          "(or None: the final step)")
     params, ckpts = _saved_steps(run_dir)
-    if step in params:
-        return step, torch.load(params[step], map_location="cpu", weights_only=True)
+    if step in params:  # rank 0 saved views of its parameter buffer: one tensor each here
+        state = torch.load(params[step], map_location="cpu", weights_only=True)
+        return step, {k: v.clone() for k, v in state.items()}
     if step in ckpts:
         state = torch.load(ckpts[step] / "model.pt", map_location="cpu", weights_only=True)
         if any(_SHARD.match(name) for name in state):

@@ -295,7 +295,7 @@ def train(cfg: TrainConfig, model_spec, steps: list, log_prob_steps: list, rollo
                 grads = gather_grads(grads, layout)
         elif number in cfg.run.save_params_at and saver:
             # the full tensors under tp 1's names (a collective over rank 0's TP group)
-            params = gather_full_parameters(gpt)
+            params = gather_full_parameters(gpt, copy=False)  # saved before the next update
         if rank == 0:
             if number in cfg.run.save_params_at:
                 save_tensors(params, out_dir / f"params_step{number}.pt")

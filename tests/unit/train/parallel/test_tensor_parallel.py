@@ -80,6 +80,10 @@ def test_without_tensor_parallelism_the_gather_is_a_copy():
     grads = gather_full_parameters(lin, {"weight": torch.ones(2, 3), "bias": torch.zeros(2)})
     assert torch.equal(grads["weight"], torch.ones(2, 3))
     assert full_parameter_count(lin) == 8
+    # copy=False (a caller that saves them before the next update): the parameters themselves
+    views = gather_full_parameters(lin, copy=False)
+    assert views["weight"].data_ptr() == lin.weight.data_ptr()
+    assert not views["weight"].requires_grad
 
 
 def test_what_tp_cannot_split_is_refused_naming_what_works(tmp_path):
