@@ -52,8 +52,10 @@ import threading
 import time
 from pathlib import Path
 
-__all__ = ["FRESH_AGENTS_ENV", "AgentServer", "ServedAgent", "agent_server",
-           "process_start_time", "serve", "stop_agent_server"]
+from varbatch_kit.train.runs.pid_files import write_pid_file
+
+__all__ = ["FRESH_AGENTS_ENV", "AgentServer", "ServedAgent", "agent_server", "serve",
+           "stop_agent_server"]
 
 #: set to 1: every CPU launch starts its agent as a fresh interpreter (no server)
 FRESH_AGENTS_ENV = "VARBATCH_KIT_FRESH_AGENTS"
@@ -64,25 +66,6 @@ START_TIMEOUT_S = 300.0
 #: worker calls torch.set_num_threads) and the package's own switches (each read where used)
 _PER_LAUNCH_ENV = ("OMP_NUM_THREADS",)
 _PER_LAUNCH_PREFIX = "VARBATCH_KIT_"
-
-
-def process_start_time(pid: int) -> str | None:
-    """The start time of process ``pid`` in clock ticks since boot (``/proc/PID/stat`` field
-    22): with the pid, it names one process (a pid is reused, the pair is not). None when
-    the process is gone or there is no ``/proc``."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[19]
-    except (OSError, IndexError):
-        return None
-
-
-def write_pid_file(path: Path) -> None:
-    """``PID STARTTIME`` of this process to ``path`` (:mod:`~varbatch_kit.train.runs.supervise`
-    reads it back)."""
-    pid = os.getpid()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(f"{pid} {process_start_time(pid) or ''}".strip())
 
 
 def _die_with_parent() -> None:

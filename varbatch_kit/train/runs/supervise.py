@@ -19,7 +19,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from varbatch_kit.train.runs.agent_server import process_start_time
+from varbatch_kit.train.runs.pid_files import process_start_time
 
 #: a worker of a launch of several ranks that failed (its traceback written) waits this long
 #: before it exits: on CPU the ranks are forked by torchrun's agent, which then names only the

@@ -398,7 +398,7 @@ def main(argv: list[str] | None = None) -> int:
         setup_process,
         use_layout,
     )
-    from varbatch_kit.train.runs.agent_server import write_pid_file
+    from varbatch_kit.train.runs.pid_files import write_pid_file
 
     argv = sys.argv[1:] if argv is None else argv
     job_dir = Path(argv[0])
