@@ -181,6 +181,10 @@ def train(cfg: TrainConfig, model_spec, steps: list, log_prob_steps: list, rollo
     )
     if device.type == "cpu":
         fuse_cpu_adam(optimizer)
+        # the word embedding's rows into main_grad, not a dense table per micro-batch
+        from varbatch_kit.train.model.embedding_grad import route_embedding_grads
+
+        route_embedding_grads(ddp)
     unit = cfg.lr_increment_unit()
     increments = [s.num_rollouts if unit == "rollouts" else s.num_samples for s in steps]
     horizon = max(sum(increments), 1)
