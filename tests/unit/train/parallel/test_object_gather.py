@@ -4,6 +4,7 @@ sent point to point, on real gloo groups of forked ranks."""
 from __future__ import annotations
 
 import os
+import pickle
 from collections import OrderedDict, defaultdict
 
 import pytest
@@ -43,7 +44,9 @@ def _worker(rank, size, port, queue, kind):
             got = [None] * size if rank == 0 else None
             dist.gather_object(obj, got, dst=0)
             same = True
-        queue.put((rank, (got, same)))
+        # as bytes: a queued tensor would be shared through this process, which may be gone
+        # by the time the test reads it
+        queue.put((rank, pickle.dumps((got, same))))
         dist.barrier()
     finally:
         dist.destroy_process_group()
@@ -64,8 +67,8 @@ def _equal(a, b) -> bool:
 
 @pytest.mark.multiprocess
 def test_rank0_gets_what_gather_object_gives():
-    ours = run_forked_group(_worker, 3, "ours")
-    ref = run_forked_group(_worker, 3, "reference")
+    ours = {r: pickle.loads(b) for r, b in run_forked_group(_worker, 3, "ours").items()}
+    ref = {r: pickle.loads(b) for r, b in run_forked_group(_worker, 3, "reference").items()}
     assert all(same for _, same in ours.values())
     assert ours[1][0] is None and ours[2][0] is None
     got, want = ours[0][0], ref[0][0]
