@@ -59,6 +59,7 @@ from varbatch_kit.train.runs.supervise import (
     FAILED_RANK_EXIT_DELAY_S,
     TrainingTimeout,
     _alive,
+    ended_ranks,
     kill_job,
     raise_failure,
     read_new_lines,
@@ -67,6 +68,15 @@ from varbatch_kit.train.runs.supervise import (
 )
 
 __all__ = ["run", "run_many"]
+
+#: torchrun's agent learns that a rank died through a pipe the rank holds and then reaps it;
+#: once, in a CI run of the whole suite under load, four ranks died before step 1 and the
+#: agent never noticed (the launch hung until timeout_s). So the launcher watches the ranks'
+#: processes too: a rank dead and not reaped for UNREAPED_GRACE_S (a zombie: the agent is not
+#: watching it), or gone for GONE_GRACE_S (torchrun's own shutdown of the peers takes up to
+#: 30 s) while a run is unfinished, fails the launch naming the rank (and its signal).
+UNREAPED_GRACE_S = 10.0
+GONE_GRACE_S = 45.0
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -168,6 +178,44 @@ def _finished_but_lingering(job_dir: Path, out_dirs: list[Path], state: dict, no
         state.pop("since", None)
         return False
     return now - state.setdefault("since", now) > grace_s
+
+
+def _unreported_exits(job_dir: Path, out_dirs: list[Path], state: dict, now: float
+                      ) -> dict[int, int | None]:
+    """Ranks dead for longer than torchrun takes to notice (:data:`UNREAPED_GRACE_S` as an
+    unreaped zombie, :data:`GONE_GRACE_S` reaped) while a run is unfinished: rank -> exit
+    code (None: unknown). Checked once a second; ``state`` keeps when each was first seen
+    dead. Empty once every run is done (the ranks then exit on their own)."""
+    if now - state.get("checked", -1e9) < 1.0:
+        return {}
+    state["checked"] = now
+    if all((d / "done").is_file() for d in out_dirs):
+        return {}
+    first = state.setdefault("first", {})
+    ended = ended_ranks(job_dir)
+    late = {}
+    for rank, code in ended.items():
+        since = first.setdefault((rank, code is None), now)
+        if now - since >= (GONE_GRACE_S if code is None else UNREAPED_GRACE_S):
+            late[rank] = code
+    return late
+
+
+def _ended_message(late: dict[int, int | None]) -> str:
+    rank, code = min(late.items())
+    if code is None:
+        how = "ended"
+    elif code < 0:
+        try:
+            how = f"was killed by {signal.Signals(-code).name} (exit code {code})"
+        except ValueError:
+            how = f"was killed by signal {-code}"
+    else:
+        how = f"exited with code {code}"
+    others = sorted(set(late) - {rank})
+    return (f"training worker rank {rank} {how} without a traceback"
+            + (f" (also ended: rank {', '.join(map(str, others))})" if others else "")
+            + ", and torchrun had not noticed; all workers were stopped")
 
 
 def _torchrun_failure(cfg: TrainConfig, log_text: str, *, traceback: bool = False
@@ -306,6 +354,7 @@ def _launch(plans: list[PlannedRun], rollouts: Rollouts, device: str, job_dir: P
                           for out, n in zip(out_dirs, done_steps)]
     last_mark, last_progress = 0, None
     linger: dict = {}
+    ended: dict = {}
 
     def follow_reports() -> None:  # the progress bar is fed by the JSON lines rank 0 writes
         for k, (out, st) in enumerate(zip(out_dirs, states)):
@@ -348,6 +397,11 @@ def _launch(plans: list[PlannedRun], rollouts: Rollouts, device: str, job_dir: P
                 follow_reports()
                 break
             now = time.monotonic()
+            late = _unreported_exits(job_dir, out_dirs, ended, now)
+            if late:
+                raise_failure(proc, job_dir, [], log_path,
+                              f"{_ended_message(late)}.\ntorchrun log tail:\n{tail(log_path)}",
+                              rank=min(late))
             if c0.nodes.nnodes > 1 and _finished_but_lingering(job_dir, out_dirs, linger, now):
                 # every run is done and our workers exited, but torchrun waits in its exit
                 # barrier for an agent on another node that is gone: the job is complete

@@ -28,7 +28,8 @@ from varbatch_kit.train.runs.pid_files import process_start_time
 FAILED_RANK_EXIT_DELAY_S = 1.0
 
 __all__ = ["FAILED_RANK_EXIT_DELAY_S", "TrainingError", "TrainingTimeout", "job_processes",
-           "kill_job", "raise_failure", "read_new_lines", "tail", "worker_pids"]
+           "kill_job", "raise_failure", "read_new_lines", "tail", "ended_ranks",
+           "worker_pids"]
 
 
 class TrainingError(RuntimeError):
@@ -106,6 +107,31 @@ def worker_pids(job_dir: Path) -> list[int]:
         except (OSError, ValueError, IndexError):
             pass
     return pids
+
+
+def ended_ranks(job_dir: Path) -> dict[int, int | None]:
+    """Ranks whose recorded process (``JOB/pids/rankN.pid``: pid and start time) has ended:
+    rank -> its exit code as :attr:`subprocess.Popen.returncode` (negative: the signal) while
+    it is a zombie its parent has not reaped, None once it is gone (reaped, or the pid names
+    another process now). Linux ``/proc``; elsewhere nothing."""
+    recorded = _recorded(job_dir)
+    out: dict[int, int | None] = {}
+    for p in (job_dir / "pids").glob("rank*.pid"):
+        try:
+            rank, pid = int(p.stem[4:]), int(p.read_text().split()[0])
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except FileNotFoundError:
+            out[rank] = None
+            continue
+        except (OSError, ValueError, IndexError):
+            continue
+        if recorded.get(pid) and fields[19] != recorded[pid]:
+            out[rank] = None  # the pid was reused
+        elif fields[0] == "Z":
+            status = int(fields[49]) if len(fields) > 49 else 0  # waitpid's status (Linux 3.5+)
+            out[rank] = os.waitstatus_to_exitcode(status)
+    return out
 
 
 def _children() -> dict[int, list[int]]:
