@@ -54,11 +54,31 @@ class ModelShape:
     qk_pos_emb_head_dim: int | None = None
     v_head_dim: int | None = None
     name: str = "custom"
+    # the layer's make-up, for the memory model (varbatch_kit.core.memory); the FLOPs estimate
+    # reads none of it: a gated (SwiGLU) MLP, RMSNorm, no biases, untied embeddings and rotary
+    # positions (every preset), or the engine's toy GPT (GeLU, LayerNorm, biases, a learned
+    # position table of ``learned_positions`` rows: ``position_embedding="learned"``)
+    gated_mlp: bool = True
+    norm: str = "rmsnorm"
+    linear_bias: bool = False
+    qkv_bias: bool = False
+    qk_norm: bool = False
+    tied_embeddings: bool = False
+    position_embedding: str = "rope"
+    learned_positions: int = 0
 
     def __post_init__(self) -> None:
         for f in ("num_layers", "hidden_size", "num_attention_heads", "ffn_hidden_size",
                   "vocab_size"):
             positive_int(f"ModelShape.{f}", getattr(self, f))
+        if self.norm not in ("rmsnorm", "layernorm"):
+            raise ValueError(f"ModelShape.norm={self.norm!r}: choose 'rmsnorm' or 'layernorm'")
+        if self.position_embedding not in ("rope", "learned"):
+            raise ValueError(f"ModelShape.position_embedding={self.position_embedding!r}: "
+                             "choose 'rope' or 'learned'")
+        if not isinstance(self.learned_positions, int) or self.learned_positions < 0:
+            raise ValueError(f"ModelShape.learned_positions={self.learned_positions!r}: give "
+                             "the rows of the learned position table (0 without one)")
         if self.num_query_groups is None:
             object.__setattr__(self, "num_query_groups", self.num_attention_heads)
         if self.kv_channels is None:
@@ -199,6 +219,9 @@ class ModelShape:
             num_query_groups=int(cfg.get("num_key_value_heads") or heads),
             kv_channels=int(cfg.get("head_dim") or hidden // heads),
             name=str(cfg.get("_name_or_path") or cfg.get("model_type") or "custom"),
+            tied_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+            qkv_bias=bool(cfg.get("attention_bias") or cfg.get("model_type") == "qwen2"),
+            qk_norm=cfg.get("model_type") in ("qwen3", "qwen3_moe"),
         )
         n_experts = cfg.get("n_routed_experts") or cfg.get("num_experts") or cfg.get(
             "num_local_experts")

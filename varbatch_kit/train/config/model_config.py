@@ -116,7 +116,9 @@ class ResolvedModel:
             return ModelShape(num_layers=self.num_layers, hidden_size=self.hidden_size,
                               num_attention_heads=self.num_attention_heads,
                               ffn_hidden_size=self.ffn_hidden_size, vocab_size=self.vocab_size,
-                              name="varbatch-tiny-gpt")
+                              name="varbatch-tiny-gpt", gated_mlp=False, norm="layernorm",
+                              linear_bias=True, position_embedding="learned",
+                              learned_positions=self.max_seq_len or 0)
         shape = ModelShape.from_hf_config(self.hf_config)
         name = Path(self.path).name
         if self.num_layers != shape.num_layers:

@@ -251,6 +251,9 @@ class RunConfig:
                                             "the ranks, before clipping and the optimiser step) "
                                             "rank 0 saves the gradients")
     label: str | None = _f(None, "the run's name (default: layout and mode)")
+    track_memory: bool = _f(False, "record each rank's peak memory per step on CPU too (live "
+                                   "tensor bytes, train/step/peak_memory.py; slows the CPU "
+                                   "step); CUDA runs always record the allocator's peak")
 
     def __post_init__(self) -> None:
         need_int("run", "max_steps", self.max_steps, 1, optional=True)

@@ -108,6 +108,7 @@ def train(cfg: TrainConfig, model_spec, steps: list, log_prob_steps: list, rollo
         gather_full_parameters,
     )
     from varbatch_kit.train.runs.run_state import kill_self, restore, save
+    from varbatch_kit.train.step.peak_memory import memory_watch
     from varbatch_kit.train.step.policy_inputs import (
         RolloutBatches,
         initial_state_if_needed,
@@ -267,9 +268,14 @@ def train(cfg: TrainConfig, model_spec, steps: list, log_prob_steps: list, rollo
         # the saved gradient: the saver's TP group gathers it; under the distributed optimizer
         # every rank first gathers the reduced shards of its pool (a collective of all ranks)
         grads = {} if number in cfg.run.save_grads_at and (saver or opt.distributed) else None
-        record = train_step(layout, cfg.loss, faults, mode, model, optimizer, step, rollouts,
-                            data, inputs_for(number), device, run_name=cfg.name,
-                            grads_out=grads)
+        # each rank's peak memory over the step (CUDA: the allocator's; CPU under
+        # run.track_memory: live tensor bytes, train/step/peak_memory.py)
+        inputs = inputs_for(number)  # the rollout batch's log-prob pass, before the watch
+        with memory_watch(device, cfg.run.track_memory, ddp, optimizer) as memory:
+            record = train_step(layout, cfg.loss, faults, mode, model, optimizer, step,
+                                rollouts, data, inputs, device, run_name=cfg.name,
+                                grads_out=grads)
+        record.update(memory.gathered())
         # the rollout batch's log-prob pass (and advantages) ran before this step: its time
         record["log_prob_pass_s"] = pass_s if batches.starts(number) else 0.0
         at("after_step", number)

@@ -1,0 +1,493 @@
+"""Per-rank memory of a training schedule: what each rank holds, its peak per step, and why.
+
+Pure (numpy): no torch import. For a :class:`~varbatch_kit.core.schedule.Schedule`, a
+:class:`~varbatch_kit.core.flops.ModelShape` and a :class:`MemoryLayout` (dp, cp and its
+implementation, tp with or without sequence parallelism, pp / vpp with the schedule's
+micro-batch order, precision, recomputation, distributed optimizer, log-prob chunking),
+:func:`predict_memory` gives, per step and world rank, the bytes of each kind and the peak:
+
+- **static** (held all step): parameters, the gradient buffer (megatron's DDP ``main_grad``),
+  the optimizer's fp32 main parameters (bf16 only) and Adam's two moments, all of this
+  rank's model shard (``/ tp``; its pipeline stage's layers), the optimizer's part divided
+  over the ``dp * cp`` pool under the distributed optimizer. Adam's moments exist from the
+  first optimizer step on, so step 1 is predicted without them until its update.
+- **activations** of the micro-batches in flight: the tensors autograd keeps for the
+  backward, listed tensor by tensor below; with pipelining a stage keeps those of every
+  micro-batch it has run forward and not yet backward (1F1B: up to ``pp - stage`` of them,
+  in the schedule's order; interleaved: megatron's warm-up count per stage).
+- **logits** of the last stage, while a micro-batch's loss runs: the output layer runs on
+  the response rows only (the engine's ``response_logits``), ``[R, V / tp]`` in the activation
+  dtype (plus megatron's fp32 copy under bf16), and the token statistics' float32 work:
+  three ``[chunk, V / tp]`` tensors (``chunked``) or a full log-softmax and its gradient.
+- **CP's gathered K/V** (all-gather context parallelism): each layer keeps the K/V of the
+  whole row (the group's longest share times the degree) for its backward.
+- **backward**: the working set on top of everything saved where a micro-batch's backward
+  peaks: the output layer's (logits' gradient, dense ``[V / tp, h]`` weight gradient), the
+  last layer's MLP (fc2's input gradient and weight gradient; gated: the two factors'
+  gradients), or, on the first stage, the word embedding's dense ``[V / tp, h]`` gradient
+  (not on the engine's fp32 / fp64 CPU runs, which add its rows into ``main_grad``);
+  sequence parallelism's all-gather buffer (megatron's global memory buffer) on top.
+
+Activations, per layer and per token this rank holds (``T / cp`` under all-gather CP;
+``s = tp`` under sequence parallelism, else 1; ``q = heads * kv_channels``, ``kv = groups *
+kv_channels``; elements of the activation dtype unless said), as autograd saves them in the
+engine's megatron-core local layer (listed with ``torch.autograd.graph.saved_tensors_hooks``
+on the toy GPT and on Llama, Qwen2 and Qwen3 checkpoints; flash attention on CPU and GPU, so
+no ``L^2`` term; no dropout, so no masks; cf. Korthikanti et al. 2022, Table 2, whose
+``34 sbh`` is a list of the same kind at ``f = 4h`` in fp16 with dropout masks and the
+``5 a s^2 b`` attention scores):
+
+===========================================  ==========================  ==================
+tensor                                        elements / token             kept by
+===========================================  ==========================  ==================
+each norm's input (the residual stream)       ``h / s``                    the norm
+RMSNorm's normalised input (fp32 at least)    ``h / s``                    the norm's weight
+each norm's output                            ``h / s``                    the next linear
+norm statistics (fp32)                        ``(2 or 1) / s`` per norm    the norm
+query, key, value (copies per sample)         ``(q + 2 kv) / tp``          core attention
+attention output; projection input            ``q / tp`` each              attention; proj
+flash attention's log-sum-exp (fp32)          ``heads / tp``               core attention
+rotary cos and sin (query, key)               ``4 kv_channels``            the rotation
+fc1 output; GeLU output                       ``f / tp`` each              GeLU; fc2
+SwiGLU: fc1 (2f), activation, up, product     ``5 f / tp``                 SiLU, x; fc2
+===========================================  ==========================  ==================
+
+A micro-batch of one sample attends through views of the QKV output, so a rotary model
+keeps the rotated query and key beside it (``+ (q + kv) / tp``); QK-norm keeps the QKV
+output, the query norm's input and normalised copy and the key's normalised copy. Each
+stage also keeps its last layer's output (the final norm's input, or what it sends on).
+Recomputation: ``full`` keeps only each layer's input and one layer's list at a time;
+``selective`` drops the attention's terms, recomputed in the backward (neither is run by
+the engine, so neither is checked against it). :func:`activation_bytes_per_token` is the
+one place the list is counted; ``tests/integration/test_train_memory.py`` checks the whole
+prediction against the peaks the engine measures, every rank of every step, within 10 %.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from varbatch_kit.checks import positive_int
+from varbatch_kit.core.flops import ModelShape
+
+__all__ = ["MemoryLayout", "PRECISION_BYTES", "activation_bytes_per_token",
+           "micro_batch_memory", "parameter_count", "predict_memory", "static_memory"]
+
+#: bytes per element: parameters, gradient buffer, optimizer main copy, Adam state, activations
+PRECISION_BYTES = {
+    "fp32": {"param": 4, "grad": 4, "main": 0, "state": 4, "act": 4},
+    "bf16": {"param": 2, "grad": 4, "main": 4, "state": 4, "act": 2},
+    "fp64": {"param": 8, "grad": 8, "main": 0, "state": 8, "act": 8},
+}
+RECOMPUTE = ("none", "selective", "full")
+CP_IMPLS = ("allgather", "emulated")
+LOGPROBS = ("chunked", "full")
+#: float32 logits per chunk of the token statistics (report.objective.token_stats)
+CHUNK_ELEMENTS = 1 << 24
+
+
+@dataclass(frozen=True)
+class MemoryLayout:
+    """The settings memory depends on besides the model and the schedule.
+
+    ``sequence_parallel`` None: on when ``tp > 1`` (the engine's default). ``cp_impl``:
+    ``allgather`` (each CP rank holds its share of the row and the gathered K/V) or
+    ``emulated`` (every CP rank runs the whole row). ``logprobs``: the token statistics in
+    float32 chunks (``chunked``, the engine) or a full-vocabulary log-softmax kept for the
+    backward (``full``). ``mb_group``: the interleaved schedule's micro-batches per group
+    (default ``pp``). ``embedding_grad_rows``: the word embedding's gradient goes row by row
+    into the gradient buffer (the engine's CPU runs in fp32 / fp64), not through a dense
+    ``[V / tp, h]`` table (torch's embedding backward: GPUs, bf16).
+    """
+
+    dp: int = 1
+    cp: int = 1
+    tp: int = 1
+    pp: int = 1
+    vpp: int = 1
+    sequence_parallel: bool | None = None
+    cp_impl: str = "allgather"
+    precision: str = "fp32"
+    recompute: str = "none"
+    distributed_optimizer: bool = False
+    logprobs: str = "chunked"
+    mb_group: int | None = None
+    embedding_grad_rows: bool = False
+
+    def __post_init__(self) -> None:
+        for name in ("dp", "cp", "tp", "pp", "vpp"):
+            positive_int(f"MemoryLayout.{name}", getattr(self, name))
+        for name, allowed in (("precision", tuple(PRECISION_BYTES)), ("recompute", RECOMPUTE),
+                              ("cp_impl", CP_IMPLS), ("logprobs", LOGPROBS)):
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"MemoryLayout.{name}={getattr(self, name)!r}: choose one of "
+                                 f"{', '.join(allowed)}")
+        if self.sequence_parallel is None:
+            object.__setattr__(self, "sequence_parallel", self.tp > 1)
+        if self.vpp > 1 and self.pp == 1:
+            raise ValueError(f"MemoryLayout.vpp={self.vpp} needs pp > 1")
+
+    @property
+    def pool(self) -> int:
+        return self.dp * self.cp
+
+    @property
+    def world_size(self) -> int:
+        return self.dp * self.cp * self.tp * self.pp
+
+    @property
+    def bytes(self) -> dict[str, int]:
+        return PRECISION_BYTES[self.precision]
+
+    def stage_layers(self, model: ModelShape) -> list[int]:
+        """Layers per pipeline stage (megatron's even split over ``pp * vpp`` chunks)."""
+        chunks = self.pp * self.vpp
+        if model.num_layers % chunks:
+            raise ValueError(f"{model.num_layers} layers do not split evenly over pp * vpp = "
+                             f"{chunks} model chunks")
+        return [model.num_layers // self.pp] * self.pp
+
+
+# ------------------------------------------------------------------------------ static
+def _layer_params(m: ModelShape, tp: int) -> float:
+    h, q, kv, f = m.hidden_size, m.num_attention_heads * m.kv_channels, \
+        m.num_query_groups * m.kv_channels, m.ffn_hidden_size
+    up = 2 if m.gated_mlp else 1
+    norm = 2 * h if m.norm == "layernorm" else h  # weight (and bias)
+    n = (h * (q + 2 * kv) + q * h + h * up * f + f * h) / tp
+    if m.linear_bias or m.qkv_bias:
+        n += (q + 2 * kv) / tp
+    if m.linear_bias:
+        n += h + up * f / tp + h  # proj and fc2 biases are whole on every TP rank
+    n += 2 * norm
+    if m.qk_norm:
+        n += 2 * m.kv_channels
+    return n
+
+
+def parameter_count(model: ModelShape, layout: MemoryLayout, pp_rank: int = 0) -> int:
+    """Parameters one rank of pipeline stage ``pp_rank`` holds (its tensor-parallel shard)."""
+    m, tp = model, layout.tp
+    n = _layer_params(m, tp) * layout.stage_layers(m)[pp_rank]
+    h, v = m.hidden_size, m.vocab_size / tp
+    first, last = pp_rank == 0, pp_rank == layout.pp - 1
+    if first:
+        n += v * h + (m.learned_positions if m.position_embedding == "learned" else 0) * h
+    if last:
+        n += 2 * h if m.norm == "layernorm" else h  # the final norm
+        if not m.tied_embeddings or not first:  # tied under pp: the last stage keeps a copy
+            n += v * h
+    return int(round(n))
+
+
+def static_memory(model: ModelShape, layout: MemoryLayout, pp_rank: int = 0) -> dict[str, int]:
+    """Bytes a rank holds all step: ``params``, ``grads`` (the gradient buffer) and
+    ``optimizer`` (fp32 main parameters under bf16 and Adam's two moments; divided over
+    the ``dp * cp`` pool under the distributed optimizer)."""
+    n = parameter_count(model, layout, pp_rank)
+    b = layout.bytes
+    share = layout.pool if layout.distributed_optimizer else 1
+    return {"params": n * b["param"], "grads": n * b["grad"],
+            "optimizer": int(np.ceil(n / share)) * (b["main"] + 2 * b["state"])}
+
+
+# ------------------------------------------------------------------------- activations
+def activation_bytes_per_token(model: ModelShape, layout: MemoryLayout, *,
+                               one_sample: bool = False) -> dict[str, float]:
+    """Bytes one layer keeps for its backward per token this rank holds, as ``residual``
+    (the two norms: their input, RMSNorm's normalised copy, their output; divided by tp
+    under sequence parallelism), ``attention`` and ``mlp``. ``one_sample``: the micro-batch
+    is one sample (core attention then reads views of the QKV output instead of per-sample
+    copies, and a rotary model keeps the rotated query and key beside it). The terms are
+    those autograd saves in the engine's layer (the module docstring's table)."""
+    m = model
+    act = layout.bytes["act"]
+    s = layout.tp if layout.sequence_parallel and layout.tp > 1 else 1
+    tp = layout.tp
+    h, heads, groups, d = m.hidden_size, m.num_attention_heads, m.num_query_groups, m.kv_channels
+    q, kv, f = heads * d, groups * d, m.ffn_hidden_size
+    if m.norm == "layernorm":  # input and output (mean, rstd in fp32)
+        norm = 2 * h / s * act + 2 * 4 / s
+    else:  # RMSNorm as torch composes it: input and normalised input, in float32 at least
+        # (bf16 is upcast), the output in the activation dtype, rstd in float32
+        norm = (2 * max(act, 4) + act) * h / s + 4 / s
+    rope = m.position_embedding == "rope"
+    qkv = q + 2 * kv  # per-sample copies, or views of the QKV output
+    extra_f32 = heads  # flash attention's log-sum-exp
+    if rope and one_sample:
+        qkv += q + kv  # the rotated query and key
+    if rope and m.qk_norm:
+        # the QKV output (the key norm's input views it), the query norm's input and
+        # normalised copy, the key's normalised copy; their rstd in fp32
+        qkv += (q + 2 * kv) + 2 * q + kv
+        extra_f32 += heads + groups
+        if one_sample:
+            qkv -= q + 2 * kv  # the value then views the QKV output already counted
+    attention = (qkv + 2 * q) / tp * act + extra_f32 / tp * 4  # + output, projection input
+    if rope:
+        attention += 4 * d * act  # cos and sin of the positions, for the query and the key
+    mlp = (5 if m.gated_mlp else 2) * f / tp * act
+    return {"residual": 2 * norm, "attention": attention, "mlp": mlp}
+
+
+@dataclass(frozen=True)
+class MicroBatchShare:
+    """What one rank holds of one micro-batch: its ``tokens`` (the CP share of the row),
+    the ``row_tokens`` whose K/V all-gather CP gathers (the group's longest share times
+    the degree), its ``response_rows`` (logit rows it computes), whether the row is
+    ``one_sample``, and the micro-batch's ``cp_size``."""
+
+    tokens: int
+    row_tokens: int
+    response_rows: int
+    one_sample: bool
+    cp_size: int = 1
+
+
+def _zigzag_share(total: np.ndarray, prompt: np.ndarray, rank: int, size: int
+                  ) -> tuple[int, int]:
+    """(tokens, response rows) CP rank ``rank`` of ``size`` holds of these samples: two
+    chunks of ``ceil(L / 2 size)`` each (chunks ``rank`` and ``2 size - 1 - rank``), its
+    response rows those at positions ``prompt - 1 .. L - 2`` inside them."""
+    chunk = -(-total // (2 * size))
+    tokens = rows = 0
+    for k in (rank, 2 * size - 1 - rank):
+        a, b = np.minimum(k * chunk, total), np.minimum((k + 1) * chunk, total)
+        tokens += int((b - a).sum())
+        rows += int(np.clip(np.minimum(b, total - 1) - np.maximum(a, prompt - 1), 0, None).sum())
+    return tokens, rows
+
+
+def micro_batch_share(total_len, prompt_len, *, cp_size: int = 1, cp_rank: int = 0,
+                      cp_impl: str = "allgather") -> MicroBatchShare:
+    """:class:`MicroBatchShare` of the samples with these total and prompt lengths on CP
+    rank ``cp_rank`` of ``cp_size`` (``cp_impl="emulated"``: every CP rank holds the row)."""
+    total = np.asarray(total_len, dtype=np.int64)
+    prompt = np.asarray(prompt_len, dtype=np.int64)
+    row = int(total.sum())
+    if cp_size == 1 or cp_impl == "emulated":
+        return MicroBatchShare(row, row, int((total - prompt).sum()), total.size == 1, cp_size)
+    tokens, rows = _zigzag_share(total, prompt, cp_rank, cp_size)
+    longest = max(_zigzag_share(total, prompt, r, cp_size)[0] for r in range(cp_size))
+    return MicroBatchShare(tokens, longest * cp_size, rows, total.size == 1, cp_size)
+
+
+def micro_batch_memory(model: ModelShape, layout: MemoryLayout, mb: MicroBatchShare, *,
+                       layers: int, last: bool, first: bool = False) -> dict[str, float]:
+    """Bytes of one micro-batch on one rank of a pipeline stage with ``layers`` layers:
+
+    - ``activations``: kept from its forward to its backward (:func:`activation_bytes_per_token`
+      per layer, and the last layer's output: the final norm's input or the tensor sent to
+      the next stage; the final norm's statistics);
+    - ``cp_kv``: the K/V all-gather CP gathered, per layer;
+    - ``logits`` (last stage): live while the loss runs: the response rows' hidden states
+      and logits (``[R, V / tp]``; under bf16 also megatron's float32 copy) and the token
+      statistics' float32 work: three ``[chunk, V / tp]`` tensors (``chunked``) or the
+      log-softmax and its gradient (``full``);
+    - ``backward``: the backward's working set at its peak, in the last layer's MLP: the
+      gradient of ``linear_fc2``'s input ``[T, f / tp]``, its weight gradient, and under
+      sequence parallelism the gathered ``[T, h]`` input it re-gathers;
+    - ``gather_buffer``: sequence parallelism's all-gather buffer (megatron's global memory
+      buffer, ``[T, h]``, kept by the process at its largest size).
+    """
+    m = model
+    act = layout.bytes["act"]
+    sp = layout.sequence_parallel and layout.tp > 1
+    s = layout.tp if sp else 1
+    tp = layout.tp
+    h, f, t = m.hidden_size, m.ffn_hidden_size, mb.tokens
+    per = activation_bytes_per_token(m, layout, one_sample=mb.one_sample)
+    full_layer = sum(per.values())
+    if layout.recompute == "full":
+        acts = layers * h / s * act * t + full_layer * t
+    elif layout.recompute == "selective":
+        acts = layers * (per["residual"] + per["mlp"]) * t
+    else:
+        acts = layers * full_layer * t
+    acts += h / s * act * t  # the last layer's output: the final norm's input, or sent on
+    cp_kv = 0.0
+    if mb.cp_size > 1 and layout.cp_impl == "allgather":
+        kv = m.num_query_groups * m.kv_channels
+        kept = 1 if layout.recompute == "full" else layers
+        cp_kv = kept * 2 * kv / tp * act * mb.row_tokens
+    logits = 0.0
+    if last:
+        v, r = m.vocab_size / tp, mb.response_rows
+        # the final norm's statistics (RMSNorm: and its normalised copy)
+        acts += (2 * 4 / s if m.norm == "layernorm" else h / s * max(act, 4) + 4 / s) * t
+        logits = r * h * act + r * v * act
+        if layout.precision == "bf16":
+            logits += r * v * 4
+        work = max(act, 4)  # the statistics run in float32, or the logits' dtype if wider
+        if layout.logprobs == "full":
+            logits += 2 * r * v * work
+        else:
+            logits += 3 * min(r, max(1, CHUNK_ELEMENTS // max(int(v), 1))) * v * work
+    # the last layer's MLP backward: linear_fc2's input gradient [T, f] with its weight
+    # gradient, then (gated) the two gradients of the product's factors while the first
+    # is still live (the product itself freed); under sequence parallelism the re-gathered
+    # [T, h] input; a stage before the last one also holds the received output gradient
+    up = 2 if m.gated_mlp else 1
+    mlp_peak = max(f / tp * t + up * f * h / tp, 2 * f / tp * t if m.gated_mlp else 0.0)
+    backward = (mlp_peak + (h * t if sp else 0) + (0 if last else h / s * t)) * act
+    # the output layer's backward (last stage): the logits' gradient, the dense weight
+    # gradient [V / tp, h] and the rows' input gradient
+    output = 0.0
+    if last:
+        v, r = m.vocab_size / tp, mb.response_rows
+        output = (r * v + v * h + 2 * r * h) * act
+    # the word embedding's backward (first stage, without embedding_grad_rows): its dense
+    # [V / tp, h] gradient in the parameters' dtype beside the gradient of its output
+    embedding = 0.0
+    if first and not layout.embedding_grad_rows:
+        embedding = m.vocab_size / tp * h * layout.bytes["param"] + h / s * t * act
+    return {"activations": acts, "cp_kv": cp_kv, "logits": logits, "backward": backward,
+            "output": output, "embedding": embedding,
+            "gather_buffer": h * t * act if sp else 0.0}
+
+
+# ------------------------------------------------------------------------ the schedule
+def pipeline_in_flight(n_mb: int, layout: MemoryLayout, pp_rank: int
+                       ) -> list[list[tuple[int, int]]]:
+    """Before each backward of a stage, the ``(micro_batch, model_chunk)`` forwards whose
+    activations it holds, in megatron's order.
+
+    Without pipelining one micro-batch at a time. With ``pp > 1`` megatron's schedule runs
+    ``warm`` forwards, then one forward before each backward: 1F1B has ``warm = pp - 1 -
+    pp_rank``; the interleaved schedule (``vpp`` model chunks per stage, micro-batches in
+    groups of ``G = mb_group`` per chunk) ``warm = 2 (pp - 1 - pp_rank) + (vpp - 1) G``
+    chunk forwards, forward ``k`` being chunk ``(k mod G vpp) // G`` of micro-batch
+    ``(k // G vpp) G + k mod G`` and backwards taking the chunks in reverse.
+    """
+    if layout.pp == 1:
+        return [[(b, 0)] for b in range(n_mb)]
+    vpp, g = layout.vpp, layout.mb_group or layout.pp
+    total = n_mb * vpp
+
+    def order(forward: bool) -> list[tuple[int, int]]:
+        out = []
+        for k in range(total):
+            chunk = (k % (g * vpp)) // g
+            out.append(((k // (g * vpp)) * g + k % g, chunk if forward else vpp - 1 - chunk))
+        return out
+
+    fwd, bwd = order(True), order(False)
+    warm = (layout.pp - 1 - pp_rank) if vpp == 1 else 2 * (layout.pp - 1 - pp_rank) + (vpp - 1) * g
+    warm = min(warm, total)
+    windows = []
+    for j in range(total):
+        done = set(fwd[:min(warm + 1 + j, total)]) - set(bwd[:j])
+        windows.append(sorted(done))
+    return windows
+
+
+def predict_memory(schedule, model: ModelShape, layout: MemoryLayout, *,
+                   hardware_memory_gib: float | None = None,
+                   steps: Sequence[int] | None = None) -> pd.DataFrame:
+    """Per step and world rank: the bytes of each kind at the rank's peak, the peak, what
+    sets it, and (``hardware_memory_gib``) the headroom.
+
+    ``schedule``: a :class:`~varbatch_kit.core.schedule.Schedule` (its rollouts give the
+    lengths; its ``dp`` and ``cp`` must be the layout's); ``steps``: the step indices to
+    predict (default all). Columns: ``step``, ``rank`` (world rank ``tp_rank + tp *
+    (pool_rank + dp * cp * pp_rank)``, the engine's numbering), ``pool_rank``, ``tp_rank``,
+    ``pp_rank``, the bytes ``params``, ``grads``, ``optimizer``, ``activations``, ``cp_kv``,
+    ``logits``, ``backward``, ``buffers`` at the peak, ``peak_bytes``, ``peak_phase`` (``loss``:
+    while a micro-batch's loss runs; ``output``: its output layer's backward; ``backward``: its
+    last layer's MLP backward; ``embedding``: its word embedding's backward; ``update``: the
+    optimizer step), ``peak_micro_batches`` (the step's micro-batch indices whose
+    activations are held there) and, with ``hardware_memory_gib``, ``headroom_bytes`` and
+    ``over_memory``.
+
+    The optimizer's Adam moments are created by the first update: step 0 is predicted
+    without them before its update (bf16's fp32 main parameters exist from the start).
+    """
+    if not isinstance(model, ModelShape):
+        raise ValueError(f"model must be a ModelShape, got {type(model).__name__}")
+    if not isinstance(layout, MemoryLayout):
+        raise ValueError(f"layout must be a MemoryLayout, got {type(layout).__name__}")
+    cfg = schedule.config
+    if (cfg.dp, cfg.cp) != (layout.dp, layout.cp):
+        raise ValueError(f"the schedule is dp {cfg.dp} x cp {cfg.cp}, the layout dp "
+                         f"{layout.dp} x cp {layout.cp}: give the layout the schedule was "
+                         "built for")
+    ro = schedule.rollouts
+    total_len = np.asarray(ro.total_len, dtype=np.int64)
+    prompt_len = np.asarray(ro.prompt_len, dtype=np.int64)
+    limit = None if hardware_memory_gib is None else hardware_memory_gib * 2**30
+    wanted = None if steps is None else {int(k) for k in steps}
+    chunk_layers = [n // layout.vpp for n in layout.stage_layers(model)]
+    share = layout.pool if layout.distributed_optimizer else 1
+    rows = []
+    for k, step in enumerate(schedule.steps):
+        if wanted is not None and k not in wanted:
+            continue
+        bins = step.rank_bins
+        for pp_rank in range(layout.pp):
+            static = static_memory(model, layout, pp_rank)
+            # before the first update only bf16's fp32 main parameters exist
+            main = -(-parameter_count(model, layout, pp_rank) // share) * layout.bytes["main"]
+            for pool_rank in range(layout.pool):
+                work = [p for p in step.rank_program(pool_rank) if len(p.samples)]
+                if work:
+                    shares = [micro_batch_share(total_len[p.samples], prompt_len[p.samples],
+                                                cp_size=p.cp_size, cp_rank=p.cp_rank,
+                                                cp_impl=layout.cp_impl) for p in work]
+                    ids = list(bins[pool_rank])
+                else:  # an idle rank trains the step's shortest sample at zero weight
+                    i = step.sample_indices[np.argmin(total_len[step.sample_indices])]
+                    shares, ids = [micro_batch_share(total_len[[i]], prompt_len[[i]])], [None]
+                # per model chunk and micro-batch (the loss on the last stage's last chunk)
+                per = [[micro_batch_memory(model, layout, sh, layers=chunk_layers[pp_rank],
+                                           last=pp_rank == layout.pp - 1
+                                           and c == layout.vpp - 1,
+                                           first=pp_rank == 0 and c == 0) for sh in shares]
+                       for c in range(layout.vpp)]
+                buffers = max(x["gather_buffer"] for x in per[0])
+                best = None
+                for window in pipeline_in_flight(len(shares), layout, pp_rank):
+                    # the head's backward runs next: its loss, its last layer's MLP and
+                    # output layer with everything held; its embedding's backward at the
+                    # end, the head's own activations then freed
+                    (i0, c0), rest = window[0], window[1:]
+                    head = per[c0][i0]
+                    others = sum(per[c][i]["activations"] + per[c][i]["cp_kv"]
+                                 for i, c in rest)
+                    held = others + head["activations"] + head["cp_kv"]
+                    for phase, kind, base, kept in (("loss", "logits", held, window),
+                                                    ("backward", "backward", held, window),
+                                                    ("output", "output", held, window),
+                                                    ("embedding", "embedding", others, rest)):
+                        if best is None or base + head[kind] > best[0]:
+                            best = (base + head[kind], phase, kind, head[kind], kept)
+                _, phase, kind, extra, window = best
+                kinds = {"params": static["params"], "grads": static["grads"],
+                         "optimizer": static["optimizer"] if k > 0 else main,
+                         "activations": sum(per[c][i]["activations"] for i, c in window),
+                         "cp_kv": sum(per[c][i]["cp_kv"] for i, c in window),
+                         "logits": extra if kind in ("logits", "output") else 0.0,
+                         "backward": extra if kind in ("backward", "embedding") else 0.0,
+                         "buffers": buffers}
+                update = static["params"] + static["grads"] + static["optimizer"] + buffers
+                if update > sum(kinds.values()):  # the update, all activations freed
+                    phase, window = "update", []
+                    kinds.update(optimizer=static["optimizer"], activations=0.0, cp_kv=0.0,
+                                 logits=0.0, backward=0.0)
+                peak = sum(kinds.values())
+                held_ids = tuple(sorted({ids[i] for i, _ in window} - {None}))
+                for tp_rank in range(layout.tp):
+                    row = {"step": k,
+                           "rank": tp_rank + layout.tp * (pool_rank + layout.pool * pp_rank),
+                           "pool_rank": pool_rank, "tp_rank": tp_rank, "pp_rank": pp_rank,
+                           **{key: int(round(v)) for key, v in kinds.items()},
+                           "peak_bytes": int(round(peak)), "peak_phase": phase,
+                           "peak_micro_batches": held_ids}
+                    if limit is not None:
+                        row["headroom_bytes"] = int(limit - peak)
+                        row["over_memory"] = bool(peak > limit)
+                    rows.append(row)
+    return pd.DataFrame(rows).sort_values(["step", "rank"], ignore_index=True)
