@@ -19,7 +19,8 @@ import numpy as np
 from varbatch_kit.analysis.quality import micro_batch_arrays, step_quality
 from varbatch_kit.analysis.simulate import simulate
 from varbatch_kit.checks import positive_int
-from varbatch_kit.core.hardware import DEFAULT_HARDWARE
+from varbatch_kit.core.hardware import DEFAULT_HARDWARE, hardware_profile
+from varbatch_kit.core.memory import MemoryLayout, predict_memory
 from varbatch_kit.core.schedule import Schedule
 
 __all__ = ["CANDIDATE_COLUMNS", "candidate_figures"]
@@ -43,12 +44,17 @@ CANDIDATE_COLUMNS = {
                        "rounded up (memory: compare with the limit)",
     "oversize": "samples longer than the token cap, each alone in its micro-batch (count)",
     "over_limit": "micro-batches of two or more samples whose tokens per GPU (tokens / cp) "
-                  "exceed the memory limit (count; 0 = safe)",
+                  "exceed the token limit (count)",
+    "peak_gpu_bytes": "the busiest GPU's predicted peak memory over every step "
+                      "(varbatch_kit.core.memory; bytes; NaN without a memory layout)",
+    "over_memory": "(step, GPU) pairs whose predicted peak exceeds the memory budget (count; "
+                   "0 = safe; NaN without a memory layout)",
 }
 
 
 def candidate_figures(schedule: Schedule, *, memory_limit: int | None = None,
                       hardware: Any = DEFAULT_HARDWARE, tp: int = 1,
+                      memory: MemoryLayout | None = None, memory_budget: float | None = None,
                       **simulate_kwargs: Any) -> dict[str, float]:
     """The figures of :data:`CANDIDATE_COLUMNS` for one schedule (built with a model shape).
 
@@ -58,6 +64,9 @@ def candidate_figures(schedule: Schedule, *, memory_limit: int | None = None,
     ``max_tokens_per_gpu * cp`` per micro-batch), so it is judged by ``tokens / cp``;
     ``hardware``, ``tp`` and ``simulate_kwargs`` go to
     :func:`~varbatch_kit.analysis.simulate.simulate` (``pp`` is the config's).
+    ``memory`` (a :class:`~varbatch_kit.core.memory.MemoryLayout` of the schedule's dp and
+    cp): each GPU's peak bytes predicted by :func:`~varbatch_kit.core.memory.predict_memory`,
+    judged against ``memory_budget`` bytes (default: ``hardware``'s memory).
     """
     if memory_limit is not None:
         memory_limit = positive_int("memory_limit", memory_limit)
@@ -77,6 +86,15 @@ def candidate_figures(schedule: Schedule, *, memory_limit: int | None = None,
     else:
         oversize = 0
     time_s, bound_s = float(sim.total_time_s), float(sim.total_bound_s)
+    peak_bytes = over_memory = float("nan")
+    if memory is not None:
+        if schedule.model is None:
+            raise ValueError("memory= needs a schedule built with a model shape")
+        budget = (hardware_profile(hardware).memory_gib * 2**30 if memory_budget is None
+                  else float(memory_budget))
+        table = predict_memory(schedule, schedule.model, memory)
+        peak_bytes = int(table["peak_bytes"].max())
+        over_memory = int((table["peak_bytes"] > budget).sum())
     return {
         "steps": int(schedule.num_steps),
         "time_s": time_s,
@@ -89,4 +107,6 @@ def candidate_figures(schedule: Schedule, *, memory_limit: int | None = None,
         "peak_gpu_tokens": -(-int(q["max_mb_tokens"].max()) // cp),
         "oversize": oversize,
         "over_limit": over_limit,
+        "peak_gpu_bytes": peak_bytes,
+        "over_memory": over_memory,
     }

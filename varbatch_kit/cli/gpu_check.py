@@ -14,6 +14,8 @@
    tokens/s and the peak of ``torch.cuda.max_memory_allocated``.
 3. ``train_bf16``: the same steps with ``precision="bf16"``, when ``TrainConfig`` has
    that field; else recorded as skipped.
+   ``memory``: the same steps in torchrun workers, each rank's allocator peak per step
+   beside :mod:`varbatch_kit.core.memory`'s prediction (``memory_worst_ratio``).
 4. ``calibrate``: the micro-batch cost model fitted on the device (its coefficients).
 5. ``rl_loop``: one iteration of ``varbatch_kit.train.rl_loop`` when the package has it;
    else recorded as skipped.
@@ -260,6 +262,9 @@ def run_check(args: argparse.Namespace, bench, *, config_cls: type | None = None
                                **bench.train(cfg.with_(precision="bf16"), rollouts)})
                 if missing["train_bf16"] is None
                 else {"status": SKIPPED, "reason": missing["train_bf16"]})
+            parts["memory"] = (_part(lambda: bench.memory(cfg, rollouts, work / "memory"))
+                               if hasattr(bench, "memory")
+                               else {"status": SKIPPED, "reason": "the bench has no memory"})
             parts["calibrate"] = _part(lambda: bench.calibrate(cfg, **sweep))
             if missing["rl_loop"] is None:
                 if train_pkg is None:
@@ -269,13 +274,14 @@ def run_check(args: argparse.Namespace, bench, *, config_cls: type | None = None
             else:
                 parts["rl_loop"] = {"status": SKIPPED, "reason": missing["rl_loop"]}
         else:
-            parts.update({k: dict(not_run) for k in ("train", "train_bf16", "calibrate",
-                                                    "rl_loop")})
+            parts.update({k: dict(not_run) for k in ("train", "train_bf16", "memory",
+                                                    "calibrate", "rl_loop")})
     parts = report["parts"]
     train = parts["train"]
     report["tokens_per_s"] = train.get("tokens_per_s")
     report["peak_memory_bytes"] = train.get("peak_memory_bytes")
     report["cost_model"] = parts["calibrate"].get("coefficients")
+    report["memory_worst_ratio"] = parts["memory"].get("worst_ratio")
     report["skipped"] = [f"{k}: {v['status']} ({v.get('reason', '')})" for k, v in parts.items()
                          if v["status"] == SKIPPED]
     failed = [k for k, v in parts.items() if v["status"] != "ok" and v["status"] != SKIPPED]

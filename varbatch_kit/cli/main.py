@@ -27,6 +27,8 @@ SUBCOMMANDS = {
                  "schedule a rollout trace and print the quality of each policy"),
     "recommend": ("varbatch_kit.cli.recommend",
                   "search slime's scheduling flags on a trace, print the best command line"),
+    "plan": ("varbatch_kit.cli.plan",
+             "the fastest tp/pp/cp/dp layout, cap and recomputation that fits memory"),
     "train": ("varbatch_kit.cli.train", "train a megatron-core GPT on rollouts [train]"),
     "compare": ("varbatch_kit.cli.train", "train several layouts/modes, compare reports [train]"),
     "demo": ("varbatch_kit.cli.demo",

@@ -21,6 +21,10 @@ from varbatch_kit.resources import data_dir
 
 __all__ = ["ModelShape", "MODELS_DIR", "as_model_shape", "available_presets"]
 
+#: ModelShape fields the FLOPs estimate does not read (the name, the layer's make-up)
+_MEMORY_ONLY = frozenset({"name", "gated_mlp", "norm", "linear_bias", "qkv_bias", "qk_norm",
+                          "tied_embeddings", "position_embedding", "learned_positions"})
+
 #: the model presets shipped with the package (``data/models``)
 MODELS_DIR = Path(str(data_dir("models")))
 
@@ -297,6 +301,11 @@ class ModelShape:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    def flops_fields(self) -> dict[str, Any]:
+        """The fields the FLOPs estimate reads (the shape without its name and the layer's
+        make-up the memory model adds): equal for two descriptions of the same model."""
+        return {k: v for k, v in asdict(self).items() if k not in _MEMORY_ONLY}
 
 
 def available_presets() -> list[str]:

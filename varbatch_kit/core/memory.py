@@ -67,6 +67,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 import pandas as pd
@@ -248,17 +249,19 @@ class MicroBatchShare:
     cp_size: int = 1
 
 
-def _zigzag_share(total: np.ndarray, prompt: np.ndarray, rank: int, size: int
-                  ) -> tuple[int, int]:
-    """(tokens, response rows) CP rank ``rank`` of ``size`` holds of these samples: two
-    chunks of ``ceil(L / 2 size)`` each (chunks ``rank`` and ``2 size - 1 - rank``), its
-    response rows those at positions ``prompt - 1 .. L - 2`` inside them."""
-    chunk = -(-total // (2 * size))
-    tokens = rows = 0
-    for k in (rank, 2 * size - 1 - rank):
+def _zigzag_shares(total: np.ndarray, prompt: np.ndarray, size: int
+                   ) -> tuple[np.ndarray, np.ndarray]:
+    """Per CP rank of ``size``: (tokens, response rows) it holds of these samples: two chunks
+    of ``ceil(L / 2 size)`` each (chunks ``rank`` and ``2 size - 1 - rank``), its response
+    rows those at positions ``prompt - 1 .. L - 2`` inside them."""
+    chunk = -(-total // (2 * size))  # [n]
+    ranks = np.arange(size)[:, None]
+    tokens = np.zeros(size, dtype=np.int64)
+    rows = np.zeros(size, dtype=np.int64)
+    for k in (ranks, 2 * size - 1 - ranks):  # [size, 1] chunk ids
         a, b = np.minimum(k * chunk, total), np.minimum((k + 1) * chunk, total)
-        tokens += int((b - a).sum())
-        rows += int(np.clip(np.minimum(b, total - 1) - np.maximum(a, prompt - 1), 0, None).sum())
+        tokens += (b - a).sum(axis=1)
+        rows += np.maximum(np.minimum(b, total - 1) - np.maximum(a, prompt - 1), 0).sum(axis=1)
     return tokens, rows
 
 
@@ -270,10 +273,10 @@ def micro_batch_share(total_len, prompt_len, *, cp_size: int = 1, cp_rank: int =
     prompt = np.asarray(prompt_len, dtype=np.int64)
     row = int(total.sum())
     if cp_size == 1 or cp_impl == "emulated":
-        return MicroBatchShare(row, row, int((total - prompt).sum()), total.size == 1, cp_size)
-    tokens, rows = _zigzag_share(total, prompt, cp_rank, cp_size)
-    longest = max(_zigzag_share(total, prompt, r, cp_size)[0] for r in range(cp_size))
-    return MicroBatchShare(tokens, longest * cp_size, rows, total.size == 1, cp_size)
+        return MicroBatchShare(row, row, row - int(prompt.sum()), total.size == 1, cp_size)
+    tokens, rows = _zigzag_shares(total, prompt, cp_size)
+    return MicroBatchShare(int(tokens[cp_rank]), int(tokens.max()) * cp_size,
+                           int(rows[cp_rank]), total.size == 1, cp_size)
 
 
 def micro_batch_memory(model: ModelShape, layout: MemoryLayout, mb: MicroBatchShare, *,
@@ -294,63 +297,84 @@ def micro_batch_memory(model: ModelShape, layout: MemoryLayout, mb: MicroBatchSh
     - ``gather_buffer``: sequence parallelism's all-gather buffer (megatron's global memory
       buffer, ``[T, h]``, kept by the process at its largest size).
     """
-    m = model
+    c = _coefficients(model, layout, layers, last, first, mb.one_sample)
+    t, r = mb.tokens, mb.response_rows
+    gathered = mb.cp_size > 1 and layout.cp_impl == "allgather"
+    logits = 0.0
+    if last:
+        logits = c["logits_r"] * r + c["logits_chunk"] * min(r, c["chunk"])
+    return {"activations": c["acts_t"] * t,
+            "cp_kv": c["kv_row"] * mb.row_tokens if gathered else 0.0,
+            "logits": logits,
+            "backward": max(c["mlp_t"] * t + c["mlp_0"], c["glu_t"] * t) + c["bw_t"] * t,
+            "output": c["output_r"] * r + c["output_0"],
+            "embedding": c["embedding_0"] + c["embedding_t"] * t,
+            "gather_buffer": c["buffer_t"] * t}
+
+
+@lru_cache(maxsize=1024)
+def _coefficients(m: ModelShape, layout: MemoryLayout, layers: int, last: bool, first: bool,
+                  one_sample: bool) -> dict[str, float]:
+    """:func:`micro_batch_memory`'s bytes as coefficients of the tokens ``t``, response rows
+    ``r`` and gathered rows (each term's derivation beside it)."""
     act = layout.bytes["act"]
     sp = layout.sequence_parallel and layout.tp > 1
     s = layout.tp if sp else 1
     tp = layout.tp
-    h, f, t = m.hidden_size, m.ffn_hidden_size, mb.tokens
-    per = activation_bytes_per_token(m, layout, one_sample=mb.one_sample)
+    h, f = m.hidden_size, m.ffn_hidden_size
+    per = activation_bytes_per_token(m, layout, one_sample=one_sample)
     full_layer = sum(per.values())
     if layout.recompute == "full":
-        acts = layers * h / s * act * t + full_layer * t
+        acts = layers * h / s * act + full_layer
     elif layout.recompute == "selective":
-        acts = layers * (per["residual"] + per["mlp"]) * t
+        acts = layers * (per["residual"] + per["mlp"])
     else:
-        acts = layers * full_layer * t
-    acts += h / s * act * t  # the last layer's output: the final norm's input, or sent on
-    cp_kv = 0.0
-    if mb.cp_size > 1 and layout.cp_impl == "allgather":
-        kv = m.num_query_groups * m.kv_channels
-        kept = 1 if layout.recompute == "full" else layers
-        cp_kv = kept * 2 * kv / tp * act * mb.row_tokens
-    logits = 0.0
+        acts = layers * full_layer
+    acts += h / s * act  # the last layer's output: the final norm's input, or sent on
+    kv = m.num_query_groups * m.kv_channels
+    kv_row = (1 if layout.recompute == "full" else layers) * 2 * kv / tp * act
+    v = m.vocab_size / tp
+    logits_r = logits_chunk = output_r = output_0 = 0.0
+    chunk = 0
     if last:
-        v, r = m.vocab_size / tp, mb.response_rows
         # the final norm's statistics (RMSNorm: and its normalised copy)
-        acts += (2 * 4 / s if m.norm == "layernorm" else h / s * max(act, 4) + 4 / s) * t
-        logits = r * h * act + r * v * act
-        if layout.precision == "bf16":
-            logits += r * v * 4
+        acts += 2 * 4 / s if m.norm == "layernorm" else h / s * max(act, 4) + 4 / s
+        # the response rows' hidden states and logits (bf16: and megatron's float32 copy)
+        logits_r = h * act + v * act + (v * 4 if layout.precision == "bf16" else 0)
         work = max(act, 4)  # the statistics run in float32, or the logits' dtype if wider
         if layout.logprobs == "full":
-            logits += 2 * r * v * work
-        else:
-            logits += 3 * min(r, max(1, CHUNK_ELEMENTS // max(int(v), 1))) * v * work
+            logits_r += 2 * v * work  # the log-softmax kept and its gradient
+        else:  # three [chunk, V] tensors of the chunked kernel
+            chunk = max(1, CHUNK_ELEMENTS // max(int(v), 1))
+            logits_chunk = 3 * v * work
+        # the output layer's backward: the logits' gradient, the dense weight gradient
+        # [V / tp, h] and the rows' input gradient
+        output_r, output_0 = (v + 2 * h) * act, v * h * act
     # the last layer's MLP backward: linear_fc2's input gradient [T, f] with its weight
     # gradient, then (gated) the two gradients of the product's factors while the first
     # is still live (the product itself freed); under sequence parallelism the re-gathered
     # [T, h] input; a stage before the last one also holds the received output gradient
     up = 2 if m.gated_mlp else 1
-    mlp_peak = max(f / tp * t + up * f * h / tp, 2 * f / tp * t if m.gated_mlp else 0.0)
-    backward = (mlp_peak + (h * t if sp else 0) + (0 if last else h / s * t)) * act
-    # the output layer's backward (last stage): the logits' gradient, the dense weight
-    # gradient [V / tp, h] and the rows' input gradient
-    output = 0.0
-    if last:
-        v, r = m.vocab_size / tp, mb.response_rows
-        output = (r * v + v * h + 2 * r * h) * act
     # the word embedding's backward (first stage, without embedding_grad_rows): its dense
     # [V / tp, h] gradient in the parameters' dtype beside the gradient of its output
-    embedding = 0.0
-    if first and not layout.embedding_grad_rows:
-        embedding = m.vocab_size / tp * h * layout.bytes["param"] + h / s * t * act
-    return {"activations": acts, "cp_kv": cp_kv, "logits": logits, "backward": backward,
-            "output": output, "embedding": embedding,
-            "gather_buffer": h * t * act if sp else 0.0}
+    dense = first and not layout.embedding_grad_rows
+    return {"acts_t": acts, "kv_row": kv_row, "logits_r": logits_r,
+            "logits_chunk": logits_chunk, "chunk": chunk,
+            "mlp_t": f / tp * act, "mlp_0": up * f * h / tp * act,
+            "glu_t": 2 * f / tp * act if m.gated_mlp else 0.0,
+            "bw_t": ((h if sp else 0) + (0 if last else h / s)) * act,
+            "output_r": output_r, "output_0": output_0,
+            "embedding_0": v * h * layout.bytes["param"] if dense else 0.0,
+            "embedding_t": h / s * act if dense else 0.0,
+            "buffer_t": h * act if sp else 0.0}
 
 
 # ------------------------------------------------------------------------ the schedule
+@lru_cache(maxsize=256)
+def _windows(n_mb: int, layout: MemoryLayout, pp_rank: int) -> tuple:
+    return tuple(tuple(w) for w in pipeline_in_flight(n_mb, layout, pp_rank))
+
+
 def pipeline_in_flight(n_mb: int, layout: MemoryLayout, pp_rank: int
                        ) -> list[list[tuple[int, int]]]:
     """Before each backward of a stage, the ``(micro_batch, model_chunk)`` forwards whose
@@ -427,20 +451,22 @@ def predict_memory(schedule, model: ModelShape, layout: MemoryLayout, *,
         if wanted is not None and k not in wanted:
             continue
         bins = step.rank_bins
+        held_by = []  # per pool rank: its micro-batches' shares and indices in the step
+        for pool_rank in range(layout.pool):
+            work = [p for p in step.rank_program(pool_rank) if len(p.samples)]
+            if work:
+                held_by.append(([micro_batch_share(total_len[p.samples], prompt_len[p.samples],
+                                                   cp_size=p.cp_size, cp_rank=p.cp_rank,
+                                                   cp_impl=layout.cp_impl) for p in work],
+                                list(bins[pool_rank])))
+            else:  # an idle rank trains the step's shortest sample at zero weight
+                i = step.sample_indices[np.argmin(total_len[step.sample_indices])]
+                held_by.append(([micro_batch_share(total_len[[i]], prompt_len[[i]])], [None]))
         for pp_rank in range(layout.pp):
             static = static_memory(model, layout, pp_rank)
             # before the first update only bf16's fp32 main parameters exist
             main = -(-parameter_count(model, layout, pp_rank) // share) * layout.bytes["main"]
-            for pool_rank in range(layout.pool):
-                work = [p for p in step.rank_program(pool_rank) if len(p.samples)]
-                if work:
-                    shares = [micro_batch_share(total_len[p.samples], prompt_len[p.samples],
-                                                cp_size=p.cp_size, cp_rank=p.cp_rank,
-                                                cp_impl=layout.cp_impl) for p in work]
-                    ids = list(bins[pool_rank])
-                else:  # an idle rank trains the step's shortest sample at zero weight
-                    i = step.sample_indices[np.argmin(total_len[step.sample_indices])]
-                    shares, ids = [micro_batch_share(total_len[[i]], prompt_len[[i]])], [None]
+            for pool_rank, (shares, ids) in enumerate(held_by):
                 # per model chunk and micro-batch (the loss on the last stage's last chunk)
                 per = [[micro_batch_memory(model, layout, sh, layers=chunk_layers[pp_rank],
                                            last=pp_rank == layout.pp - 1
@@ -449,7 +475,7 @@ def predict_memory(schedule, model: ModelShape, layout: MemoryLayout, *,
                        for c in range(layout.vpp)]
                 buffers = max(x["gather_buffer"] for x in per[0])
                 best = None
-                for window in pipeline_in_flight(len(shares), layout, pp_rank):
+                for window in _windows(len(shares), layout, pp_rank):
                     # the head's backward runs next: its loss, its last layer's MLP and
                     # output layer with everything held; its embedding's backward at the
                     # end, the head's own activations then freed

@@ -190,7 +190,7 @@ class Schedule:
         """
         return self._mb_frame.copy()
 
-    def stats(self):
+    def stats(self, memory=None, *, hardware_memory_gib: float | None = None):
         """A pandas table per step × world rank (see :meth:`micro_batch_table`).
 
         Columns: ``step, rank, samples, tokens, flops, micro_batches,
@@ -199,6 +199,11 @@ class Schedule:
         ``oversize_alone`` (a single sample longer than the cap, alone in its
         micro-batch: unavoidable). Both are 0 on the static path, which has
         no cap. :mod:`varbatch_kit.analysis.quality` and the explorers count the same way.
+
+        ``memory`` (a :class:`~varbatch_kit.core.memory.MemoryLayout`; the schedule must have a
+        model shape) adds ``peak_bytes``: the rank's predicted peak memory
+        (:func:`~varbatch_kit.core.memory.predict_memory`; the busiest of its tensor- and
+        pipeline-parallel GPUs) and, with ``hardware_memory_gib``, ``over_memory``.
         """
         mb = self._mb_frame.assign(
             violation=lambda f: f["over_cap"] & (f["samples"] > 1),
@@ -216,6 +221,16 @@ class Schedule:
         ).reset_index()
         if self.sample_flops is None:
             out["flops"] = np.nan
+        if memory is not None:
+            from varbatch_kit.core.memory import predict_memory
+
+            if self.model is None:
+                raise ValueError("stats(memory=...) needs a schedule built with a model shape")
+            pred = predict_memory(self, self.model, memory)
+            peak = pred.groupby(["step", "pool_rank"])["peak_bytes"].max().rename("peak_bytes")
+            out = out.merge(peak, left_on=["step", "rank"], right_index=True, how="left")
+            if hardware_memory_gib is not None:
+                out["over_memory"] = out["peak_bytes"] > hardware_memory_gib * 2**30
         return out
 
     # --------------------------------------------------------------- check

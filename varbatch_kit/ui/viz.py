@@ -46,6 +46,9 @@ Pictures
 - :func:`step_time_figure` and :func:`timeline_figure`: simulated step times
   of several schedules and one step's per-rank timeline (from
   :mod:`varbatch_kit.analysis.simulate`).
+- :func:`memory_figure` (data from :func:`~varbatch_kit.core.memory.predict_memory` or a
+  run's ``memory_table``): one step's predicted peak per GPU stacked by kind, the device's
+  memory as a line, measured peaks as markers.
 - :func:`run_quality_figure` (data from
   :func:`~varbatch_kit.analysis.run_quality.run_quality_table`): a whole run's
   rollout steps, simulated time and FLOPs imbalance per step, one line per
@@ -53,6 +56,7 @@ Pictures
 """
 
 from varbatch_kit.ui.figures.cp import cp_plan_figure, cp_plan_table
+from varbatch_kit.ui.figures.memory import memory_figure
 from varbatch_kit.ui.figures.policies import policy_figure, sweep_heatmap
 from varbatch_kit.ui.figures.reports import report_figure, rl_loop_figure, training_figure
 from varbatch_kit.ui.figures.run import run_quality_figure
@@ -87,6 +91,7 @@ __all__ = [
     "empty_packing_figure",
     "length_figure",
     "measured_vs_predicted_figure",
+    "memory_figure",
     "packing_figure",
     "packing_traces",
     "policy_figure",

@@ -45,6 +45,11 @@ class FakeBench:
         return {"steps": cfg.run.max_steps, "tokens_per_s": 1234.5,
                 "peak_memory_bytes": 7 * 2**30, "loss": [1.0, float("nan")]}
 
+    def memory(self, cfg, rollouts, work_dir):
+        self.calls.append(("memory", cfg, rollouts))
+        return {"rows": [{"step": 1, "rank": 0, "ratio": 0.98}], "worst_ratio": 0.98,
+                "within_10_percent": True}
+
     def calibrate(self, cfg, **sweep):
         self.calls.append(("calibrate", cfg, sweep))
         if self.fail_calibrate:
@@ -115,7 +120,8 @@ def test_the_report_holds_the_measurements_and_the_skipped_parts(tmp_path):
                              train_pkg=NO_EXTRAS)
     assert rc == 0 and report["status"] == "ok" and report["failed"] == []
     assert report["tokens_per_s"] == 1234.5 and report["peak_memory_bytes"] == 7 * 2**30
-    assert report["cost_model"] == COEFFS
+    assert report["cost_model"] == COEFFS and report["memory_worst_ratio"] == 0.98
+    assert report["parts"]["memory"]["within_10_percent"] is True
     assert report["versions"] == {"status": "ok", "torch": "2.11.0", "megatron-core": "0.16.1"}
     assert report["device"]["name"] == "Fake H200"
     parts = report["parts"]
@@ -229,6 +235,19 @@ def test_the_engine_bench_trains_on_the_cpu():
     assert got["steps"] == 2 and len(got["tokens"]) == 2 and got["peak_memory_bytes"] is None
     assert got["tokens_per_s"] == pytest.approx(got["tokens"][1] / got["step_time_s"][1])
     assert all(t > 0 for t in got["tokens"]) and got["parameters"] > 0
+
+
+def test_the_engine_bench_compares_predicted_and_measured_memory_on_the_cpu(tmp_path):
+    """The GPU check's memory part, here on the CPU (live tensor bytes): every rank of every
+    step predicted within 10 %."""
+    from varbatch_kit.train import ModelConfig
+    from varbatch_kit.train.measure.device_bench import EngineBench
+
+    cfg, rollouts, _ = gpu_check.check_plan(ModelConfig(), model="toy", steps=2, quick=True,
+                                            device="cpu")
+    got = EngineBench("cpu").memory(cfg, rollouts, tmp_path / "memory")
+    assert len(got["rows"]) == 2 and got["within_10_percent"], got
+    assert abs(got["worst_ratio"] - 1) <= 0.10
 
 
 # ----------------------------------------------------------------------------- make gpu-wheels

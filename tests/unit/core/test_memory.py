@@ -207,3 +207,17 @@ def test_more_tokens_never_need_less_and_recomputation_never_more(tokens, more, 
     assert total(tokens, layout) <= total(tokens, MemoryLayout(tp=tp))
     assert total(tokens, MemoryLayout(tp=2, recompute=recompute)) <= total(
         tokens, MemoryLayout(tp=1, recompute=recompute))
+
+
+def test_schedule_stats_gain_the_predicted_peak_per_rank():
+    sched = build_schedule(_schedule(dp=2).rollouts, ScheduleConfig(
+        dp=2, global_batch_size=4, max_tokens_per_gpu=400), TOY)
+    stats = sched.stats(MemoryLayout(dp=2, tp=2, pp=2), hardware_memory_gib=1e-3)
+    pred = predict_memory(sched, TOY, MemoryLayout(dp=2, tp=2, pp=2))
+    for _, row in stats.iterrows():
+        mine = pred[(pred.step == row.step) & (pred.pool_rank == row["rank"])]
+        assert row.peak_bytes == mine["peak_bytes"].max()  # the busiest of its tp x pp GPUs
+    assert stats["over_memory"].all()
+    assert "peak_bytes" not in sched.stats().columns
+    with pytest.raises(ValueError, match="needs a schedule built with a model shape"):
+        _schedule().stats(MemoryLayout())

@@ -37,9 +37,13 @@ hardware table, ``tp`` from the flags) and ranks it
 The search is staged to stay interactive: batching, cap and policy at the
 user's batch size first; the three best settings then meet the other batch
 sizes, and the two best meet the group sizes. A candidate is **safe** when
-none of its micro-batches of two or more samples holds more tokens than the
-memory limit (a sample longer than the cap sits alone and is counted in
-``oversize``; the user's own run holds those too). The recommendation is the
+its predicted peak memory per GPU (:mod:`varbatch_kit.core.memory` on its schedule,
+with the command line's tp, pp, sequence parallelism, precision, recomputation and
+distributed optimizer: :mod:`~varbatch_kit.compat.slime.memory_flags`) fits the memory
+budget: the hardware's memory, or the user's own flags' predicted peak where that is
+higher (they run). The token caps searched stay within the token limit
+(``max_tokens_headroom`` / ``max_tokens_limit``); ``over_limit`` still counts the
+micro-batches of two or more samples above it. The recommendation is the
 fastest safe candidate or the user's own settings, so it is never slower than
 the user's. Its command
 line is the user's: changed flags replaced where they stand, new ones
@@ -57,7 +61,7 @@ import shlex
 import time
 import warnings
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 from varbatch_kit.checks import number_in, positive_int
@@ -67,9 +71,10 @@ from varbatch_kit.compat.slime.flags import (
     schedule_config_from_slime_args,
 )
 from varbatch_kit.compat.slime.flags import positive_int as flag_int
+from varbatch_kit.compat.slime.memory_flags import memory_layout_from_slime_args
 from varbatch_kit.core.config import ScheduleConfig
 from varbatch_kit.core.flops import ModelShape, as_model_shape
-from varbatch_kit.core.hardware import DEFAULT_HARDWARE
+from varbatch_kit.core.hardware import DEFAULT_HARDWARE, hardware_profile
 from varbatch_kit.core.rollouts import Rollouts
 
 __all__ = ["Recommendation", "recommend", "recommended_config"]
@@ -84,11 +89,13 @@ MAX_BATCH_SIZES = 5
 
 
 def _table() -> tuple:
+    from varbatch_kit.compat.slime.memory_flags import MEMORY_FLAG_TABLE
     from varbatch_kit.compat.slime.model_flags import MODEL_FLAG_TABLE
 
     known = {flag for flag, _ in SCHEDULE_FLAG_TABLE}
     return (SCHEDULE_FLAG_TABLE + tuple((f, {"type": flag_int}) for f in ROLLOUT_FLAGS
-                                        if f not in known) + MODEL_FLAG_TABLE)
+                                        if f not in known) + MODEL_FLAG_TABLE
+            + MEMORY_FLAG_TABLE)
 
 
 def _the_model(model, ns: argparse.Namespace) -> ModelShape:
@@ -104,7 +111,7 @@ def _the_model(model, ns: argparse.Namespace) -> ModelShape:
                              "--hidden-size --num-attention-heads --vocab-size ...)")
         return from_flags
     shape = as_model_shape(model)
-    if from_flags is not None and replace(shape, name="") != replace(from_flags, name=""):
+    if from_flags is not None and shape.flops_fields() != from_flags.flops_fields():
         raise ValueError(f"model={shape.name!r} and the slime command line's model flags "
                          "describe different models; give one of them")
     return shape
@@ -281,7 +288,9 @@ class Recommendation:
     ``config`` its :class:`ScheduleConfig`. ``balanced``: the ``balanced``
     packing's figures with the user's cap, batch size and world size (None
     on static batching: it needs a cap), ``memory_limit`` the tokens a
-    micro-batch may hold, ``search_s`` the wall time of the search.
+    micro-batch may hold (the caps searched), ``memory_budget`` the bytes a GPU may hold (a
+    candidate is ``safe`` when its predicted peak, ``peak_gpu_bytes``, fits), ``search_s``
+    the wall time of the search.
     """
 
     table: Any
@@ -297,6 +306,7 @@ class Recommendation:
     hardware: str
     search_s: float
     notes: tuple[str, ...] = field(default=())
+    memory_budget: float = math.nan
 
     @property
     def speedup(self) -> float:
@@ -315,8 +325,12 @@ class Recommendation:
             lines.append(f"recommended: {b['changed']}: {b['time_s']:.2f} s "
                          f"({100 * (1 - b['time_s'] / u['time_s']):.1f} % less, "
                          f"{b['above_bound']:.3f}x the bound), peak micro-batch "
-                         f"{b['peak_gpu_tokens']} tokens per GPU (memory limit "
+                         f"{b['peak_gpu_tokens']} tokens per GPU (token limit "
                          f"{self.memory_limit})")
+        lines.append(f"memory: predicted peak {u['peak_gpu_bytes'] / 2**30:.1f} GiB per GPU with "
+                     f"your flags, {b['peak_gpu_bytes'] / 2**30:.1f} GiB recommended; budget "
+                     f"{self.memory_budget / 2**30:.1f} GiB ({self.hardware}'s memory, or your "
+                     "flags' peak where higher)")
         if b["oversize"]:
             lines.append(f"warning: {b['oversize']} sample(s) longer than the cap; each "
                          "trains alone in its micro-batch")
@@ -361,7 +375,7 @@ def _batch_sizes(user: _Knobs, ns: argparse.Namespace, num_rollouts: int,
     return sorted(ok[:MAX_BATCH_SIZES])
 
 
-def _evaluate(rollouts, model, ns, user, k, limit, hardware, tp, sim_kwargs):
+def _evaluate(rollouts, model, ns, user, k, limit, hardware, tp, sim_kwargs, budget=None):
     from varbatch_kit.analysis.candidates import CANDIDATE_COLUMNS, candidate_figures
     from varbatch_kit.core.build import build_schedule
 
@@ -377,9 +391,10 @@ def _evaluate(rollouts, model, ns, user, k, limit, hardware, tp, sim_kwargs):
             warnings.simplefilter("ignore")
             cfg = schedule_config_from_slime_args(_namespace(ns, k))
             sched = build_schedule(rollouts, cfg, model)
+        memory = memory_layout_from_slime_args(_namespace(ns, k), cfg)
         row.update(candidate_figures(sched, memory_limit=limit, hardware=hardware, tp=tp,
-                                     **sim_kwargs))
-        row["safe"] = row["over_limit"] == 0
+                                     memory=memory, memory_budget=budget, **sim_kwargs))
+        row["safe"] = budget is not None and row["peak_gpu_bytes"] <= budget
     except ValueError as e:
         row.update({c: math.nan for c in CANDIDATE_COLUMNS}, safe=False, error=str(e))
     return row
@@ -459,14 +474,20 @@ def recommend(rollouts: Rollouts, slime_args: str | Sequence[str],
     args = (rollouts, model, ns, user)
     seen: dict[_Knobs, dict] = {}
 
+    # the memory budget: the device's memory, or more where the user's own flags are
+    # predicted to need more (they run; the model is of the engine's kernels, not slime's)
+    own = _evaluate(*args, user, limit, hardware, tp, simulate_kwargs)
+    if own["error"]:  # the user's own layout cannot run: say why
+        raise ValueError(own["error"])
+    budget = max(hardware_profile(hardware).memory_gib * 2**30, float(own["peak_gpu_bytes"]))
+    seen[user] = {**own, "safe": True}
+
     def run(k: _Knobs) -> dict:
         if k not in seen:
-            seen[k] = _evaluate(*args, k, limit, hardware, tp, simulate_kwargs)
+            seen[k] = _evaluate(*args, k, limit, hardware, tp, simulate_kwargs, budget)
         return seen[k]
 
     same = {"gbs": user.gbs, "num_steps": user.num_steps, "mb_group": user.mb_group}
-    if run(user)["error"]:  # the user's own layout cannot run: say why
-        raise ValueError(seen[user]["error"])
     caps = _caps(user.size if user.dynamic else None, limit)
     for cap in caps:  # stage 1: cap and policy, the user's batch size
         for dist in ("strided", "flops_kk"):
@@ -496,7 +517,7 @@ def recommend(rollouts: Rollouts, slime_args: str | Sequence[str],
     if not seen[best]["time_s"] < seen[user]["time_s"]:
         best = user
     return _result(tokens, raw, user, best, seen, user_cfg, rollouts, model, limit, hardware,
-                   tp, simulate_kwargs, t0)
+                   tp, simulate_kwargs, t0, budget)
 
 
 def _ranked(seen: dict) -> list[_Knobs]:
@@ -506,7 +527,7 @@ def _ranked(seen: dict) -> list[_Knobs]:
 
 
 def _result(tokens, raw, user, best, seen, user_cfg, rollouts, model, limit, hardware, tp,
-            sim_kwargs, t0) -> Recommendation:
+            sim_kwargs, t0, budget) -> Recommendation:
     import pandas as pd
 
     from varbatch_kit.analysis.candidates import candidate_figures
@@ -520,7 +541,8 @@ def _result(tokens, raw, user, best, seen, user_cfg, rollouts, model, limit, har
     table = pd.DataFrame(rows).sort_values("time_s", kind="stable", na_position="last")
     table = table.reset_index(drop=True)
     for col in ("max_tokens_per_gpu", "micro_batch_size", "num_steps_per_rollout", "steps",
-                "peak_mb_tokens", "peak_gpu_tokens", "oversize", "over_limit"):
+                "peak_mb_tokens", "peak_gpu_tokens", "oversize", "over_limit",
+                "peak_gpu_bytes", "over_memory"):
         table[col] = pd.array([None if v is None or v != v else int(v) for v in table[col]],
                               dtype="Int64")
     changes = _changes(raw, user, best)
@@ -533,8 +555,9 @@ def _result(tokens, raw, user, best, seen, user_cfg, rollouts, model, limit, har
             warnings.simplefilter("ignore")
             sched = build_schedule(rollouts, user_cfg.with_(packing="balanced",
                                                             distribution="balanced"), model)
+        memory = memory_layout_from_slime_args(raw, sched.config)
         balanced = candidate_figures(sched, memory_limit=limit, hardware=hardware, tp=tp,
-                                     **sim_kwargs)
+                                     memory=memory, memory_budget=budget, **sim_kwargs)
     else:
         notes.append("'balanced' needs a token cap (dynamic batching): not compared")
     return Recommendation(
@@ -542,7 +565,7 @@ def _result(tokens, raw, user, best, seen, user_cfg, rollouts, model, limit, har
             _flag_text(f, v) for f, v in changes.items()) or "(yours)"},
         command=command, user_command=shlex.join(tokens), changes=changes, config=config,
         user_config=user_cfg, balanced=balanced, memory_limit=int(limit), hardware=str(hardware),
-        search_s=time.perf_counter() - t0, notes=tuple(notes))
+        search_s=time.perf_counter() - t0, notes=tuple(notes), memory_budget=float(budget))
 
 
 def _flag_text(flag: str, value: Any) -> str:

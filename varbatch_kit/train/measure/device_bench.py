@@ -160,6 +160,25 @@ class EngineBench:
                 "peak_memory_bytes": peak, "parameters": int(meta["parameters"]),
                 "wall_s": wall}
 
+    def memory(self, cfg, rollouts, work_dir: Path) -> dict:
+        """The memory model against this device: ``cfg`` trained in torchrun workers with each
+        rank's peak recorded (CUDA's allocator peak; on CPU live tensor bytes), beside
+        :mod:`varbatch_kit.core.memory`'s prediction for the same schedule, per step and
+        rank, and the worst ratio (predicted / measured)."""
+        from varbatch_kit.train import run
+        from varbatch_kit.train.runs.memory_report import memory_table
+
+        r = run(cfg.with_(track_memory=True, device=self.device), rollouts,
+                out_dir=work_dir, progress=False)
+        table = memory_table(r, rollouts)
+        worst = table.loc[(table["ratio"] - 1).abs().idxmax()]
+        return {"rows": [{"step": int(t.step), "rank": int(t.rank),
+                          "predicted_bytes": int(t.predicted_bytes),
+                          "measured_bytes": int(t.measured_bytes), "ratio": float(t.ratio),
+                          "phase": t.peak_phase} for t in table.itertuples()],
+                "worst_ratio": float(worst.ratio), "within_10_percent": bool(
+                    ((table["ratio"] - 1).abs() <= 0.10).all())}
+
     def calibrate(self, cfg, **kwargs) -> dict:
         """The cost model fitted on this device (``kwargs``: :func:`calibrate`'s sweep)."""
         from varbatch_kit.train.measure.calibration import calibrate
