@@ -23,7 +23,7 @@ from varbatch_kit.core.hardware import DEFAULT_HARDWARE, hardware_profile
 from varbatch_kit.core.memory import MemoryLayout, predict_memory
 from varbatch_kit.core.schedule import Schedule
 
-__all__ = ["CANDIDATE_COLUMNS", "candidate_figures"]
+__all__ = ["CANDIDATE_COLUMNS", "candidate_figures", "device_bytes"]
 
 #: the figures of :func:`candidate_figures`: name -> what it means (unit)
 CANDIDATE_COLUMNS = {
@@ -52,6 +52,15 @@ CANDIDATE_COLUMNS = {
 }
 
 
+def device_bytes(hardware: Any) -> float | None:
+    """The memory of ``hardware`` (a profile or its name) in bytes; None for a measured cost
+    model, which has none."""
+    try:
+        return hardware_profile(hardware).memory_gib * 2**30
+    except ValueError:
+        return None
+
+
 def candidate_figures(schedule: Schedule, *, memory_limit: int | None = None,
                       hardware: Any = DEFAULT_HARDWARE, tp: int = 1,
                       memory: MemoryLayout | None = None, memory_budget: float | None = None,
@@ -66,7 +75,8 @@ def candidate_figures(schedule: Schedule, *, memory_limit: int | None = None,
     :func:`~varbatch_kit.analysis.simulate.simulate` (``pp`` is the config's).
     ``memory`` (a :class:`~varbatch_kit.core.memory.MemoryLayout` of the schedule's dp and
     cp): each GPU's peak bytes predicted by :func:`~varbatch_kit.core.memory.predict_memory`,
-    judged against ``memory_budget`` bytes (default: ``hardware``'s memory).
+    judged against ``memory_budget`` bytes (default: ``hardware``'s memory; a measured cost
+    model has none: ``over_memory`` NaN).
     """
     if memory_limit is not None:
         memory_limit = positive_int("memory_limit", memory_limit)
@@ -90,11 +100,11 @@ def candidate_figures(schedule: Schedule, *, memory_limit: int | None = None,
     if memory is not None:
         if schedule.model is None:
             raise ValueError("memory= needs a schedule built with a model shape")
-        budget = (hardware_profile(hardware).memory_gib * 2**30 if memory_budget is None
-                  else float(memory_budget))
+        budget = float(memory_budget) if memory_budget is not None else device_bytes(hardware)
         table = predict_memory(schedule, schedule.model, memory)
         peak_bytes = int(table["peak_bytes"].max())
-        over_memory = int((table["peak_bytes"] > budget).sum())
+        if budget is not None:
+            over_memory = int((table["peak_bytes"] > budget).sum())
     return {
         "steps": int(schedule.num_steps),
         "time_s": time_s,

@@ -74,7 +74,7 @@ from varbatch_kit.compat.slime.flags import positive_int as flag_int
 from varbatch_kit.compat.slime.memory_flags import memory_layout_from_slime_args
 from varbatch_kit.core.config import ScheduleConfig
 from varbatch_kit.core.flops import ModelShape, as_model_shape
-from varbatch_kit.core.hardware import DEFAULT_HARDWARE, hardware_profile
+from varbatch_kit.core.hardware import DEFAULT_HARDWARE
 from varbatch_kit.core.rollouts import Rollouts
 
 __all__ = ["Recommendation", "recommend", "recommended_config"]
@@ -475,11 +475,14 @@ def recommend(rollouts: Rollouts, slime_args: str | Sequence[str],
     seen: dict[_Knobs, dict] = {}
 
     # the memory budget: the device's memory, or more where the user's own flags are
-    # predicted to need more (they run; the model is of the engine's kernels, not slime's)
+    # predicted to need more (they run; the model is of the engine's kernels, not slime's);
+    # a measured cost model knows no memory: the user's flags' peak
     own = _evaluate(*args, user, limit, hardware, tp, simulate_kwargs)
     if own["error"]:  # the user's own layout cannot run: say why
         raise ValueError(own["error"])
-    budget = max(hardware_profile(hardware).memory_gib * 2**30, float(own["peak_gpu_bytes"]))
+    from varbatch_kit.analysis.candidates import device_bytes
+
+    budget = max(device_bytes(hardware) or 0.0, float(own["peak_gpu_bytes"]))
     seen[user] = {**own, "safe": True}
 
     def run(k: _Knobs) -> dict:
