@@ -25,7 +25,7 @@ import plotly.graph_objects as go
 from varbatch_kit.core.build import build_schedule
 from varbatch_kit.core.config import ScheduleConfig
 from varbatch_kit.core.flops import ModelShape
-from varbatch_kit.core.hardware import DEFAULT_HARDWARE
+from varbatch_kit.core.hardware import DEFAULT_HARDWARE, hardware_profile
 from varbatch_kit.core.rollouts import Rollouts
 from varbatch_kit.core.schedule import Schedule
 from varbatch_kit.policies.registry import DISTRIBUTIONS, PACKERS
@@ -46,6 +46,9 @@ __all__ = ["PACKING_CONTROLS", "PackingExplorer"]
 
 
 #: control name -> description shown next to it, packing explorer
+#: the memory the summary's headroom is against: the default hardware's
+MEMORY_GIB = hardware_profile(DEFAULT_HARDWARE).memory_gib
+
 PACKING_CONTROLS = {
     "max_tokens_per_gpu": "max_tokens_per_gpu",
     "micro_batch_size": "micro_batch_size",
@@ -97,8 +100,10 @@ class PackingExplorer(Explorer):
     tokens``, ``cp_mode, rounds, fixed_rounds, degrees`` (micro-batches per
     CP degree), under dynamic CP with a model ``fixed_s, dynamic_s, speedup``
     (simulated seconds of all steps, :func:`varbatch_kit.analysis.simulate.simulate`
-    on its default profile, H100); and over the schedule ``steps, total_micro_batches`` (plus
-    ``error`` while one is shown).
+    on its default profile, H100); with a model ``peak_gib, headroom_gib`` (the step's
+    busiest GPU, :func:`varbatch_kit.core.memory.predict_memory` in bf16 with tp 1 and the
+    distributed optimizer, against H100's memory; the summary shows both next to the cap);
+    and over the schedule ``steps, total_micro_batches`` (plus ``error`` while one is shown).
     """
 
     kind = "packing-explorer"
@@ -230,11 +235,24 @@ class PackingExplorer(Explorer):
             # cost model describes
             simulated = {k: simulate(s, timelines=False).total_time_s
                          for k, s in (("fixed", fixed), ("dynamic", schedule))}
+        memory = None
+        if self.model is not None:  # each step's busiest GPU, as slime's scripts train
+            from varbatch_kit.core.memory import MemoryLayout, predict_memory
+
+            c = fixed.config
+            try:
+                layout = MemoryLayout(dp=c.dp, cp=c.cp, pp=c.pp, vpp=c.vpp, precision="bf16",
+                                      distributed_optimizer=True,
+                                      mb_group=c.mb_group if c.vpp > 1 else None)
+                memory = predict_memory(fixed, self.model, layout).groupby("step")[
+                    "peak_bytes"].max()
+            except ValueError as e:  # e.g. the model's layers do not split over pp x vpp
+                memory = str(e)
         t1 = time.perf_counter()
         quality = step_quality(fixed)
         t2 = time.perf_counter()
         return ({"schedule": schedule, "fixed": fixed, "compared": compared, "quality": quality,
-                 "simulated": simulated},
+                 "simulated": simulated, "memory": memory},
                 {"schedule_ms": 1e3 * (t1 - t0), "stats_ms": 1e3 * (t2 - t1)})
 
     def _render(self, result: dict) -> None:
@@ -280,6 +298,12 @@ class PackingExplorer(Explorer):
             "fixed_rounds": fixed.step(step).num_rounds,
             "degrees": _degree_counts(schedule, step),
         }
+        memory = result.get("memory")
+        if isinstance(memory, str):
+            self.state["memory_note"] = memory
+        elif memory is not None:
+            peak = float(memory.loc[step]) / 2**30
+            self.state.update(peak_gib=peak, headroom_gib=MEMORY_GIB - peak)
         sim = result.get("simulated")
         if sim is not None:
             self.state.update(fixed_s=sim["fixed"], dynamic_s=sim["dynamic"],
@@ -306,6 +330,13 @@ class PackingExplorer(Explorer):
             (f"{s['samples']} samples · {s['steps']} steps, {s['total_micro_batches']} "
              "micro-batches in all"),
         ]
+        if "memory_note" in s:
+            parts.append(f"predicted peak per GPU: n/a ({s['memory_note']})")
+        if "peak_gib" in s:
+            parts.append(f"predicted peak per GPU {span('vbk-peak', format(s['peak_gib'], '.1f'))}"
+                         f" GiB, headroom {s['headroom_gib']:.1f} GiB of {DEFAULT_HARDWARE}'s "
+                         f"{MEMORY_GIB:g} (bf16, tp 1, distributed optimizer; "
+                         "varbatch_kit.core.memory)")
         if compared:
             degrees = ", ".join(f"c={c}: {n}" for c, n in s["degrees"].items())
             parts.append(f"dynamic CP: {span('vbk-rounds', s['rounds'])} rounds "

@@ -46,3 +46,37 @@ def test_bad_tables_and_steps_say_what_is_wanted():
         memory_figure(_table().drop(columns=["activations"]))
     with pytest.raises(ValueError, match="step=99 is not in the table"):
         memory_figure(_table(), step=99)
+
+
+def test_the_packing_explorer_shows_the_predicted_peak_and_headroom():
+    from varbatch_kit.ui import widgets
+
+    rng = np.random.default_rng(2)
+    ro = Rollouts(prompt_len=rng.integers(4, 20, 16), response_len=rng.integers(5, 200, 16),
+                  rollout_id=np.arange(16) // 2)
+    config = ScheduleConfig(dp=2, global_batch_size=4, max_tokens_per_gpu=300)
+    ex = widgets.packing_explorer(ro, MODEL, config=config, background=False)
+    sched = build_schedule(ro, config, MODEL)
+    expected = predict_memory(sched, MODEL, MemoryLayout(dp=2, precision="bf16",
+                                                         distributed_optimizer=True))
+    step = ex.state["step"]
+    peak = expected[expected.step == step]["peak_bytes"].max() / 2**30
+    assert ex.state["peak_gib"] == pytest.approx(peak)
+    assert ex.state["headroom_gib"] == pytest.approx(80 - peak)
+    assert "predicted peak per GPU" in ex.summary.value and "vbk-peak" in ex.summary.value
+    # without a model there are no FLOPs and no memory line
+    bare = widgets.packing_explorer(ro, config=config, background=False)
+    assert "peak_gib" not in bare.state and "predicted peak" not in bare.summary.value
+
+
+def test_a_layout_the_model_cannot_split_says_why_in_the_summary():
+    from varbatch_kit.ui import widgets
+
+    three = ModelShape(**{**MODEL.to_dict(), "num_layers": 3})
+    rng = np.random.default_rng(3)
+    ro = Rollouts(prompt_len=rng.integers(4, 20, 16), response_len=rng.integers(5, 200, 16),
+                  rollout_id=np.arange(16) // 2)
+    ex = widgets.packing_explorer(ro, three, config=ScheduleConfig(
+        dp=1, pp=2, global_batch_size=4, max_tokens_per_gpu=300), background=False)
+    assert "peak_gib" not in ex.state
+    assert "predicted peak per GPU: n/a (3 layers do not split evenly" in ex.summary.value
