@@ -11,7 +11,8 @@ chunks of tokens, per-token float64 sums, softmax recomputed in backward).
 
 At a 152k vocabulary and 16k response tokens the float64 path needs tens of
 GB, more than this machine has, so the figures come from a tracker over the
-step run on ``meta`` tensors (shapes and dtypes, no data): :class:`PeakLiveBytes`,
+step run on ``meta`` tensors (shapes and dtypes, no data): the engine's CPU tracker
+(:class:`~varbatch_kit.train.step.peak_memory.LiveTensorBytes`),
 a ``TorchDispatchMode`` that counts the bytes of every tensor storage an op
 creates until the storage is freed. The peak counts every live tensor byte:
 the input logits, what the step allocates, and the gradient it returns. Two
@@ -33,19 +34,15 @@ import json
 import os
 import subprocess
 import sys
-import weakref
-from functools import partial
 from pathlib import Path
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_leaves
-from torch.utils.weak import WeakIdKeyDictionary
 
 from varbatch_kit.report.objective.token_stats import (
     DEFAULT_CHUNK_ELEMENTS,
     chunked_token_stats,
 )
+from varbatch_kit.train.step.peak_memory import LiveTensorBytes
 
 ROOT = Path(__file__).resolve().parent.parent
 VOCAB = 152_064  # Qwen2.5 / Qwen3's padded vocabulary
@@ -90,38 +87,6 @@ def _step(path: str, logits, targets, temperature, entropy_grad, chunk_tokens):
     return grad.shape
 
 
-class PeakLiveBytes(TorchDispatchMode):
-    """Live bytes of the tensor storages made under it (and of those :meth:`track` is given).
-
-    Each storage an op returns is counted once, until it is freed (a weak
-    reference's callback); :attr:`peak` is the most ever live at once.
-    """
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.live = 0
-        self.peak = 0
-        self._storages = WeakIdKeyDictionary()
-
-    def track(self, *tensors: torch.Tensor) -> None:
-        for t in tensors:
-            storage = t.untyped_storage()
-            if storage in self._storages:
-                continue
-            nbytes = storage.nbytes()
-            self._storages[storage] = weakref.ref(storage, partial(self._freed, nbytes))
-            self.live += nbytes
-            self.peak = max(self.peak, self.live)
-
-    def _freed(self, nbytes: int, _ref) -> None:
-        self.live -= nbytes
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        self.track(*(t for t in tree_leaves(out) if isinstance(t, torch.Tensor)))
-        return out
-
-
 def _step_inputs(rows: int, vocab: int, device: str):
     logits = torch.empty(rows, vocab, device=device).requires_grad_(True)
     return logits, torch.zeros(rows, dtype=torch.long, device=device)
@@ -130,9 +95,9 @@ def _step_inputs(rows: int, vocab: int, device: str):
 def traced_peak(path: str, rows: int, vocab: int, *, temperature: float = 1.0,
                 entropy_grad: bool = False, chunk_tokens: int | None = None,
                 device: str = "meta") -> dict:
-    """Peak live tensor bytes of the step (:class:`PeakLiveBytes`), and the inputs' bytes."""
+    """Peak live tensor bytes of the step (``LiveTensorBytes``), and the inputs' bytes."""
     logits, targets = _step_inputs(rows, vocab, device)
-    tracker = PeakLiveBytes()
+    tracker = LiveTensorBytes()
     tracker.track(logits, targets)
     with tracker:
         _step(path, logits, targets, temperature, entropy_grad, chunk_tokens)
@@ -243,7 +208,7 @@ def main(argv: list[str] | None = None) -> None:
         return
     full = full_size_rows()
     print(f"log-prob step (forward + backward), {RESPONSE_TOKENS} response tokens x {VOCAB} "
-          "vocabulary, float32 logits; peak live tensor bytes (PeakLiveBytes on meta tensors)")
+          "vocabulary, float32 logits; peak live tensor bytes (LiveTensorBytes on meta tensors)")
     print(f"{'temperature':>11s} {'entropy grad':>12s} {'logits GB':>9s} | {'peak GB: before':>15s}"
           f" {'after':>8s} {'ratio':>6s} | {'added GB: before':>16s} {'after':>8s} {'ratio':>6s}")
     for r in full:

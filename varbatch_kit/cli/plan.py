@@ -17,10 +17,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 from typing import Any
 
+from varbatch_kit.cli.recommend import plain
 from varbatch_kit.cli.schedule import load_model, load_trace
+from varbatch_kit.compat.slime.flags import positive_int
 from varbatch_kit.core.hardware import DEFAULT_HARDWARE, HARDWARE
 from varbatch_kit.core.traces import bundled_traces
 
@@ -28,16 +29,6 @@ __all__ = ["add_parser", "run"]
 
 _SHOWN = ["tp", "pp", "cp", "dp", "max_tokens_per_gpu", "packing", "recompute", "time_s",
           "step_s", "peak_gib", "gpu_hours"]
-
-
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: give a whole number >= 1") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r}: give a whole number >= 1")
-    return value
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -49,16 +40,16 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                + ", ".join(bundled_traces()))
     p.add_argument("trace", metavar="TRACE", help="trace file or bundled trace name")
     p.add_argument("--model", required=True, help="model shape preset or a config.json path")
-    p.add_argument("--gpus", type=_positive, required=True, help="GPUs of the training job")
+    p.add_argument("--gpus", type=positive_int, required=True, help="GPUs of the training job")
     p.add_argument("--hardware", default=DEFAULT_HARDWARE, choices=sorted(HARDWARE),
                    help=f"the GPUs (default {DEFAULT_HARDWARE}): speed and memory")
-    p.add_argument("--global-batch-size", type=_positive, default=None, metavar="N",
+    p.add_argument("--global-batch-size", type=positive_int, default=None, metavar="N",
                    help="rollouts per step (default: the whole trace in one step)")
     p.add_argument("--caps", default="8192,16384,32768", metavar="LIST",
                    help="--max-tokens-per-gpu values to try (default 8192,16384,32768)")
     p.add_argument("--precision", default="bf16", choices=("bf16", "fp32"),
                    help="training precision (default bf16, as slime runs)")
-    p.add_argument("--top", type=_positive, default=10, help="candidates printed (default 10)")
+    p.add_argument("--top", type=positive_int, default=10, help="candidates printed (default 10)")
     p.add_argument("--html", default=None, metavar="FILE",
                    help="also write the time-against-memory figure to FILE")
     p.add_argument("--json", action="store_true", help="print one JSON object instead")
@@ -74,14 +65,6 @@ def _caps(text: str) -> list[int]:
     if not caps or any(c < 1 for c in caps):
         raise ValueError(f"--caps {text!r}: give positive whole numbers separated by commas")
     return caps
-
-
-def _plain(value: Any) -> Any:
-    if isinstance(value, float) and math.isnan(value):
-        return None
-    if hasattr(value, "item"):
-        return _plain(value.item())
-    return value
 
 
 def run(args: argparse.Namespace) -> int:
@@ -101,9 +84,9 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps({
             "trace": name, "model": model.name, "gpus": plan.gpus, "hardware": plan.hardware,
             "memory_gib": plan.memory_gib, "search_s": plan.search_s, "pruned": plan.pruned,
-            "best": {k: _plain(v) for k, v in (plan.best or {}).items()},
+            "best": {k: plain(v) for k, v in (plan.best or {}).items()},
             "command": None if slime.empty else slime.iloc[0]["command"],
-            "candidates": [{k: _plain(v) for k, v in r.items()}
+            "candidates": [{k: plain(v) for k, v in r.items()}
                            for r in fits.head(args.top).to_dict("records")]}, indent=1))
         return 0
     print(f"trace {name}: {rollouts!r}; model {model.name}; {plan.gpus} x {plan.hardware} "

@@ -27,7 +27,7 @@ from varbatch_kit.compat.slime.flag_search import recommend
 from varbatch_kit.core.hardware import DEFAULT_HARDWARE, HARDWARE
 from varbatch_kit.core.traces import bundled_traces
 
-__all__ = ["add_parser", "format_candidates", "run"]
+__all__ = ["add_parser", "format_candidates", "plain", "run"]
 
 #: the model when neither --model nor slime's model flags give one
 DEFAULT_MODEL = "qwen3-8b"
@@ -95,11 +95,12 @@ def format_candidates(rec) -> str:
     return text + "\n\ncolumns:\n" + "\n".join(f"  {c:{width}s}  {v}" for c, v in legend.items())
 
 
-def _plain(value: Any) -> Any:
+def plain(value: Any) -> Any:
+    """``value`` as JSON takes it: numpy scalars as Python numbers, NaN as None."""
     if isinstance(value, float) and math.isnan(value):
         return None
     if hasattr(value, "item"):
-        return _plain(value.item())
+        return plain(value.item())
     return value
 
 
@@ -117,10 +118,10 @@ def run(args: argparse.Namespace) -> int:
                     vary_global_batch_size=True if args.vary_global_batch_size else None,
                     hardware=args.hardware)
     if args.json:
-        rows = [{k: _plain(v) for k, v in r.items()} for r in rec.table.to_dict("records")]
+        rows = [{k: plain(v) for k, v in r.items()} for r in rec.table.to_dict("records")]
         print(json.dumps({"trace": name, "command": rec.command, "changes": rec.changes,
-                          "user": {k: _plain(v) for k, v in rec.user.items()},
-                          "best": {k: _plain(v) for k, v in rec.best.items()},
+                          "user": {k: plain(v) for k, v in rec.user.items()},
+                          "best": {k: plain(v) for k, v in rec.best.items()},
                           "balanced": rec.balanced, "memory_limit": rec.memory_limit,
                           "search_s": rec.search_s, "candidates": rows}, indent=1))
         return 0

@@ -41,4 +41,4 @@ def test_errors_exit_2_naming_the_value(capsys):
     with pytest.raises(SystemExit) as exit_:
         main([*ARGS, "--gpus", "0"])
     assert exit_.value.code == 2
-    assert "--gpus: '0': give a whole number >= 1" in capsys.readouterr().err
+    assert "--gpus: expected a positive whole number, got 0" in capsys.readouterr().err

@@ -46,9 +46,7 @@ class LiveTensorBytes(TorchDispatchMode):
 
     def track(self, *tensors: torch.Tensor) -> None:
         """Count these tensors' storages (once each) from now until they are freed."""
-        for t in tensors:
-            if t.device.type == "meta" or not hasattr(t, "untyped_storage"):
-                continue
+        for t in tensors:  # meta tensors too: their storages have sizes, not data
             try:
                 storage = t.untyped_storage()
             except (NotImplementedError, RuntimeError):  # a tensor subclass without storage
