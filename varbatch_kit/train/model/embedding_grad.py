@@ -60,11 +60,11 @@ def route_embedding_grads(modules) -> int:
     """Every megatron ``VocabParallelEmbedding`` in ``modules`` adds its gradient into
     ``main_grad`` (module docstring); returns how many. Call after DDP gave the parameters
     their ``main_grad``."""
-    import sys
+    import importlib
 
     from megatron.core.tensor_parallel.layers import VocabParallelEmbedding
 
-    layers = sys.modules[VocabParallelEmbedding.__module__]
+    layers = importlib.import_module(VocabParallelEmbedding.__module__)  # its F, to rebind
     count = 0
     for module in modules:
         for m in module.modules():
