@@ -126,7 +126,8 @@ def policy_pairs(model: ModelShape | None = None, *, dynamic: bool = True
 
 def policy_table(rollouts: Rollouts, config: ScheduleConfig, model: ModelShape | None,
                  policies: Sequence[tuple[str, str]] | None = None, *,
-                 flag_names: Mapping[tuple[str, str], str] | None = None):
+                 flag_names: Mapping[tuple[str, str], str] | None = None,
+                 memory=None, hardware_memory_gib: float | None = None):
     """Schedule quality of several ``(packing, distribution)`` policies on one layout.
 
     Returns a pandas table with one row per policy: ``packing, distribution``,
@@ -145,6 +146,11 @@ def policy_table(rollouts: Rollouts, config: ScheduleConfig, model: ModelShape |
     scheduler's message for a policy that cannot run this layout; its numbers
     are NaN). Each scheduler warning (samples longer than the cap, trailing
     rollouts dropped) is said once, with the number of policies it concerns.
+    With ``memory`` (a :class:`~varbatch_kit.core.memory.MemoryLayout` of the config's dp
+    and cp; needs ``model``): ``peak_gib``, the busiest GPU's predicted peak memory over
+    the steps (:func:`~varbatch_kit.core.memory.predict_memory`), and with
+    ``hardware_memory_gib`` ``over_memory``, the (step, GPU) pairs above it: a policy
+    that breaks the cap (slime's ``--balance-by-flops``) says so in bytes.
 
     Parameters
     ----------
@@ -156,19 +162,22 @@ def policy_table(rollouts: Rollouts, config: ScheduleConfig, model: ModelShape |
     """
     import pandas as pd
 
+    if memory is not None and model is None:
+        raise ValueError("memory= needs a model shape (the activations depend on it)")
     pairs = list(policies) if policies is not None else policy_pairs(
         model, dynamic=config.dynamic)
     rows = []
     with warn_once("policies") as tally:
         for packing, distribution in pairs:
             rows.append(_policy_row(tally, rollouts, config, model, packing, distribution,
-                                    flag_names))
+                                    flag_names, memory, hardware_memory_gib))
     return pd.DataFrame(rows)
 
 
 def _policy_row(tally, rollouts: Rollouts, config: ScheduleConfig, model: ModelShape | None,
                 packing: str, distribution: str,
-                flag_names: Mapping[tuple[str, str], str] | None) -> dict[str, Any]:
+                flag_names: Mapping[tuple[str, str], str] | None, memory=None,
+                hardware_memory_gib: float | None = None) -> dict[str, Any]:
     """One row of :func:`policy_table` (its schedule built as a case of ``tally``)."""
     from varbatch_kit.analysis.quality import step_quality
 
@@ -200,6 +209,13 @@ def _policy_row(tally, rollouts: Rollouts, config: ScheduleConfig, model: ModelS
         mean_makespan_ratio=float(q["makespan_ratio"].mean()),
         max_makespan_ratio=float(q["makespan_ratio"].max()),
         schedule_s=dt, error="")
+    if memory is not None:
+        from varbatch_kit.core.memory import predict_memory
+
+        peaks = predict_memory(sched, model, memory)["peak_bytes"]
+        row["peak_gib"] = float(peaks.max()) / 2**30
+        if hardware_memory_gib is not None:
+            row["over_memory"] = int((peaks > hardware_memory_gib * 2**30).sum())
     return row
 
 

@@ -221,3 +221,25 @@ def test_schedule_stats_gain_the_predicted_peak_per_rank():
     assert "peak_bytes" not in sched.stats().columns
     with pytest.raises(ValueError, match="needs a schedule built with a model shape"):
         _schedule().stats(MemoryLayout())
+
+
+def test_policy_tables_say_in_bytes_where_a_policy_breaks_the_cap():
+    """slime's --balance-by-flops packs by FLOPs and may break the token cap (its docs: "may
+    OOM if the cap is tight"): the policy table shows it as a higher predicted peak than
+    first-fit at the same cap, and as GPUs over a memory between the two."""
+    from varbatch_kit.analysis.sweeps import policy_table
+
+    ro = _schedule(n=48, seed=0).rollouts  # by FLOPs: a 435-token micro-batch, cap 400
+    # one step (every rollout): its peak is its largest micro-batch, as the cap intends
+    config = ScheduleConfig(dp=2, global_batch_size=ro.num_rollouts, max_tokens_per_gpu=400)
+    table = policy_table(ro, config, TOY, [("first_fit", "strided"), ("flops_kk", "flops_kk")],
+                         memory=MemoryLayout(dp=2)).set_index("packing")
+    capped, by_flops = table.loc["first_fit"], table.loc["flops_kk"]
+    assert by_flops["cap_violations"] > 0 and capped["cap_violations"] == 0
+    assert by_flops["peak_gib"] > capped["peak_gib"]
+    between = (capped["peak_gib"] + by_flops["peak_gib"]) / 2
+    over = policy_table(ro, config, TOY, [("first_fit", "strided"), ("flops_kk", "flops_kk")],
+                        memory=MemoryLayout(dp=2), hardware_memory_gib=between)
+    assert list(over["over_memory"] > 0) == [False, True]
+    with pytest.raises(ValueError, match="memory= needs a model shape"):
+        policy_table(ro, config, None, memory=MemoryLayout(dp=2))
