@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -222,14 +222,16 @@ def _policy_row(tally, rollouts: Rollouts, config: ScheduleConfig, model: ModelS
 def policy_table_by_trace(traces: Mapping[str, Rollouts], model: ModelShape | None, *,
                           dp: int = 16, max_tokens_per_gpu: int = 16384, steps: int = 4,
                           policies: Sequence[tuple[str, str]] | None = None,
-                          flag_names: Mapping[tuple[str, str], str] | None = None):
+                          flag_names: Mapping[tuple[str, str], str] | None = None,
+                          memory=None, hardware_memory_gib: float | None = None):
     """:func:`policy_table` for several traces on one layout, stacked, with a ``trace`` column.
 
     Each trace is cut into ``steps`` steps: ``global_batch_size`` is its
     number of rollouts ``// steps`` (at least 1). Rows come trace after
     trace, in the order of ``traces``, the policies in the order of
     ``policies`` (default :func:`policy_pairs` of the dynamic path);
-    ``flag_names`` as in :func:`policy_table`. Each scheduler warning is said
+    ``flag_names``, ``memory`` and ``hardware_memory_gib`` as in :func:`policy_table`
+    (``memory``'s dp and cp are set to this layout's). Each scheduler warning is said
     once for the whole table, counted over its trace and policy schedules.
     """
     import pandas as pd
@@ -243,7 +245,9 @@ def policy_table_by_trace(traces: Mapping[str, Rollouts], model: ModelShape | No
             config = ScheduleConfig(dp=dp,
                                     global_batch_size=max(1, r.num_rollouts // int(steps)),
                                     max_tokens_per_gpu=max_tokens_per_gpu)
-            tables.append(policy_table(r, config, model, policies, flag_names=flag_names)
+            mem = None if memory is None else replace(memory, dp=dp, cp=1)
+            tables.append(policy_table(r, config, model, policies, flag_names=flag_names,
+                                       memory=mem, hardware_memory_gib=hardware_memory_gib)
                           .assign(trace=str(name)))
     return pd.concat(tables, ignore_index=True)
 

@@ -243,3 +243,14 @@ def test_policy_tables_say_in_bytes_where_a_policy_breaks_the_cap():
     assert list(over["over_memory"] > 0) == [False, True]
     with pytest.raises(ValueError, match="memory= needs a model shape"):
         policy_table(ro, config, None, memory=MemoryLayout(dp=2))
+
+
+def test_policy_tables_by_trace_pass_the_memory_layout_at_their_dp():
+    from varbatch_kit.analysis.sweeps import policy_table_by_trace
+
+    traces = {"a": _schedule(n=24, seed=0).rollouts, "b": _schedule(n=24, seed=1).rollouts}
+    table = policy_table_by_trace(traces, TOY, dp=2, max_tokens_per_gpu=400, steps=2,
+                                  policies=[("first_fit", "strided")],
+                                  memory=MemoryLayout(dp=7), hardware_memory_gib=1e-3)
+    assert (table["peak_gib"] > 0).all() and (table["over_memory"] > 0).all()
+    assert list(table["trace"]) == ["a", "b"]
