@@ -279,6 +279,19 @@ def micro_batch_share(total_len, prompt_len, *, cp_size: int = 1, cp_rank: int =
                            int(rows[cp_rank]), total.size == 1, cp_size)
 
 
+def _cp_shares(total: np.ndarray, prompt: np.ndarray, cp_size: int, cp_impl: str
+               ) -> list[MicroBatchShare]:
+    """:func:`micro_batch_share` of one micro-batch for each of its ``cp_size`` CP ranks."""
+    total = np.asarray(total, dtype=np.int64)
+    prompt = np.asarray(prompt, dtype=np.int64)
+    if cp_size == 1 or cp_impl == "emulated":
+        return [micro_batch_share(total, prompt, cp_size=cp_size, cp_impl=cp_impl)] * cp_size
+    tokens, rows = _zigzag_shares(total, prompt, cp_size)
+    gathered = int(tokens.max()) * cp_size
+    return [MicroBatchShare(int(tokens[r]), gathered, int(rows[r]), total.size == 1, cp_size)
+            for r in range(cp_size)]
+
+
 def micro_batch_memory(model: ModelShape, layout: MemoryLayout, mb: MicroBatchShare, *,
                        layers: int, last: bool, first: bool = False) -> dict[str, float]:
     """Bytes of one micro-batch on one rank of a pipeline stage with ``layers`` layers:
@@ -452,13 +465,16 @@ def predict_memory(schedule, model: ModelShape, layout: MemoryLayout, *,
             continue
         bins = step.rank_bins
         held_by = []  # per pool rank: its micro-batches' shares and indices in the step
+        per_bin: dict[int, list[MicroBatchShare]] = {}  # every CP rank's share, made once
         for pool_rank in range(layout.pool):
             work = [p for p in step.rank_program(pool_rank) if len(p.samples)]
             if work:
-                held_by.append(([micro_batch_share(total_len[p.samples], prompt_len[p.samples],
-                                                   cp_size=p.cp_size, cp_rank=p.cp_rank,
-                                                   cp_impl=layout.cp_impl) for p in work],
-                                list(bins[pool_rank])))
+                mine = list(bins[pool_rank])  # the same rounds, in the same order
+                for b, p in zip(mine, work):
+                    if b not in per_bin:
+                        per_bin[b] = _cp_shares(total_len[p.samples], prompt_len[p.samples],
+                                                p.cp_size, layout.cp_impl)
+                held_by.append(([per_bin[b][p.cp_rank] for b, p in zip(mine, work)], mine))
             else:  # an idle rank trains the step's shortest sample at zero weight
                 i = step.sample_indices[np.argmin(total_len[step.sample_indices])]
                 held_by.append(([micro_batch_share(total_len[[i]], prompt_len[[i]])], [None]))

@@ -70,9 +70,10 @@ from varbatch_kit.core.flops import ModelShape
 from varbatch_kit.core.rollouts import Rollouts
 from varbatch_kit.ui import balance_explorer as _balance
 from varbatch_kit.ui import packing_explorer as _packing
+from varbatch_kit.ui import planner_explorer as _planner
 from varbatch_kit.ui import recommend_explorer as _recommend
 
-__all__ = ["balance_explorer", "packing_explorer", "recommend_explorer"]
+__all__ = ["balance_explorer", "packing_explorer", "planner_explorer", "recommend_explorer"]
 
 
 def packing_explorer(rollouts: Rollouts, model: ModelShape | None = None, **kwargs: Any
@@ -137,3 +138,15 @@ def recommend_explorer(rollouts: Rollouts, slime_args: str, model: str = "qwen3-
         As for :func:`~varbatch_kit.compat.slime.recommend` (initial control values).
     """
     return _recommend.RecommendExplorer(rollouts, slime_args, model, **kwargs)
+
+
+def planner_explorer(rollouts: Rollouts, model: str = "qwen3-8b", gpus: int = 16,
+                     **kwargs: Any) -> _planner.PlannerExplorer:
+    """Which layout to run on ``gpus`` GPUs: :func:`varbatch_kit.compat.slime.planner.plan_layouts`
+    as you change the GPUs, the model, the caps or the hardware.
+
+    Returns a :class:`~varbatch_kit.ui.planner_explorer.PlannerExplorer`; ``kwargs``:
+    ``global_batch_size`` (rollouts per step, default all), ``caps`` (the
+    ``--max-tokens-per-gpu`` values to try), ``hardware`` (initial control values).
+    """
+    return _planner.PlannerExplorer(rollouts, model, gpus, **kwargs)

@@ -220,14 +220,18 @@ def test_each_explorer_name_has_one_import_path():
         balance_explorer,
         explorer_engine,
         packing_explorer,
+        planner_explorer,
         recommend_explorer,
     )
 
-    assert widgets.__all__ == ["balance_explorer", "packing_explorer", "recommend_explorer"]
-    for name in ("PackingExplorer", "BalanceExplorer", "RecommendExplorer", "PACKING_CONTROLS",
-                 "BALANCE_CONTROLS", "RECOMMEND_COLUMNS", "Explorer", "measure_latency"):
+    assert widgets.__all__ == ["balance_explorer", "packing_explorer", "planner_explorer",
+                               "recommend_explorer"]
+    for name in ("PackingExplorer", "BalanceExplorer", "RecommendExplorer", "PlannerExplorer",
+                 "PACKING_CONTROLS", "BALANCE_CONTROLS", "RECOMMEND_COLUMNS", "PLAN_COLUMNS",
+                 "Explorer", "measure_latency"):
         assert not hasattr(widgets, name), name
     assert recommend_explorer.__all__ == ["RECOMMEND_COLUMNS", "RecommendExplorer"]
+    assert planner_explorer.__all__ == ["PLAN_COLUMNS", "PlannerExplorer"]
     assert packing_explorer.__all__ == ["PACKING_CONTROLS", "PackingExplorer"]
     assert balance_explorer.__all__ == ["BALANCE_CONTROLS", "BalanceExplorer"]
     assert "measure_latency" in explorer_engine.__all__
