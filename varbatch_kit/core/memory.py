@@ -305,8 +305,13 @@ def micro_batch_memory(model: ModelShape, layout: MemoryLayout, mb: MicroBatchSh
       statistics' float32 work: three ``[chunk, V / tp]`` tensors (``chunked``) or the
       log-softmax and its gradient (``full``);
     - ``backward``: the backward's working set at its peak, in the last layer's MLP: the
-      gradient of ``linear_fc2``'s input ``[T, f / tp]``, its weight gradient, and under
-      sequence parallelism the gathered ``[T, h]`` input it re-gathers;
+      gradient of ``linear_fc2``'s input ``[T, f / tp]``, its weight gradient (gated: the
+      two factors' gradients), under sequence parallelism the gathered ``[T, h]`` input it
+      re-gathers, and on a stage before the last the received output gradient;
+    - ``output`` (last stage): the output layer's backward: the logits' gradient, the dense
+      ``[V / tp, h]`` weight gradient and the rows' input gradient;
+    - ``embedding`` (first stage, without ``embedding_grad_rows``): the word embedding's
+      dense ``[V / tp, h]`` gradient and the gradient of its output;
     - ``gather_buffer``: sequence parallelism's all-gather buffer (megatron's global memory
       buffer, ``[T, h]``, kept by the process at its largest size).
     """
