@@ -250,9 +250,73 @@ def test_under_context_parallelism_the_memory_limit_is_per_gpu():
     assert peak.max() == rec.best["peak_gpu_bytes"] <= rec.memory_budget
 
 
+# slime's own MODEL_ARGS (scripts/models/qwen3-8B.sh and qwen2.5-0.5B.sh, THUDM/slime at
+# 624b824a898ab0ec1fcb4d373004c7f3852bf515, the rotary base's shell default filled in)
 QWEN3_8B_FLAGS = ("--swiglu --num-layers 36 --hidden-size 4096 --ffn-hidden-size 12288 "
                   "--num-attention-heads 32 --group-query-attention --num-query-groups 8 "
-                  "--kv-channels 128 --vocab-size 151936 --normalization RMSNorm")
+                  "--use-rotary-position-embeddings --disable-bias-linear "
+                  "--normalization RMSNorm --norm-epsilon 1e-6 --rotary-base 1000000 "
+                  "--vocab-size 151936 --kv-channels 128 --qk-layernorm "
+                  "--untie-embeddings-and-output-weights")
+QWEN25_05B_FLAGS = ("--swiglu --num-layers 24 --hidden-size 896 --ffn-hidden-size 4864 "
+                    "--num-attention-heads 14 --use-rotary-position-embeddings "
+                    "--disable-bias-linear --add-qkv-bias --normalization RMSNorm "
+                    "--norm-epsilon 1e-6 --rotary-base 1000000 --group-query-attention "
+                    "--num-query-groups 2 --vocab-size 151936")
+
+
+@pytest.mark.parametrize("flags,preset", [(QWEN3_8B_FLAGS, "qwen3-8b"),
+                                          (QWEN25_05B_FLAGS, "qwen2.5-0.5b")])
+def test_slimes_model_scripts_give_the_presets_shape_and_make_up(flags, preset):
+    """Every field of the shape, the layer's make-up the memory model reads included (gated
+    MLP, RMSNorm, biases, q/k norm, tied embeddings, rotary positions), is the Hugging Face
+    config's: the memory model predicts the same bytes from slime's flags as from the
+    preset."""
+    from dataclasses import asdict
+
+    from varbatch_kit.compat.slime.model_flags import model_shape_from_slime_args
+    from varbatch_kit.core.flops import ModelShape
+    from varbatch_kit.core.memory import MemoryLayout, parameter_count
+
+    shape, want = model_shape_from_slime_args(flags), ModelShape.preset(preset)
+    got = {k: v for k, v in asdict(shape).items() if k != "name"}
+    assert got == {k: v for k, v in asdict(want).items() if k != "name"}
+    assert parameter_count(shape, MemoryLayout()) == parameter_count(want, MemoryLayout())
+
+
+def test_absent_make_up_flags_take_megatrons_defaults():
+    """Without --swiglu, --normalization, --disable-bias-linear, --untie-... or a rotary
+    flag, Megatron builds a GeLU MLP, LayerNorm, biases, tied embeddings and a learned
+    position table of --max-position-embeddings (else --seq-length) rows; each flag turns its
+    default over, and a choice Megatron does not have is refused."""
+    from varbatch_kit.compat.slime.model_flags import model_shape_from_slime_args
+    from varbatch_kit.core.memory import MemoryLayout, parameter_count
+
+    base = "--num-layers 2 --hidden-size 64 --num-attention-heads 4 --vocab-size 128"
+    plain = model_shape_from_slime_args(base + " --seq-length 512")
+    assert (plain.gated_mlp, plain.norm, plain.linear_bias, plain.qkv_bias, plain.qk_norm,
+            plain.tied_embeddings, plain.position_embedding, plain.learned_positions) == (
+        False, "layernorm", True, True, False, True, "learned", 512)
+    assert model_shape_from_slime_args(
+        base + " --seq-length 512 --max-position-embeddings 1024").learned_positions == 1024
+    assert model_shape_from_slime_args(base).learned_positions == 0  # rows unknown
+    for flag, field, value in [("--swiglu", "gated_mlp", True),
+                               ("--normalization RMSNorm", "norm", "rmsnorm"),
+                               ("--qk-layernorm", "qk_norm", True),
+                               ("--untie-embeddings-and-output-weights", "tied_embeddings",
+                                False),
+                               ("--position-embedding-type rope", "learned_positions", 0),
+                               ("--use-rotary-position-embeddings", "position_embedding",
+                                "rope")]:
+        shape = model_shape_from_slime_args(f"{base} --seq-length 512 {flag}")
+        assert getattr(shape, field) == value, flag
+        one = MemoryLayout()
+        assert parameter_count(shape, one) != parameter_count(plain, one), flag
+    off = model_shape_from_slime_args(base + " --disable-bias-linear")
+    assert not off.linear_bias and not off.qkv_bias
+    assert model_shape_from_slime_args(base + " --disable-bias-linear --add-qkv-bias").qkv_bias
+    with pytest.raises(SystemExit):  # argparse: invalid choice
+        model_shape_from_slime_args(base + " --normalization BatchNorm")
 
 
 def test_slimes_model_flags_are_the_model_and_not_ignored():
@@ -274,7 +338,10 @@ def test_slimes_model_flags_are_the_model_and_not_ignored():
     with pytest.warns(UserWarning) as got:
         rec = recommend(r, DUMP_ARGS + " " + QWEN3_8B_FLAGS)
     ignored = " ".join(str(w.message) for w in got)
-    assert "--num-layers" not in ignored and "--swiglu" in ignored
+    # the make-up flags are read (the memory model); the rotary base and the norm's epsilon
+    # change neither FLOPs nor bytes
+    assert "--num-layers" not in ignored and "--swiglu" not in ignored
+    assert "--rotary-base" in ignored and "--norm-epsilon" in ignored
     by_preset = _quiet(recommend, r, DUMP_ARGS, "qwen3-8b")
     np.testing.assert_allclose(rec.table["time_s"], by_preset.table["time_s"], rtol=1e-12)
     with pytest.raises(ValueError, match="describe different models"):

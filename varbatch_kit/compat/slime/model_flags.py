@@ -32,8 +32,27 @@ lora-rank``, ``--kv-lora-rank``,
 ``--v-head-dim``
 ======================================  =======================================
 
-Flags slime sets beside them that do not change the FLOPs (``--swiglu``,
-``--normalization``, ``--rotary-base``, ...) are not read. A command line without
+The flags that set the layer's make-up change the memory model
+(:mod:`varbatch_kit.core.memory`: the tensors a layer saves, its parameter count), not
+the FLOPs; they are read with Megatron's defaults for an absent flag, as slime runs them:
+
+===============================================  ==========================================
+slime flag                                       ModelShape field (Megatron's default)
+===============================================  ==========================================
+``--swiglu``                                     ``gated_mlp`` (a plain GeLU MLP)
+``--normalization RMSNorm|LayerNorm``            ``norm`` (``LayerNorm``)
+``--disable-bias-linear``                        ``linear_bias`` (biases on)
+``--add-qkv-bias``                               ``qkv_bias`` (on with the linear biases)
+``--qk-layernorm``                               ``qk_norm`` (off)
+``--untie-embeddings-and-output-weights``        ``tied_embeddings`` (tied)
+``--position-embedding-type``,                   ``position_embedding`` (``learned_absolute``:
+``--use-rotary-position-embeddings``             a learned table), ``learned_positions``:
+                                                 ``--max-position-embeddings``, else
+                                                 ``--seq-length``, else 0 (unknown)
+===============================================  ==========================================
+
+Flags that change neither (``--norm-epsilon``, ``--rotary-base``, ...) are not read.
+A command line without
 ``--num-layers`` holds no model (None); one with some of the required flags but not all
 (``--num-layers``, ``--hidden-size``, ``--num-attention-heads``, ``--vocab-size``) is a
 ``ValueError`` naming the missing ones.
@@ -56,11 +75,20 @@ _INTS = ("--num-layers", "--hidden-size", "--ffn-hidden-size", "--num-attention-
          "--moe-ffn-hidden-size", "--moe-router-topk", "--moe-shared-expert-intermediate-size",
          "--q-lora-rank", "--kv-lora-rank", "--qk-head-dim", "--qk-pos-emb-head-dim",
          "--v-head-dim")
-_SWITCHES = ("--group-query-attention", "--multi-latent-attention")
+_SWITCHES = ("--group-query-attention", "--multi-latent-attention", "--swiglu",
+             "--disable-bias-linear", "--add-qkv-bias", "--qk-layernorm",
+             "--untie-embeddings-and-output-weights", "--use-rotary-position-embeddings")
+#: Megatron's choices (``--normalization``, ``--position-embedding-type``)
+NORMALIZATIONS = {"LayerNorm": "layernorm", "RMSNorm": "rmsnorm"}
+POSITION_EMBEDDINGS = ("learned_absolute", "rope", "mrope", "relative", "none")
 #: the model flags, as ``(flag, argparse keyword arguments)`` rows of slime's parser
 MODEL_FLAG_TABLE: tuple[tuple[str, dict[str, Any]], ...] = (
     tuple((f, {"type": positive_int}) for f in _INTS)
-    + tuple((f, {"action": "store_true"}) for f in _SWITCHES))
+    + tuple((f, {"type": positive_int}) for f in ("--max-position-embeddings",
+                                                   "--seq-length"))
+    + tuple((f, {"action": "store_true"}) for f in _SWITCHES)
+    + (("--normalization", {"choices": tuple(NORMALIZATIONS)}),
+       ("--position-embedding-type", {"choices": POSITION_EMBEDDINGS})))
 _REQUIRED = ("--num-layers", "--hidden-size", "--num-attention-heads", "--vocab-size")
 
 
@@ -97,4 +125,23 @@ def model_shape_from_slime_args(flags: str | Sequence[str] | argparse.Namespace
         multi_latent_attention=bool(get["--multi-latent-attention"]),
         q_lora_rank=get["--q-lora-rank"], kv_lora_rank=get["--kv-lora-rank"],
         qk_head_dim=get["--qk-head-dim"], qk_pos_emb_head_dim=get["--qk-pos-emb-head-dim"],
-        v_head_dim=get["--v-head-dim"], name="slime flags")
+        v_head_dim=get["--v-head-dim"], name="slime flags", **_make_up(get))
+
+
+def _make_up(get: dict[str, Any]) -> dict[str, Any]:
+    """The layer's make-up fields of :class:`ModelShape` (the second table of the module
+    docstring), Megatron's defaults where a flag is absent."""
+    position = get["--position-embedding-type"] or (
+        "rope" if get["--use-rotary-position-embeddings"] else "learned_absolute")
+    learned = position == "learned_absolute"
+    bias = not get["--disable-bias-linear"]
+    return dict(
+        gated_mlp=bool(get["--swiglu"]),
+        norm=NORMALIZATIONS[get["--normalization"] or "LayerNorm"],
+        linear_bias=bias, qkv_bias=bias or bool(get["--add-qkv-bias"]),
+        qk_norm=bool(get["--qk-layernorm"]),
+        tied_embeddings=not get["--untie-embeddings-and-output-weights"],
+        # rotary, multimodal rotary, relative or no positions: no table of parameters
+        position_embedding="learned" if learned else "rope",
+        learned_positions=(get["--max-position-embeddings"] or get["--seq-length"] or 0)
+        if learned else 0)
