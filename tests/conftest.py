@@ -13,6 +13,17 @@ settings.register_profile(
 settings.load_profile("ci" if os.environ.get("CI") else "dev")
 
 
+def pytest_configure(config):
+    """Import the package's warning classes in the main thread first. pytest-xdist's
+    controller rebuilds a worker's warning by importing its class's module in the thread that
+    receives that worker's messages; two such threads importing the package at once
+    deadlocked on its module locks (``_DeadlockError`` on ``varbatch_kit.core.build``, an
+    INTERNALERROR that failed ``pytest -n 2 tests/unit/core`` every time)."""
+    import varbatch_kit.core.build  # noqa: F401  OversizeSampleWarning
+    import varbatch_kit.core.slime_dumps  # noqa: F401  OlderSlimeDumpWarning
+    import varbatch_kit.train.runs.step_log  # noqa: F401  TornLogWarning
+
+
 #: the longest chain of the integration tier (notebook 06 trains the SmolLM2 matrix that
 #: test_train_real.py reads back; the SmolLM2 layout matrix of test_train_parallel.py joins it,
 #: so that no two float64 SmolLM2 launches of 4 ranks share the machine's memory): started
