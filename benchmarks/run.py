@@ -59,6 +59,9 @@ each writing ``build/bench/<name>.json``):
   their agents forked by the agent server against fresh interpreters: CPU and wall per launch.
 - ``y`` **Planning** (``benchmarks/planning.py``): ``varbatch-kit plan`` for Qwen3-8B on 64
   H100s on the agentic trace (target <= 60 s), against the same search unpruned.
+- ``f`` **Balanced's fixed cost** (``benchmarks/balanced_cost.py``): ``balanced`` against
+  slime's default (``--balance-data``) from 256 to 65536 samples at dp 64 and on the bundled
+  traces, slime's own code with ``$SLIME_SRC`` (a slime checkout), else its transcription.
 
 Run ``python -m benchmarks.run`` (``--quick`` for a short run, ``--help``).
 The step-time model: H100, efficiency 0.45, 4 ms per micro-batch, pp 1.
@@ -334,7 +337,7 @@ def section_gap(count: int, time_limit_s: float) -> None:
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="small sizes, 30 gap instances")
-    ap.add_argument("--sections", default="12345mpdoklcbwieuay",
+    ap.add_argument("--sections", default="12345mpdoklcbwieuayf",
                     help="which sections to run, e.g. 12 or mp (see the module docstring)")
     ap.add_argument("--peer-packages", default=None, metavar="DIR",
                     help="section p: folder holding verl / areal / openrlhf (pip --target)")
@@ -370,7 +373,7 @@ def main(argv=None) -> None:
                       ("k", "checkpoint"), ("l", "logprob_memory"), ("c", "cp_memory"),
                       ("b", "pp_measured"), ("w", "worker_malloc"),
                       ("i", "worker_import"), ("e", "engine_speed"), ("u", "dump_loading"),
-                      ("a", "launch_overhead"), ("y", "planning")):
+                      ("a", "launch_overhead"), ("y", "planning"), ("f", "balanced_cost")):
         if key not in args.sections:
             continue
         import importlib

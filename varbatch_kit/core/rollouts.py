@@ -167,15 +167,22 @@ class Rollouts:
 
         Positions within a rollout keep their original order.
         """
+        ids, positions, offsets = self.rollout_order_flat()
+        return ids, np.split(positions, offsets[1:-1])
+
+    def rollout_order_flat(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """:meth:`rollout_order` without one array per rollout: the ids, every sample's
+        position rollout after rollout, and ``offsets`` (``ids.size + 1`` of them): rollout
+        ``j``'s samples are ``positions[offsets[j]:offsets[j + 1]]``."""
         ids, first, inverse = np.unique(self.rollout_id, return_index=True, return_inverse=True)
         order = np.argsort(first, kind="stable")  # rank of each unique id by first appearance
         rank_of_unique = np.empty_like(order)
         rank_of_unique[order] = np.arange(order.size)
-        group = rank_of_unique[inverse]
+        group = rank_of_unique[inverse.reshape(-1)]
         by_group = np.argsort(group, kind="stable")
-        counts = np.bincount(group, minlength=order.size)
-        groups = np.split(by_group, np.cumsum(counts)[:-1])
-        return ids[order], groups
+        offsets = np.zeros(order.size + 1, dtype=np.int64)
+        np.cumsum(np.bincount(group, minlength=order.size), out=offsets[1:])
+        return ids[order], by_group, offsets
 
     def mask_sums(self) -> np.ndarray:
         """Number of loss-bearing response tokens per sample."""

@@ -56,7 +56,7 @@ def step_rollout_groups(rollouts: Rollouts, global_batch_size: int):
     is ``(rollout_ids, sample_indices)``.
     """
     positive_int("global_batch_size", global_batch_size)
-    ids, groups = rollouts.rollout_order()
+    ids, positions, offsets = rollouts.rollout_order_flat()
     n_roll = ids.size
     num_steps = n_roll // global_batch_size
     if num_steps < 1:
@@ -67,11 +67,10 @@ def step_rollout_groups(rollouts: Rollouts, global_batch_size: int):
     steps = []
     for s in range(num_steps):
         lo, hi = s * global_batch_size, (s + 1) * global_batch_size
-        steps.append((ids[lo:hi], np.concatenate(groups[lo:hi]).astype(np.int64)))
+        steps.append((ids[lo:hi], positions[offsets[lo]:offsets[hi]].astype(np.int64)))
     kept = num_steps * global_batch_size
     dropped_ids = ids[kept:]
-    dropped = (np.sort(np.concatenate(groups[kept:])).astype(np.int64) if kept < n_roll
-               else np.zeros(0, dtype=np.int64))
+    dropped = np.sort(positions[offsets[kept]:]).astype(np.int64)
     return steps, dropped_ids, dropped
 
 

@@ -15,16 +15,19 @@ the cap (``--balance-by-flops``). ``balanced`` does both, in three stages:
 2. **distribute** (distribution ``balanced``, :func:`balanced_distribution`):
    equal-count Karmarkar-Karp on micro-batch FLOPs, then swaps of whole
    micro-batches between the busiest rank and the least busy ones.
-3. **refine** (:func:`refine_balanced`): a bounded local search that moves
-   single samples to micro-batches of other ranks, or swaps two samples
-   between ranks, whenever that lowers the busiest rank's FLOPs, keeping every
-   micro-batch under the cap (a single over-cap sample only ever swaps with
-   another sample that then sits alone) and every micro-batch non-empty, so
-   each rank keeps its micro-batch count. When that search stops more than
-   0.1% above the lower bound ``max(step FLOPs / dp, largest sample)`` (a
-   rank stuck with a very long sample and a full micro-batch), a second start
-   fills the ranks directly (heaviest sample to the least loaded rank with
-   room) and is searched the same way; the better of the two is kept.
+3. **refine** (:func:`refine_balanced`): a bounded local search
+   (:func:`local_search`: rounds that pair busy ranks with light ones, then
+   rounds of the busiest ranks) that moves single samples to micro-batches of
+   other ranks, or swaps two samples between ranks, whenever that lowers the
+   busy rank's FLOPs, keeping every micro-batch under the cap (a single
+   over-cap sample only ever swaps with another sample that then sits alone)
+   and every micro-batch non-empty, so each rank keeps its micro-batch count.
+   It stops within 0.01% of the lower bound ``max(step FLOPs / dp, largest
+   sample)``, or when its rounds stop gaining that much. When it stops more
+   than 0.1% above the bound (a rank stuck with a very long sample and a full
+   micro-batch), a second start fills the ranks directly (heaviest sample to
+   the least loaded rank with room) and, unless it groups the samples as the
+   first did, is searched the same way; the better of the two is kept.
 
 ``ScheduleConfig(max_tokens_per_gpu=..., packing="balanced")`` selects it; the
 distribution defaults to (and must be) ``"balanced"``. The distribution
@@ -33,7 +36,8 @@ distribution defaults to (and must be) ``"balanced"``. The distribution
 micro-batches.
 
 All stages are deterministic and ``O(n log n)`` per step plus a bounded number
-of local-search rounds of ``O(n)`` vectorised work each.
+of local-search rounds of vectorised work each (``O(n)`` to ``O(n * samples per
+rank)``, capped by ``full_scan`` and ``pair_elements``).
 """
 
 from __future__ import annotations
@@ -144,6 +148,13 @@ def balanced_pack(inp: PackInput) -> Bins:
 
 
 # --------------------------------------------------------------------------- local search
+#: paired rounds in a row that may improve nothing (each with other partners) before the
+#: single-operation rounds take over
+PAIR_MISSES = 2
+BUSIEST_ELEMENTS = 1 << 12
+#: rounds of the busiest rank that must together lower it by ``tol`` x bound to go on
+STALL_ROUNDS = 4
+
 class SearchStats:
     """What a :func:`local_search` run did: rounds, moves, swaps and the max load before/after."""
 
@@ -166,10 +177,11 @@ def local_search(
     rank_bins: np.ndarray,
     *,
     max_rounds: int | None = None,
-    tol: float = 1e-5,
+    tol: float = 1e-4,
     width: int = 4,
     neighbours: int = 8,
     full_scan: int = 1 << 16,
+    pair_elements: int = 1 << 18,
     stats: SearchStats | None = None,
 ) -> np.ndarray:
     """Lower the busiest rank's FLOPs by moving and swapping samples; returns the new ``bin_of``.
@@ -185,34 +197,56 @@ def local_search(
     rank_bins:
         ``(dp, m)`` array: the micro-batches of each rank (they stay there).
     max_rounds:
-        Bound on the rounds (default ``8 * dp + 64``); each round applies one
-        move or swap that strictly lowers the busiest rank.
+        Bound on the rounds (default ``8 * dp + 64``).
     tol:
         Stop when the busiest rank is within ``1 + tol`` of the lower bound
-        ``max(total / dp, largest sample)``.
+        ``max(total / dp, largest sample)``, or when ``STALL_ROUNDS`` rounds
+        in a row together lowered it by less than ``tol`` x that bound.
     width:
-        Swaps are tried with the ``width`` least busy ranks.
+        Single-rank rounds on large steps try swaps with the ``width`` least
+        busy ranks.
     neighbours:
         On large steps, the swap partners tried on a rank for each sample of
         the busiest rank are the ``neighbours`` samples on either side of
         the ideal partner (by FLOPs) and lighter samples at geometrically
         growing distances; when that finds nothing, every rank is tried once.
     full_scan:
-        Steps where (samples of the busiest rank) x (other samples) is at
-        most this try every pair instead.
+        Steps where (samples of the busiest rank) x (all samples) is at most
+        this try every partner instead.
+    pair_elements:
+        Paired rounds run while their pairs hold at most this many (sample,
+        sample) combinations in all.
 
-    Each round takes the busiest rank ``R`` and tries
+    Every round applies moves and swaps, each of them one of
 
-    - *moves*: a sample of ``R`` from a micro-batch that keeps another sample,
-      into the fullest micro-batch of another rank that has room for it;
-    - *swaps*: a sample of ``R`` against a lighter sample of one of the
-      ``width`` least busy ranks, when both micro-batches stay under the cap
-      (or hold a single sample afterwards);
+    - a *move*: a sample of a busy rank ``R`` from a micro-batch that keeps
+      another sample, into the fullest micro-batch of another rank ``r`` that
+      has room for it;
+    - a *swap*: a sample of ``R`` against a lighter sample of ``r``, when both
+      micro-batches stay under the cap (or hold a single sample afterwards);
 
-    and applies the one that minimises ``max(new load of R, new load of the
-    other rank, stop threshold)``, if that is below ``R``'s load. Micro-batch
-    counts per rank never change; no micro-batch empties or goes over the cap
-    with two or more samples.
+    the one of ``R`` that minimises ``max(new load of R, new load of r,
+    threshold)``, if that is below ``R``'s load (moves first on ties). The
+    search runs three kinds of rounds:
+
+    1. *paired rounds*: the ``i``-th busiest rank above the threshold is
+       paired with the ``(i + shift)``-th least busy (at most ``dp // 2``
+       disjoint pairs) and every pair's best operation is applied at once:
+       all ranks move towards the mean in a few rounds where one operation
+       per round would need about ``dp`` of them. When a round does not lower
+       the busiest rank, ``shift`` grows (other partners); after
+       ``PAIR_MISSES`` such rounds in a row, then
+    2. on steps small enough (``full_scan``), rounds of the busiest ranks
+       with every other rank as partner, the busiest first, each rank in at
+       most one operation of the round (the busiest rank's operation is the
+       best one it has); on larger steps
+    3. the busiest rank alone, against ``width`` partner ranks (see
+       ``neighbours``).
+
+    Rounds 2 and 3 end when the busiest rank cannot be lowered. Each applied
+    operation lowers the sum of squared rank loads, so the search ends.
+    Micro-batch counts per rank never change; no micro-batch empties or goes
+    over the cap with two or more samples.
     """
     st = stats if stats is not None else SearchStats()
     search = _Search(lengths, flops, cap, bin_of, rank_bins)
@@ -222,35 +256,64 @@ def local_search(
     thr = search.bound * (1.0 + tol)
     if max_rounds is None:
         max_rounds = 8 * search.dp + 64
-    stuck = False
-    for _ in range(max_rounds):
-        R = int(np.argmax(search.load))
-        FR = float(search.load[R])
-        if FR <= thr:
-            break
-        S = np.flatnonzero(search.smp_rank == R)
-        # an operation must lower R by more than rounding noise
-        best = (FR * (1.0 - 1e-12), None)
-        best = search.best_move(R, S, thr, best)
-        exhaustive = S.size * (search.L.size - S.size) <= full_scan
-        best = search.best_swap(R, S, thr, best, None if exhaustive else
-                                (search.dp - 1 if stuck else width), neighbours)
-        op = best[1]
-        if op is None:
-            if stuck or exhaustive or width >= search.dp - 1:
-                break
-            stuck = True  # widen the swap search to all ranks once before giving up
-            continue
-        stuck = False
-        st.rounds += 1
-        if op[0] == "move":
-            search.apply_move(op[1], op[2])
-            st.moves += 1
+    progress = _Progress(search, st, max_rounds, tol * search.bound)
+    shift = misses = 0  # paired rounds in a row that did not lower the busiest rank
+    while progress.going(thr) and misses < PAIR_MISSES:
+        top = progress.top
+        done = search.pair_round(thr, pair_elements, shift)
+        if done:
+            progress.add(done)
+        if not done or progress.top >= top:  # the busiest rank needs another partner
+            misses += 1
+            shift += 1
         else:
-            search.apply_swap(op[1], op[2])
-            st.swaps += 1
+            misses = 0
+    progress.restart()
+    stuck = False
+    while progress.going(thr):
+        done = search.busiest_round(thr, full_scan, BUSIEST_ELEMENTS)
+        if done is None:  # too many samples to try every partner: the busiest alone
+            done, stuck = search.one_round(thr, width, neighbours, full_scan, stuck)
+            if done == (0, 0):  # widen the swap search to all ranks for one more try
+                continue
+        if done is None or done == (0, 0):  # the busiest rank cannot be lowered
+            break
+        progress.add(done)
     st.after = float(np.bincount(search.smp_rank, weights=search.f, minlength=search.dp).max())
     return search.bin_of
+
+
+class _Progress:
+    """The rounds of a :func:`local_search` and its stop rules: the round budget, and a stall:
+    the last ``STALL_ROUNDS`` rounds together lowered the busiest rank by less than ``stall``
+    (``tol`` x bound: what is left to gain that way is below the tolerance too)."""
+
+    def __init__(self, search: _Search, stats: SearchStats, max_rounds: int,
+                 stall: float) -> None:
+        self.search, self.stats, self.left, self.stall = search, stats, max_rounds, stall
+        self.history = [float(search.load.max())]
+
+    @property
+    def top(self) -> float:
+        return self.history[-1]
+
+    def going(self, thr: float) -> bool:
+        """Whether another round may run: rounds left, the busiest above ``thr``, no stall."""
+        h = self.history
+        stalled = len(h) > STALL_ROUNDS and h[-STALL_ROUNDS - 1] - h[-1] < self.stall
+        return self.left > 0 and h[-1] > thr and not stalled
+
+    def add(self, done: tuple[int, int]) -> None:
+        """Count a round that applied ``done = (moves, swaps)``."""
+        self.left -= 1
+        self.stats.rounds += 1
+        self.stats.moves += done[0]
+        self.stats.swaps += done[1]
+        self.history.append(float(self.search.load.max()))
+
+    def restart(self) -> None:
+        """Judge the stall afresh (the next kind of round may find larger steps)."""
+        self.history = self.history[-1:]
 
 
 class _Search:
@@ -273,6 +336,154 @@ class _Search:
         self.bound = (max(float(self.f.sum()) / self.dp, float(self.f.max()))
                       if self.f.size else 0.0)
         self.spread = np.unique(np.rint(1.5 ** np.arange(40)).astype(np.int64))  # 1, 2, 3, 5, ..
+        # the samples by FLOPs (stable), each sample's place in that order, the sorted FLOPs
+        self.by_f = np.argsort(self.f, kind="stable")
+        self.f_rank = np.empty(self.f.size, dtype=np.int64)
+        self.f_rank[self.by_f] = np.arange(self.f.size)
+        self.f_sorted = self.f[self.by_f]
+
+    def pair_round(self, thr: float, budget: int, shift: int = 0) -> tuple[int, int] | None:
+        """One paired round (see :func:`local_search`): the moves and swaps applied, or None
+        when no pair improves (or the pairs would exceed ``budget`` combinations). The
+        ``i``-th busiest rank is paired with the ``(i + shift) % (dp // 2)``-th least busy."""
+        load, n = self.load, self.f.size
+        order = np.argsort(load, kind="stable")
+        half = self.dp // 2
+        heavy, light = order[::-1][:half], order[:half]
+        P = int(np.count_nonzero(load[heavy] > thr))
+        if P == 0:
+            return None
+        Rp, rp = heavy[:P], light[(np.arange(P) + shift) % half]
+        members = np.argsort(self.smp_rank, kind="stable")
+        counts = np.bincount(self.smp_rank, minlength=self.dp)
+        starts = np.cumsum(counts) - counts
+
+        def rows(ranks):  # (P, widest) samples of each rank, and which entries are real
+            width = int(counts[ranks].max())
+            idx = starts[ranks][:, None] + np.arange(width)
+            real = np.arange(width) < counts[ranks][:, None]
+            return members[np.minimum(idx, n - 1)], real
+
+        S, s_real = rows(Rp)
+        T, t_real = rows(rp)
+        if P * S.shape[1] * T.shape[1] > budget:
+            return None
+        L, f, cnt, tok, cap = self.L, self.f, self.cnt, self.tok, self.cap
+        FR, Fr = load[Rp][:, None], load[rp][:, None]
+        X, Y = self.bin_of[S], self.bin_of[T]
+        LS, LT, fS = L[S], L[T], f[S]
+        # moves: a sample of R from a micro-batch keeping another, into r's fullest with room
+        room = (cap - tok[self.RB]).max(axis=1)[rp][:, None]
+        mval = np.maximum(np.maximum(FR - fS, Fr + fS), thr)
+        mval[~(s_real & (cnt[X] >= 2) & (LS <= room))] = np.inf
+        # swaps: a sample of R against a lighter one of r, both micro-batches under the cap
+        d = fS[:, :, None] - f[T][:, None, :]
+        ok = s_real[:, :, None] & t_real[:, None, :] & (d > 0)
+        ok &= ((cnt[X] == 1)[:, :, None]
+               | (tok[X][:, :, None] - LS[:, :, None] + LT[:, None, :] <= cap))
+        ok &= ((cnt[Y] == 1)[:, None, :]
+               | (tok[Y][:, None, :] - LT[:, None, :] + LS[:, :, None] <= cap))
+        sval = np.maximum(np.maximum(FR[:, :, None] - d, Fr[:, :, None] + d), thr)
+        sval[~ok] = np.inf
+        sval = sval.reshape(P, -1)
+        bm, bs = mval.argmin(axis=1), sval.argmin(axis=1)
+        vm, vs = mval[np.arange(P), bm], sval[np.arange(P), bs]
+        moves = swaps = 0
+        for p in range(P):
+            limit = float(FR[p, 0]) * (1.0 - 1e-12)  # lower the busier rank beyond rounding
+            if vs[p] < vm[p] and vs[p] < limit:
+                si, ti = divmod(int(bs[p]), T.shape[1])
+                self.apply_swap(int(S[p, si]), int(T[p, ti]))
+                swaps += 1
+            elif vm[p] < limit:
+                self.apply_move(int(S[p, bm[p]]), int(rp[p]))
+                moves += 1
+        return (moves, swaps) if moves + swaps else None
+
+    def busiest_round(self, thr: float, full_scan: int, budget: int) -> tuple[int, int] | None:
+        """One round of the busiest ranks at once (see :func:`local_search`): the moves and
+        swaps applied, ``(0, 0)`` when the busiest rank has none that lowers it, None when the
+        step is too large to try every partner (``full_scan``)."""
+        load, n, dp = self.load, self.f.size, self.dp
+        order = np.argsort(-load, kind="stable")
+        heavy = order[load[order] > thr]
+        counts = np.bincount(self.smp_rank, minlength=dp)
+        width = int(counts[heavy].max())
+        if heavy.size == 0 or width * n > full_scan:
+            return None
+        heavy = heavy[:max(1, budget // (width * n))]
+        H = heavy.size
+        members = np.argsort(self.smp_rank, kind="stable")
+        idx = (np.cumsum(counts) - counts)[heavy][:, None] + np.arange(width)
+        s_real = np.arange(width) < counts[heavy][:, None]
+        S = members[np.minimum(idx, n - 1)]
+        L, f, cnt, tok, cap = self.L, self.f, self.cnt, self.tok, self.cap
+        FR = load[heavy][:, None, None]
+        X = self.bin_of[S]
+        LS, fS = L[S][:, :, None], f[S][:, :, None]
+        own = heavy[:, None, None]
+        # moves: into the fullest micro-batch with room of any other rank
+        room = (cap - tok[self.RB]).max(axis=1)
+        mval = np.maximum(np.maximum(FR - fS, load + fS), thr)
+        mok = (s_real & (cnt[X] >= 2))[:, :, None] & (LS <= room) & (np.arange(dp) != own)
+        mval[~mok] = np.inf
+        # swaps: against every lighter sample of another rank, both micro-batches under the cap
+        Y = self.bin_of
+        d = fS - f
+        ok = s_real[:, :, None] & (self.smp_rank != own) & (d > 0)
+        ok &= (cnt[X] == 1)[:, :, None] | (tok[X][:, :, None] - LS + L <= cap)
+        ok &= (cnt[Y] == 1) | (tok[Y] - L + LS <= cap)
+        sval = np.maximum(np.maximum(FR - d, load[self.smp_rank] + d), thr)
+        sval[~ok] = np.inf
+        mval, sval = mval.reshape(H, -1), sval.reshape(H, -1)
+        bm, bs = mval.argmin(axis=1), sval.argmin(axis=1)
+        vm, vs = mval[np.arange(H), bm], sval[np.arange(H), bs]
+        touched = np.zeros(dp, dtype=bool)
+        moves = swaps = 0
+        for h in range(H):  # busiest first; each rank takes part in one operation
+            R = int(heavy[h])
+            limit = float(load[R]) * (1.0 - 1e-12)  # lower it beyond rounding
+            if vs[h] < vm[h] and vs[h] < limit:
+                si, t = divmod(int(bs[h]), n)
+                r = int(self.smp_rank[t])
+                if not (touched[R] or touched[r]):
+                    self.apply_swap(int(S[h, si]), t)
+                    swaps += 1
+            elif vm[h] < limit:
+                si, r = divmod(int(bm[h]), dp)
+                if not (touched[R] or touched[r]):
+                    self.apply_move(int(S[h, si]), r)
+                    moves += 1
+            else:
+                if h == 0:
+                    return 0, 0
+                continue
+            touched[R] = touched[r] = True
+        return moves, swaps
+
+    def one_round(self, thr: float, width: int, neighbours: int, full_scan: int,
+                  stuck: bool) -> tuple[tuple[int, int] | None, bool]:
+        """The busiest rank's best move or swap, applied: ``((moves, swaps), stuck)``.
+        ``(0, 0)`` when nothing helped with ``width`` partner ranks (``stuck`` is then True:
+        the next round tries every rank), None when nothing helps at all."""
+        R = int(np.argmax(self.load))
+        S = np.flatnonzero(self.smp_rank == R)
+        # an operation must lower R by more than rounding noise
+        best = (float(self.load[R]) * (1.0 - 1e-12), None)
+        best = self.best_move(R, S, thr, best)
+        exhaustive = S.size * (self.L.size - S.size) <= full_scan
+        best = self.best_swap(R, S, thr, best, None if exhaustive else
+                              (self.dp - 1 if stuck else width), neighbours)
+        op = best[1]
+        if op is None:
+            if stuck or exhaustive or width >= self.dp - 1:
+                return None, stuck  # nothing lowers the busiest rank
+            return (0, 0), True
+        if op[0] == "move":
+            self.apply_move(op[1], op[2])
+            return (1, 0), False
+        self.apply_swap(op[1], op[2])
+        return (0, 1), False
 
     def best_move(self, R: int, S: np.ndarray, thr: float, best: tuple) -> tuple:
         """Best move of a sample of ``R`` (from a micro-batch keeping another) to another rank."""
@@ -323,7 +534,8 @@ class _Search:
 
         ``width=None``: every pair. Otherwise the ``width`` least loaded
         ranks, with partners near the ideal one and lighter ones at growing
-        distances.
+        distances, all ranks' candidates evaluated at once (ties go to the
+        less loaded rank, then to the earlier sample of ``R``).
         """
         if width is None:
             T = np.flatnonzero(self.smp_rank != R)
@@ -331,26 +543,42 @@ class _Search:
                 best = self._pairs(R, S, T[None, :], True, self.load[self.smp_rank[T]][None, :],
                                    thr, best)
             return best
-        f = self.f
-        fS = f[S]
-        FR = float(self.load[R])
-        near = np.arange(-neighbours, neighbours)
         order = np.argsort(self.load, kind="stable")
-        for r in [int(r) for r in order[:width + 1] if r != R][:width]:
-            T = np.flatnonzero(self.smp_rank == r)
-            if T.size == 0:
-                continue
-            T = T[np.argsort(f[T], kind="stable")]
-            fT = f[T]
-            Fr = float(self.load[r])
-            ideal = np.searchsorted(fT, fS - (FR - Fr) / 2.0)
-            below = np.searchsorted(fT, fS)
-            reach = self.spread[self.spread <= T.size]
-            cand = np.concatenate((ideal[:, None] + near[None, :],
-                                   below[:, None] - reach[None, :]), axis=1)
-            inside = (cand >= 0) & (cand < T.size)
-            best = self._pairs(R, S, T[np.clip(cand, 0, T.size - 1)], inside, Fr, thr, best)
-        return best
+        ranks = order[order != R][:width]
+        q = ranks.size
+        # the samples of those ranks, rank by rank (in ``ranks`` order), lightest first
+        slot = np.full(self.dp, -1, dtype=np.int64)
+        slot[ranks] = np.arange(q)
+        of = slot[self.smp_rank[self.by_f]]
+        T = self.by_f[of >= 0]
+        seg = of[of >= 0]
+        keep = np.argsort(seg, kind="stable")
+        T, seg = T[keep], seg[keep]
+        counts = np.bincount(seg, minlength=q)
+        end = np.cumsum(counts)
+        start = end - counts
+        # a value's place in its rank's segment: the segments hold (slot, place in the global
+        # FLOPs order) increasing, so one search over that key finds every (sample, rank)
+        n = self.f.size
+        key = seg * (n + 1) + self.f_rank[T]
+        fS = self.f[S]
+        Fr = self.load[ranks]
+        ideal_v = fS[:, None] - (float(self.load[R]) - Fr[None, :]) / 2.0  # (s, q)
+        base = np.arange(q) * (n + 1)
+        ideal = np.searchsorted(key, base[None, :] + np.searchsorted(self.f_sorted, ideal_v))
+        below = np.searchsorted(key, base[None, :] + np.searchsorted(self.f_sorted, fS)[:, None])
+        near = np.arange(-neighbours, neighbours)
+        cand = np.concatenate((ideal[:, :, None] + near, below[:, :, None] - self.spread),
+                              axis=2)  # (s, q, c)
+        inside = (cand >= start[None, :, None]) & (cand < end[None, :, None])
+        t = T[np.clip(cand, 0, max(T.size - 1, 0))] if T.size else cand
+        # rank-major, so the first minimum is the sequential search's (ranks in load order)
+        t = t.transpose(1, 0, 2).reshape(q * S.size, -1)
+        inside = inside.transpose(1, 0, 2).reshape(q * S.size, -1)
+        if not inside.any():
+            return best
+        SS = np.tile(S, q)
+        return self._pairs(R, SS, t, inside, np.repeat(Fr, S.size)[:, None], thr, best)
 
     def apply_move(self, s: int, r: int) -> None:
         """Move sample ``s`` into the fullest micro-batch of rank ``r`` that has room for it."""
@@ -450,6 +678,26 @@ def _rank_first_fill(lengths: np.ndarray, weights: np.ndarray, cap: int, dp: int
     return bin_of
 
 
+def _rank_of_bin(rank_bins: np.ndarray) -> np.ndarray:
+    """The rank of each micro-batch of a ``(dp, m)`` array of micro-batches per rank."""
+    out = np.empty(rank_bins.size, dtype=np.int64)
+    out[rank_bins] = np.arange(rank_bins.shape[0])[:, None]
+    return out
+
+
+def _grouping(bin_of: np.ndarray, rank_bins: np.ndarray) -> np.ndarray:
+    """Per sample, the smallest sample index of its micro-batch and of its rank: equal for two
+    starts that group the samples alike (rank and micro-batch numbers aside)."""
+    n = bin_of.size
+    k = rank_bins.size
+    rank = _rank_of_bin(rank_bins)[bin_of]
+    first_of_bin = np.full(k, n, dtype=np.int64)
+    np.minimum.at(first_of_bin, bin_of, np.arange(n))
+    first_of_rank = np.full(int(rank.max()) + 1 if n else 0, n, dtype=np.int64)
+    np.minimum.at(first_of_rank, rank, np.arange(n))
+    return np.stack((first_of_bin[bin_of], first_of_rank[rank]))
+
+
 def _group(bin_of: np.ndarray, k: int) -> Bins:
     n = bin_of.size
     order = np.lexsort((np.arange(n), bin_of))
@@ -464,10 +712,11 @@ def refine_balanced(inp: PackInput, bins: Bins, rank_bins: list[list[int]],
 
     Micro-batches keep their positions and ranks; only their contents change.
     When the search stops more than ``retry_above`` (relative) above the
-    lower bound ``max(total / dp, largest sample)``, a second start is tried:
+    lower bound ``max(total / dp, largest sample)``, a second start is made:
     samples placed rank by rank (:func:`_rank_first_fill`, which lets a rank
-    holding a very long sample take light micro-batches), searched the same
-    way; the better result is kept (the first on ties).
+    holding a very long sample take light micro-batches). Unless it groups the
+    samples as the first start did, it is searched the same way; the better
+    result is kept (the first on ties).
     """
     dp = len(rank_bins)
     if dp < 2:
@@ -486,8 +735,8 @@ def refine_balanced(inp: PackInput, bins: Bins, rank_bins: list[list[int]],
     if stats.after <= stats.bound * (1.0 + retry_above):
         return _group(new_of, k), rank_bins
     alt = _rank_first_fill(lengths, weights, cap, dp, m)
-    if alt is not None:
-        rb2 = np.arange(k, dtype=np.int64).reshape(dp, m)
+    rb2 = np.arange(k, dtype=np.int64).reshape(dp, m)
+    if alt is not None and not np.array_equal(_grouping(bin_of, rb), _grouping(alt, rb2)):
         st2 = SearchStats()
         alt = local_search(lengths, weights, cap, alt, rb2, stats=st2)
         if st2.after < stats.after:

@@ -283,6 +283,8 @@ def karmarkar_karp(values: Sequence[float], k: int, equal_size: bool, *,
     if vals.ndim != 1 or vals.size != n:
         return karmarkar_karp_reference(values, k, equal_size, sort_parts=sort_parts)
     k = _validate(n, k, equal_size)
+    if k == 1 and sort_parts:  # every merge lands in the one part: all items, ascending
+        return [list(range(n))]
     kind = _numeric_kind(vals, values)
     if kind is None:
         return karmarkar_karp_reference(values, k, equal_size, sort_parts=sort_parts)

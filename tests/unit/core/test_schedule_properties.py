@@ -114,3 +114,19 @@ def test_compat_raises_value_error_not_assert():
     args.balance_by_flops, args.use_dynamic_batch_size = True, False
     with pytest.raises(ValueError, match="balance_by_flops requires use_dynamic_batch_size"):
         build_dp_schedule(args, tpc, [5], global_batch_size=1, rollout_indices=[0])
+
+
+@given(st.lists(st.integers(0, 9), min_size=1, max_size=40))
+def test_rollout_order_flat_is_first_appearance_order_the_slow_way(rid):
+    """``Rollouts.rollout_order_flat`` (and ``rollout_order`` built on it) against a dict of
+    first appearances: the ids in that order, each one's positions in their own order."""
+    r = Rollouts(prompt_len=[1] * len(rid), response_len=[1] * len(rid), rollout_id=rid)
+    slow: dict[int, list[int]] = {}
+    for i, g in enumerate(rid):
+        slow.setdefault(g, []).append(i)
+    ids, positions, offsets = r.rollout_order_flat()
+    assert ids.tolist() == list(slow) and offsets[0] == 0 and offsets[-1] == len(rid)
+    assert [positions[a:b].tolist() for a, b in zip(offsets[:-1], offsets[1:])] == list(
+        slow.values())
+    ids2, groups = r.rollout_order()
+    assert ids2.tolist() == list(slow) and [g.tolist() for g in groups] == list(slow.values())

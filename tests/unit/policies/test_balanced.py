@@ -67,6 +67,54 @@ def test_local_search_swap_hand_derived():
     assert (stats.moves, stats.swaps, stats.after) == (0, 1, 5)
 
 
+def test_a_paired_round_balances_disjoint_pairs_at_once():
+    # four ranks, one micro-batch each (cap 100, FLOPs = tokens): ranks 0 and 1 hold {6, 4},
+    # ranks 2 and 3 {1, 1}; bound 24 / 4 = 6. The busiest ranks (1, then 0) pair with the
+    # least busy (2, then 3); each pair's best operation moves its 4 across (loads 6 / 6),
+    # both in the same round: one round, two moves, every rank at the bound.
+    stats = SearchStats()
+    out = local_search([6, 4, 6, 4, 1, 1, 1, 1], [6.0, 4, 6, 4, 1, 1, 1, 1], 100,
+                       [0, 0, 1, 1, 2, 2, 3, 3], [[0], [1], [2], [3]], stats=stats)
+    assert out.tolist() == [0, 3, 1, 2, 2, 2, 3, 3]
+    assert (stats.rounds, stats.moves, stats.swaps, stats.after) == (1, 2, 0, 6.0)
+
+
+def test_the_search_stops_when_its_rounds_stop_gaining_tol():
+    # rank 0: {50, 40 samples of 0.0005}, rank 1: {50}; bound 50.01. Only the small samples
+    # can move, one per round, 0.0005 each. At tol 1e-4 (threshold 50.015) four rounds gain
+    # 0.002 < tol x bound = 0.005: the paired rounds stall after 4 moves, the busiest-rank
+    # rounds after 4 more, short of the threshold; at tol 1e-6 they go on to the bound.
+    from varbatch_kit.policies.balance import STALL_ROUNDS
+
+    n = 41
+    lengths, flops = [1] * (n + 1), [50.0] + [0.0005] * (n - 1) + [50.0]
+    bin_of, rb = [0] * n + [1], [[0], [1]]
+    stats = SearchStats()
+    local_search(lengths, flops, 1000, bin_of, rb, tol=1e-4, stats=stats)
+    assert (stats.rounds, stats.moves) == (2 * STALL_ROUNDS, 2 * STALL_ROUNDS)
+    assert stats.after > stats.bound * (1 + 1e-4)
+    fine = SearchStats()
+    local_search(lengths, flops, 1000, bin_of, rb, tol=1e-6, stats=fine)
+    assert fine.moves == 20 and fine.after == pytest.approx(fine.bound, rel=1e-6)
+
+
+def test_a_second_start_grouping_the_samples_alike_is_not_searched(monkeypatch):
+    # tokens 17, 9, 6, 16 (FLOPs their squares), cap 40, dp 2: the packed start holds
+    # {17, 6} and {9, 16} and stops 1.8 % above the bound, so a second start is made; the
+    # rank-by-rank fill groups the samples the same way (ranks swapped), so it is not searched
+    from varbatch_kit.policies import balance
+
+    lengths = np.array([17, 9, 6, 16])
+    inp = PackInput(lengths, lengths.astype(float) ** 2, cap=40, align=2)
+    searched = []
+    real = balance.local_search
+    monkeypatch.setattr(balance, "local_search",
+                        lambda *a, **k: searched.append(1) or real(*a, **k))
+    bins, ranks = refine_balanced(inp, [[0, 2], [1, 3]], [[1], [0]])
+    assert len(searched) == 1
+    assert (bins, ranks) == ([[0, 2], [1, 3]], [[1], [0]])
+
+
 def test_local_search_respects_the_cap():
     # rank 0: {5, 4} (9 tokens, FLOPs 5 + 4), rank 1: {7} (FLOPs 1), cap 10. Without the cap,
     # moving the 4 or swapping the 5 for the 7 would give 5/5; every such micro-batch would
