@@ -22,7 +22,9 @@ pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(600),
 
 def test_two_iterations_sync_the_trained_weights_bitwise(smollm2_path):
     config = TrainConfig().with_(path=str(smollm2_path), **RL_LOOP_CONFIG)
-    res = cached_rl_loop(config, cache_dir=CACHE, progress=False, **RL_LOOP)
+    # the truncated model earns no reward: the loop says so (the entropy bonus still trains)
+    with pytest.warns(UserWarning, match=r"2 of 2 iterations had every advantage zero"):
+        res = cached_rl_loop(config, cache_dir=CACHE, progress=False, **RL_LOOP)
     it, steps = res.iterations, res.steps
     with pd.option_context("display.width", 250):
         print(it.drop(columns=["generator", "export"]).to_string())
@@ -43,11 +45,49 @@ def test_two_iterations_sync_the_trained_weights_bitwise(smollm2_path):
     assert list(steps["policy_lag"]) == [0, 1, 0, 1]
     assert sum(it["samples_per_step"][0]) == it["samples"][0]
     # resumable: a finished loop is read back, not rerun
-    again = rl_loop(config, out_dir=res.out_dir, progress=False, resume=True, **RL_LOOP)
+    with pytest.warns(UserWarning, match=r"every advantage zero"):
+        again = rl_loop(config, out_dir=res.out_dir, progress=False, resume=True, **RL_LOOP)
     pd.testing.assert_frame_equal(again.iterations, it)
     record = json.loads((res.out_dir / "iter01" / "record.json").read_text())
     assert record["iteration"]["generator_hash"] == it["generator_hash"][1]
     assert np.isfinite(it["reward_mean"]).all()
+
+
+def test_a_slime_reward_and_dapos_filter_in_the_loop(smollm2_path, tmp_path):
+    """A reward with slime's custom-RM signature, by dotted path (``async def rm(args,
+    sample)``: "_rewards.odd_groups_score_nothing") and DAPO's group filter: odd prompt
+    groups earn nothing and are dropped, so a batch of 2 groups takes another round of
+    generation; the kept groups' rewards differ within each group (the advantages are not
+    all zero), the iteration logs what was kept and dropped, and training runs on the kept
+    samples, renumbered."""
+    import asyncio
+
+    from _rewards import odd_groups_score_nothing
+
+    from varbatch_kit import read_trace
+    from varbatch_kit.train.rl.task import Sample
+
+    config = TrainConfig().with_(path=str(smollm2_path), **RL_LOOP_CONFIG)
+    res = rl_loop(config, 2, iterations=1, out_dir=tmp_path / "loop", n_samples_per_prompt=4,
+                  max_new_tokens=6, reward="_rewards.odd_groups_score_nothing",
+                  dynamic_sampling_filter="nonzero_std", progress=False)
+    it = res.iterations.iloc[0]
+    print(it.to_string())
+    assert it["groups_kept"] == 2 and it["groups_dropped"] >= 1 and it["sampling_rounds"] >= 2
+    assert it["groups_generated"] >= it["groups_kept"] + it["groups_dropped"]
+    assert it["drop_reasons"].get("zero_std_0.0", 0) >= 1
+    assert not it["zero_advantages"] and it["sync_exact"]
+    trace = read_trace(tmp_path / "loop" / "iter00" / "rollouts.jsonl")
+    frame = trace.to_frame()
+    assert sorted(frame.group_index.unique()) == [0, 1] and it["rollouts"] == 8
+    assert (frame.rollout_id // 4 == frame.group_index).all()
+    assert it["samples"] == len(trace) == sum(it["samples_per_step"])
+    for g, rows in frame.groupby("group_index"):
+        assert rows.reward.nunique() > 1, g
+    # every turn's reward is the function's on that turn's response (an even group there)
+    for text, turn_reward in zip(trace.extra["response"], trace.extra["turn_reward"]):
+        sample = Sample(index=0, group_index=0, prompt="", response=text)
+        assert asyncio.run(odd_groups_score_nothing(None, sample)) == turn_reward
 
 
 def test_the_toy_gpt_has_no_checkpoint_to_loop_on(tmp_path):

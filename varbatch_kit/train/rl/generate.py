@@ -12,7 +12,10 @@ The task
     model is prompted through its chat template with a short system prompt
     ("Reply with only the number.") and one worked example. The reward of a
     response is exact match on the **first integer** it contains
-    (:func:`first_integer`, :func:`exact_match_reward`): 1.0 or 0.0.
+    (:func:`first_integer`, :func:`exact_match_reward`): 1.0 or 0.0. It is one
+    task: ``problems`` (your prompts and labels), ``reward`` (a function with
+    slime's custom-RM signature, :mod:`varbatch_kit.train.rl.task`) and
+    ``system_prompt`` / ``example`` make another.
 
 Rollouts and samples
     Every prompt gets ``n_samples_per_prompt`` rollouts (one prompt group,
@@ -64,11 +67,11 @@ import numpy as np
 
 from varbatch_kit.checks import positive_int
 from varbatch_kit.core.rollouts import Rollouts
+from varbatch_kit.train.rl.task import Problem, resolve_function, score, slime_args
 
 __all__ = [
     "FOLLOW_UP",
     "GenerationStats",
-    "Problem",
     "SYSTEM_PROMPT",
     "arithmetic_problems",
     "exact_match_reward",
@@ -84,14 +87,6 @@ FOLLOW_UP = "Are you sure? Answer again."
 FOLLOW_UPS = ("always", "if_wrong")
 
 _INT = re.compile(r"[-\u2212]?\d+")
-
-
-@dataclass(frozen=True)
-class Problem:
-    """One verifiable question and its integer answer."""
-
-    question: str
-    answer: int
 
 
 @dataclass
@@ -182,20 +177,40 @@ def load_model(path: str | Path | None = None, *, device: str = "auto"):
     return model.to(_device(device)).eval(), tokenizer
 
 
-def _messages(problem: Problem, turns: list[str]) -> list[dict[str, str]]:
-    """The chat so far: system prompt, the worked example, the question, earlier answers."""
-    msgs = [{"role": "system", "content": SYSTEM_PROMPT},
-            {"role": "user", "content": EXAMPLE[0]},
-            {"role": "assistant", "content": EXAMPLE[1]},
-            {"role": "user", "content": problem.question}]
+def _messages(problem: Problem, turns: list[str], system: str | None = SYSTEM_PROMPT,
+              example: tuple[str, str] | None = EXAMPLE) -> list[dict[str, str]]:
+    """The chat so far: system prompt, the worked example (each when given), the question,
+    earlier answers."""
+    msgs = [] if system is None else [{"role": "system", "content": system}]
+    if example is not None:
+        msgs += [{"role": "user", "content": example[0]},
+                 {"role": "assistant", "content": example[1]}]
+    msgs.append({"role": "user", "content": problem.question})
     for answer in turns:
         msgs += [{"role": "assistant", "content": answer}, {"role": "user", "content": FOLLOW_UP}]
     return msgs
 
 
-def _prompt_ids(tokenizer, messages) -> list[int]:
+def _prompt(tokenizer, messages) -> tuple[str, list[int]]:
+    """The chat as text (the template applied, generation prompt added) and its token ids."""
     text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+    return text, list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+def _task_sample(rollout_id: int, group: int, prompt_text: str, prompt: list[int],
+                 response: list[int], text: str, problem: Problem):
+    """A response as the reward function sees it (:class:`~varbatch_kit.train.rl.task.Sample`)."""
+    from varbatch_kit.train.rl.task import Sample
+
+    return Sample(index=rollout_id, group_index=group, prompt=prompt_text, response=text,
+                  label=problem.answer, metadata=dict(problem.metadata),
+                  tokens=list(prompt) + list(response), response_length=len(response))
+
+
+def _exact_match(args, sample) -> float:
+    """The arithmetic task's reward with slime's reward signature: exact match of the first
+    integer of the response against the label."""
+    return exact_match_reward(sample.response, sample.label)
 
 
 def _stop_ids(model, tokenizer) -> set[int]:
@@ -268,6 +283,11 @@ def generate_rollouts(
     stats: GenerationStats | None = None,
     threads: int | None = 1,
     rollout_log_probs: bool = False,
+    reward: Any = None,
+    group_reward: bool = False,
+    reward_args: Any = None,
+    system_prompt: str | None = SYSTEM_PROMPT,
+    example: tuple[str, str] | None = EXAMPLE,
 ) -> Rollouts:
     """Sample a rollout batch of arithmetic questions from a causal LM (see the module docstring).
 
@@ -287,7 +307,7 @@ def generate_rollouts(
         same tokens on CPU.
     max_operand, problems:
         The questions: seeded ones up to ``max_operand``, or your own
-        :class:`Problem` list (then ``n_prompts`` is its length).
+        :class:`~varbatch_kit.train.rl.task.Problem` list (then ``n_prompts`` is its length).
     device:
         ``auto`` (CUDA when available), ``cpu`` or ``cuda``; for a loaded
         model its own device is used.
@@ -309,6 +329,20 @@ def generate_rollouts(
         response token at the sampling ``temperature`` (the ``rollout_log_probs``
         column the engine reads: slime's ``train_rollout_logprob_abs_diff``,
         TIS and ``use_rollout_logprobs`` use it).
+    reward, group_reward, reward_args:
+        The reward of each sample (each turn): None is the arithmetic task's exact
+        match on the first integer; else a function with slime's custom-RM
+        signature ``rm(args, sample)`` (``async`` or not), or ``rm(args,
+        samples)`` over a prompt group's samples with ``group_reward=True``
+        (slime's ``--group-rm``), as a callable or a ``"module.func"`` path
+        (:mod:`varbatch_kit.train.rl.task`). ``reward_args`` is the ``args`` it
+        receives (default :func:`~varbatch_kit.train.rl.task.slime_args` with
+        ``n_samples_per_prompt``). With ``follow_up="if_wrong"`` a first answer
+        is wrong when its reward is not positive.
+    system_prompt, example:
+        The chat before the question: a system prompt and one worked
+        ``(question, answer)`` exchange (the arithmetic task's by default;
+        None leaves either out).
 
     Sampling reseeds torch's global RNG (``torch.manual_seed``) before every
     ``generate`` call.
@@ -336,6 +370,18 @@ def generate_rollouts(
         problems = arithmetic_problems(n_prompts, seed=seed, max_operand=max_operand)
     elif not problems or not all(isinstance(p, Problem) for p in problems):
         raise ValueError("problems must be a non-empty list of Problem(question, answer)")
+    reward_fn = resolve_function(reward, "reward") or _exact_match
+    if reward_fn is _exact_match:
+        bad = [p for p in problems if isinstance(p.answer, bool)
+               or not isinstance(p.answer, (int, np.integer))]
+        if bad:
+            raise ValueError(f"the default reward (exact match on the first integer) needs "
+                             f"integer answers; {bad[0]!r} has none: give reward=... (a "
+                             "function with slime's custom-RM signature)")
+    if example is not None and (not isinstance(example, (tuple, list)) or len(example) != 2):
+        raise ValueError(f"example={example!r}: give (question, answer) or None")
+    args = reward_args if reward_args is not None else slime_args(
+        n_samples_per_prompt=int(n_samples_per_prompt), group_rm=bool(group_reward))
     if model is None or isinstance(model, (str, Path)):
         model, tokenizer = load_model(model, device=device)
     elif tokenizer is None:
@@ -361,30 +407,38 @@ def generate_rollouts(
     try:
         for k, problem in enumerate(problems):
             kw = dict(temperature=temperature, max_new_tokens=max_new_tokens, stop=stop)
-            first = _prompt_ids(tokenizer, _messages(problem, []))
+            chat = dict(system=system_prompt, example=example)
+            first_text, first = _prompt(tokenizer, _messages(problem, [], **chat))
             lp0: list | None = [] if rollout_log_probs else None
             answers = _sample(model, tokenizer, [first] * n, seed=_seed(seed, k, 0),
                               log_probs=lp0, **kw)
             texts = [tokenizer.decode(a, skip_special_tokens=True).strip() for a in answers]
+            turn0 = [_task_sample(k * n + j, k, first_text, first, answers[j], texts[j],
+                                  problem) for j in range(n)]
+            rewards = score(reward_fn, args, turn0, group=group_reward)
             per_rollout: list[list[dict[str, Any]]] = []
             for j in range(n):
                 per_rollout.append([dict(prompt=first, response=answers[j], text=texts[j],
-                                         reward=exact_match_reward(texts[j], problem.answer),
+                                         reward=rewards[j],
                                          log_probs=None if lp0 is None else lp0[j])])
             if turns == 2:
                 again = [j for j in range(n)
-                         if follow_up == "always" or per_rollout[j][0]["reward"] == 0.0]
+                         if follow_up == "always" or per_rollout[j][0]["reward"] <= 0.0]
                 if again:
-                    prompts = [_prompt_ids(tokenizer, _messages(problem, [texts[j]]))
-                               for j in again]
+                    chats = [_prompt(tokenizer, _messages(problem, [texts[j]], **chat))
+                             for j in again]
+                    prompts = [ids for _, ids in chats]
                     lp1: list | None = [] if rollout_log_probs else None
                     seconds = _sample(model, tokenizer, prompts, seed=_seed(seed, k, 1),
                                       log_probs=lp1, **kw)
+                    decoded = [tokenizer.decode(a, skip_special_tokens=True).strip()
+                               for a in seconds]
+                    turn1 = [_task_sample(k * n + j, k, c[0], p, a, text, problem)
+                             for j, c, p, a, text in zip(again, chats, prompts, seconds, decoded)]
+                    rewards1 = score(reward_fn, args, turn1, group=group_reward)
                     for i, (j, p, a) in enumerate(zip(again, prompts, seconds)):
-                        text = tokenizer.decode(a, skip_special_tokens=True).strip()
-                        per_rollout[j].append(dict(prompt=p, response=a, text=text,
-                                                   reward=exact_match_reward(text,
-                                                                             problem.answer),
+                        per_rollout[j].append(dict(prompt=p, response=a, text=decoded[i],
+                                                   reward=rewards1[i],
                                                    log_probs=None if lp1 is None else lp1[i]))
             for j, samples in enumerate(per_rollout):
                 reward = float(np.mean([s["reward"] for s in samples]))
@@ -394,7 +448,7 @@ def generate_rollouts(
                         rollout_id=k * n + j, prompt_len=len(s["prompt"]),
                         response_len=len(s["response"]), tokens=s["prompt"] + s["response"],
                         reward=reward, group_index=k, turn=t, turn_reward=s["reward"],
-                        question=problem.question, answer=int(problem.answer),
+                        question=problem.question, answer=problem.answer,
                         response=s["text"], rollout_log_probs=s["log_probs"]))
             if bar is not None:
                 bar.update(1)

@@ -34,6 +34,23 @@ seeded by ``(seed, iteration)``, so an unfinished iteration regenerates the
 same rollouts and its run resumes from its newest checkpoint when
 ``config.checkpoint.save_every`` is set).
 
+Your task (:mod:`varbatch_kit.train.rl.task`): ``prompts`` is a number of seeded
+arithmetic questions per iteration, a list of
+:class:`~varbatch_kit.train.rl.task.Problem`, or a JSONL file (slime's
+``--prompt-data``, read with ``input_key`` / ``label_key``); ``reward`` a function with
+slime's custom-RM signature (``--custom-rm-path``; ``group_reward``: ``--group-rm``), by
+default the arithmetic task's exact match. ``dynamic_sampling_filter`` (slime's
+``--dynamic-sampling-filter-path``; ``"nonzero_std"``: DAPO's) drops prompt groups, and
+generation goes on in rounds of ``over_sampling_batch_size`` prompts until
+``rollout_batch_size`` groups are kept (:mod:`varbatch_kit.train.rl.dynamic_sampling`), so
+the samples per step vary with what the filter kept; each iteration logs the groups
+generated, kept and dropped (with the reasons). A list or file of prompts is drawn from in
+order, cyclically, where the last iteration stopped.
+
+It does nothing silently: an iteration whose advantages are all zero (nothing to learn:
+every group's rewards equal) and one whose training left the weights unchanged are counted,
+and the loop warns once for each, with the iterations, when it ends.
+
 One simplification, stated: every iteration is a fresh training run from the
 exported weights, so Adam's moments and the LR schedule restart each
 iteration (slime keeps them across rollouts).
@@ -105,19 +122,39 @@ def _check(config, iterations, prompts) -> None:
                          "checkpoint (ModelConfig(path=DIR), e.g. smollm2_checkpoint())")
     positive_int("iterations", iterations)
     if not (isinstance(prompts, int) and not isinstance(prompts, bool) and prompts > 0) \
-            and not (isinstance(prompts, (list, tuple)) and prompts):
+            and not (isinstance(prompts, (list, tuple)) and prompts) \
+            and not isinstance(prompts, (str, Path)):
         raise ValueError(f"prompts={prompts!r}: give a number of questions per iteration "
-                         "(> 0) or a non-empty list of generate.Problem")
+                         "(> 0), a non-empty list of task.Problem or a JSONL file")
 
 
-def _problems(prompts, seed: int, iteration: int):
-    from varbatch_kit.train.rl.generate import Problem, arithmetic_problems
+class _PromptSource:
+    """The prompts of the loop: seeded arithmetic questions (``prompts`` an int), or a list /
+    file drawn from in order, cyclically, from ``cursor`` on."""
 
-    if isinstance(prompts, int):
-        return arithmetic_problems(prompts, seed=seed + 1000 * iteration)
-    if not all(isinstance(p, Problem) for p in prompts):
-        raise ValueError("prompts: a list of generate.Problem(question, answer)")
-    return list(prompts)
+    def __init__(self, prompts, seed: int, input_key: str, label_key: str | None) -> None:
+        from varbatch_kit.train.rl.task import Problem, read_prompts
+
+        self.seed, self.cursor = seed, 0
+        if isinstance(prompts, int):
+            self.rows, self.batch = None, prompts
+            return
+        rows = (read_prompts(prompts, input_key=input_key, label_key=label_key)
+                if isinstance(prompts, (str, Path)) else list(prompts))
+        if not all(isinstance(p, Problem) for p in rows):
+            raise ValueError("prompts: a list of task.Problem(question, answer)")
+        self.rows, self.batch = rows, len(rows)
+
+    def draw(self, count: int, iteration: int, round_: int) -> list:
+        """The next ``count`` prompts (round ``round_`` of iteration ``iteration``)."""
+        from varbatch_kit.train.rl.generate import arithmetic_problems
+
+        if self.rows is None:
+            return arithmetic_problems(count, seed=self.seed + 1000 * iteration
+                                       + 100_003 * round_)
+        out = [self.rows[(self.cursor + i) % len(self.rows)] for i in range(count)]
+        self.cursor = (self.cursor + count) % len(self.rows)
+        return out
 
 
 def _initial_generator(resolved, out: Path) -> Path:
@@ -152,7 +189,11 @@ def _sync_exact(trained: dict, exported: dict) -> bool:
 def rl_loop(config, prompts, *, iterations: int = 2, out_dir, n_samples_per_prompt: int = 4,
             turns: int = 2, follow_up: str = "if_wrong", max_new_tokens: int = 8,
             seed: int = 0, device: str = "auto", resume: bool = False,
-            progress: bool = True) -> RLLoopResult:
+            progress: bool = True, reward=None, group_reward: bool = False,
+            dynamic_sampling_filter=None, rollout_batch_size: int | None = None,
+            over_sampling_batch_size: int | None = None, system_prompt: Any = "arithmetic",
+            example: Any = "arithmetic", input_key: str = "input",
+            label_key: str | None = "label") -> RLLoopResult:
     """Run ``iterations`` rounds of generate -> train -> export (see the module docstring).
 
     ``config``: the :class:`~varbatch_kit.train.TrainConfig` of every training run
@@ -160,23 +201,54 @@ def rl_loop(config, prompts, *, iterations: int = 2, out_dir, n_samples_per_prom
     sampling temperature is ``config.loss.rollout_temperature``; its
     ``data.n_samples_per_prompt`` is set to ``n_samples_per_prompt``). ``prompts``:
     questions per iteration (seeded anew each iteration) or a fixed list of
-    :class:`~varbatch_kit.train.rl.generate.Problem`. ``turns`` / ``follow_up``: as in
+    :class:`~varbatch_kit.train.rl.task.Problem`. ``turns`` / ``follow_up``: as in
     :func:`~varbatch_kit.train.rl.generate.generate_rollouts` (``"if_wrong"``: a rollout
     emits one or two samples, so steps of a fixed number of rollouts vary in
     samples). ``device``: where the generator runs (``auto``: CUDA when available);
     training uses ``config.run.device``. ``out_dir``: one folder per iteration
     (``iterNN/``: generator, rollouts trace, run, export, record.json).
+
+    ``prompts`` may also be a JSONL file (``input_key`` / ``label_key``, as slime's
+    ``--input-key`` / ``--label-key``). ``reward`` / ``group_reward``: the reward function
+    (slime's custom-RM signature, a callable or ``"module.func"``; default the exact match
+    of the arithmetic task). ``dynamic_sampling_filter``: a group filter with slime's
+    signature, ``"nonzero_std"`` (DAPO) or None; ``rollout_batch_size``: prompt groups per
+    iteration (default: ``prompts`` if a number, else the list's length);
+    ``over_sampling_batch_size``: prompts generated per round (default
+    ``rollout_batch_size``). ``system_prompt`` / ``example``: the chat before each question
+    (``"arithmetic"``: the arithmetic task's; None: none). See the module docstring.
     """
     import pandas as pd
 
     from varbatch_kit.core.traces import write_trace
     from varbatch_kit.train.config.model_config import resolve_model
+    from varbatch_kit.train.rl import generate as gen
+    from varbatch_kit.train.rl.dynamic_sampling import collect_groups
     from varbatch_kit.train.rl.generate import GenerationStats, generate_rollouts, load_model
+    from varbatch_kit.train.rl.task import FILTERS, resolve_function, slime_args
     from varbatch_kit.train.runs.launch import run
     from varbatch_kit.train.runs.run_export import saved_weights
 
     _check(config, iterations, prompts)
     positive_int("n_samples_per_prompt", n_samples_per_prompt)
+    source = _PromptSource(prompts, seed, input_key, label_key)
+    batch = source.batch if rollout_batch_size is None else rollout_batch_size
+    positive_int("rollout_batch_size", batch)
+    over = batch if over_sampling_batch_size is None else over_sampling_batch_size
+    positive_int("over_sampling_batch_size", over)
+    reward_fn = resolve_function(reward, "reward")
+    if isinstance(dynamic_sampling_filter, str) and "." not in dynamic_sampling_filter \
+            and dynamic_sampling_filter not in FILTERS:
+        raise ValueError(f"dynamic_sampling_filter={dynamic_sampling_filter!r}: give one of "
+                         f"{sorted(FILTERS)}, a 'module.function' path or a callable")
+    group_filter = resolve_function(FILTERS.get(dynamic_sampling_filter, dynamic_sampling_filter)
+                                    if isinstance(dynamic_sampling_filter, str)
+                                    else dynamic_sampling_filter, "dynamic_sampling_filter")
+    chat = dict(system_prompt=gen.SYSTEM_PROMPT if system_prompt == "arithmetic"
+                else system_prompt, example=gen.EXAMPLE if example == "arithmetic" else example)
+    args = slime_args(n_samples_per_prompt=n_samples_per_prompt, rollout_batch_size=batch,
+                      over_sampling_batch_size=over, group_rm=bool(group_reward),
+                      rollout_max_response_len=max_new_tokens)
     out = Path(out_dir).expanduser()
     if out.exists() and any(out.iterdir()) and not resume:
         raise ValueError(f"out_dir={str(out)!r} is not empty: give a new folder, or "
@@ -197,6 +269,7 @@ def rl_loop(config, prompts, *, iterations: int = 2, out_dir, n_samples_per_prom
             done = it_dir / "record.json"
             if done.is_file():  # finished before: resume after it
                 rec = json.loads(done.read_text())
+                source.cursor = rec["iteration"].get("prompt_cursor", 0)
                 records.append(rec["iteration"])
                 step_rows += rec["steps"]
                 generator = Path(rec["iteration"]["export"])
@@ -210,11 +283,22 @@ def rl_loop(config, prompts, *, iterations: int = 2, out_dir, n_samples_per_prom
             t0 = time.perf_counter()
             model, tokenizer = load_model(generator, device=device)
             stats = GenerationStats()
-            rollouts = generate_rollouts(
-                model, tokenizer=tokenizer, problems=_problems(prompts, seed, k),
-                n_samples_per_prompt=n_samples_per_prompt, turns=turns, follow_up=follow_up,
-                max_new_tokens=max_new_tokens, temperature=temperature, seed=seed + k,
-                progress=False, stats=stats, rollout_log_probs=True)
+
+            def generate(count, round_, k=k, model=model, tokenizer=tokenizer, stats=stats):
+                part = GenerationStats()
+                out = generate_rollouts(
+                    model, tokenizer=tokenizer, problems=source.draw(count, k, round_),
+                    n_samples_per_prompt=n_samples_per_prompt, turns=turns,
+                    follow_up=follow_up, max_new_tokens=max_new_tokens,
+                    temperature=temperature, seed=seed + k + 7919 * round_, progress=False,
+                    stats=part, rollout_log_probs=True, reward=reward_fn,
+                    group_reward=group_reward, reward_args=args, **chat)
+                stats.generated_tokens += part.generated_tokens
+                return out
+
+            rollouts, sampling = collect_groups(
+                generate, batch_size=batch, n_samples_per_prompt=n_samples_per_prompt,
+                over_sampling_batch_size=over, group_filter=group_filter, args=args)
             del model
             gen_s = time.perf_counter() - t0
             write_trace(rollouts, it_dir / "rollouts.jsonl", extra=True)
@@ -249,6 +333,8 @@ def rl_loop(config, prompts, *, iterations: int = 2, out_dir, n_samples_per_prom
                 **metrics,
                 "generate_s": gen_s, "train_s": train_s, "export_s": export_s,
                 "generated_tokens": int(stats.generated_tokens),
+                **sampling.as_dict(), "prompt_cursor": source.cursor,
+                "zero_advantages": _all_advantages_zero(cfg, rollouts),
                 "generator": str(generator), "export": str(export),
             }
             rows = [{"iteration": k, "step": int(s.step), "policy_lag": int(s.step) - 1,
@@ -269,8 +355,40 @@ def rl_loop(config, prompts, *, iterations: int = 2, out_dir, n_samples_per_prom
     finally:
         if bar is not None:
             bar.close()
+    _warn_idle(records)
     return RLLoopResult(iterations=pd.DataFrame(records), steps=pd.DataFrame(step_rows),
                         exports=exports, out_dir=out)
+
+
+def _all_advantages_zero(cfg, rollouts) -> bool:
+    """Whether the engine's advantages of the batch (``cfg.loss``'s estimator, as the run
+    computes them) are zero on every token: nothing to learn from it."""
+    from varbatch_kit.train.data.rollout_advantages import token_advantages
+    from varbatch_kit.train.data.rollout_data import make_training_data
+
+    data = make_training_data(rollouts, vocab_size=cfg.resolve_model().vocab_size,
+                              seed=cfg.data.seed, data=cfg.data, loss=cfg.loss)
+    adv = token_advantages(data, rollouts, loss=cfg.loss, data_cfg=cfg.data)
+    return all(float(np.abs(np.asarray(a)).max(initial=0.0)) == 0.0 for a in adv)
+
+
+def _warn_idle(records: list[dict]) -> None:
+    """One warning each, with a count, for iterations with nothing to learn and iterations
+    that left the weights unchanged."""
+    import warnings
+
+    n = len(records)
+    zero = [r["iteration"] for r in records if r.get("zero_advantages")]
+    still = [r["iteration"] for r in records if r["trained_hash"] == r["generator_hash"]]
+    if zero:
+        warnings.warn(f"rl_loop: {len(zero)} of {n} iterations had every advantage zero "
+                      f"(iterations {zero}: each prompt group's rewards all equal, so the "
+                      "policy gradient is zero): give a reward the model can earn, or a "
+                      "dynamic_sampling_filter such as 'nonzero_std'", UserWarning, stacklevel=3)
+    if still:
+        warnings.warn(f"rl_loop: {len(still)} of {n} iterations left the weights unchanged "
+                      f"(iterations {still}: trained hash == generator hash): the loop did not "
+                      "learn there", UserWarning, stacklevel=3)
 
 
 def _steps_of(config, rollouts, resolved) -> list:

@@ -14,7 +14,8 @@ from varbatch_kit.train import DataConfig, LossConfig
 from varbatch_kit.train.data.rollout_advantages import token_advantages
 from varbatch_kit.train.data.rollout_data import make_training_data
 from varbatch_kit.train.rl import generate
-from varbatch_kit.train.rl.generate import Problem, generate_rollouts
+from varbatch_kit.train.rl.generate import generate_rollouts
+from varbatch_kit.train.rl.task import Problem
 
 EOT, PAD, VOCAB = 11, 12, 13
 

@@ -23,3 +23,26 @@ def test_the_sync_check_is_bitwise_and_dtype_strict():
     assert not _sync_exact(trained, {"w": torch.tensor([1.0, 2.0 + 2 ** -20])})
     assert not _sync_exact(trained, {"w": torch.tensor([1.0, 2.0]).double()})
     assert not _sync_exact(trained, {"missing": torch.zeros(1)})
+
+
+def test_idle_iterations_are_warned_once_each_with_their_count():
+    """Nothing silently: iterations whose advantages were all zero, and iterations whose
+    training left the weights as they were, one warning each, with a count."""
+    import warnings
+
+    from varbatch_kit.train.rl.rl_loop import _warn_idle
+
+    records = [dict(iteration=0, zero_advantages=True, generator_hash="a", trained_hash="b"),
+               dict(iteration=1, zero_advantages=True, generator_hash="b", trained_hash="b"),
+               dict(iteration=2, zero_advantages=False, generator_hash="b", trained_hash="c")]
+    with warnings.catch_warnings(record=True) as got:
+        warnings.simplefilter("always")
+        _warn_idle(records)
+    assert [str(w.message)[:60] for w in got] == [
+        "rl_loop: 2 of 3 iterations had every advantage zero (iterati",
+        "rl_loop: 1 of 3 iterations left the weights unchanged (itera"]
+    assert "iterations [0, 1]" in str(got[0].message)
+    assert "iterations [1]" in str(got[1].message)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _warn_idle(records[2:])  # a learning iteration: no warning
