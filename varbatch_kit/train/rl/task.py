@@ -15,7 +15,9 @@ Group filter (slime's ``dynamic_sampling_filter``)
     ``fn(args, samples, **kwargs)`` over one prompt group's samples (their rewards set),
     returning a bool or an object with ``keep``, ``reason`` and ``keep_when_insufficient``
     (slime's ``DynamicFilterOutput``; :class:`FilterOutput` here). ``"nonzero_std"`` is
-    DAPO's: keep a group whose rewards are not all equal (:func:`nonzero_reward_std`).
+    DAPO's: keep a group whose rewards are not all equal (:func:`nonzero_reward_std`,
+    checked against slime's own on recorded groups); ``"nonzero_std_with_fallback"`` keeps
+    a rejected group when the batch cannot spare it.
 Prompts (slime's ``--prompt-data`` with ``--input-key`` / ``--label-key`` /
 ``--metadata-key``)
     :func:`read_prompts` reads a JSONL file into :class:`Problem` rows (question, label,
@@ -40,7 +42,8 @@ from types import SimpleNamespace
 from typing import Any
 
 __all__ = ["FilterOutput", "Problem", "Sample", "filter_group", "load_function",
-           "nonzero_reward_std", "read_prompts", "resolve_function", "score", "slime_args"]
+           "nonzero_reward_std", "nonzero_reward_std_with_fallback", "read_prompts",
+           "resolve_function", "score", "slime_args"]
 
 
 @dataclass(frozen=True)
@@ -167,8 +170,18 @@ def nonzero_reward_std(args, samples: Sequence[Sample], **kwargs) -> FilterOutpu
     return FilterOutput(keep=keep, reason=None if keep else f"zero_std_{round(rewards[0], 1)}")
 
 
+def nonzero_reward_std_with_fallback(args, samples: Sequence[Sample], **kwargs) -> FilterOutput:
+    """:func:`nonzero_reward_std` that keeps a rejected group rather than start another round
+    of generation (``keep_when_insufficient``; slime's
+    ``check_reward_nonzero_std_with_fallback``)."""
+    out = nonzero_reward_std(args, samples)
+    out.keep_when_insufficient = True
+    return out
+
+
 #: the group filters known by name
-FILTERS = {"nonzero_std": nonzero_reward_std}
+FILTERS = {"nonzero_std": nonzero_reward_std,
+           "nonzero_std_with_fallback": nonzero_reward_std_with_fallback}
 
 
 def filter_group(fn: Callable | None, args, samples: Sequence[Sample]) -> FilterOutput:

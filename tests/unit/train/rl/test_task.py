@@ -18,6 +18,7 @@ from varbatch_kit.train.rl.task import (
     filter_group,
     load_function,
     nonzero_reward_std,
+    nonzero_reward_std_with_fallback,
     read_prompts,
     score,
     slime_args,
@@ -129,6 +130,23 @@ def test_dapos_filter_keeps_a_group_whose_rewards_differ():
     keyed = slime_args(reward_key="acc")
     assert not nonzero_reward_std(keyed, [_sample({"acc": 0.0}) for _ in range(3)]).keep
     assert nonzero_reward_std(keyed, [_sample({"acc": float(i)}) for i in range(3)]).keep
+
+
+def test_dapos_filter_gives_slimes_verdicts_on_recorded_groups():
+    """Golden vectors from slime's own check_reward_nonzero_std (and its _with_fallback), at
+    the commit the file names (scripts/record_slime_filter.py): the same keep, the same
+    reason, the same keep_when_insufficient."""
+    from _paths import REPO
+
+    golden = json.loads((REPO / "tests" / "golden" / "dynamic_filter.json").read_text())
+    assert len(golden["cases"]) >= 50 and golden["slime_commit"]
+    for case in golden["cases"]:
+        args = slime_args(reward_key=case["reward_key"])
+        samples = [_sample(r) for r in case["rewards"]]
+        out = nonzero_reward_std(args, samples)
+        assert (out.keep, out.reason) == (case["keep"], case["reason"]), case
+        assert nonzero_reward_std_with_fallback(args, samples).keep_when_insufficient == \
+            case["fallback_keep_when_insufficient"]
 
 
 def test_a_filter_may_return_a_bool_or_slimes_output_object():
