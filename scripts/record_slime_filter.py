@@ -1,13 +1,13 @@
 """Record slime's DAPO group filter on seeded reward groups (golden vectors).
 
-    python scripts/record_slime_filter.py --slime /path/to/slime --out tests/golden
+    python scripts/record_slime_filter.py --slime /path/to/slime --out tests/golden/rl
 
 slime's own ``check_reward_nonzero_std`` and ``check_reward_nonzero_std_with_fallback``
 (``slime/rollout/filter_hub/dynamic_sampling_filters.py``), imported from the checkout,
 judge groups of slime ``Sample`` objects: rewards that are all equal, equal but one, tiny
 spreads either side of the 1e-6 threshold, one-sample groups, and dict rewards read with
 ``--reward-key``. Their verdicts (keep, reason, keep_when_insufficient) go to
-``tests/golden/dynamic_filter.json``, which ``tests/unit/train/rl/test_task.py`` compares
+``tests/golden/rl/dynamic_filter.json``, which ``tests/unit/train/rl/test_task.py`` compares
 with :func:`varbatch_kit.train.rl.task.nonzero_reward_std`. Nothing of slime's is copied.
 """
 

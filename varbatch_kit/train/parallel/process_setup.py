@@ -44,6 +44,11 @@ def cpu_numerics(threads: int) -> None:
     torch.set_flush_denormal(True)
 
 
+def _flushing_subnormals() -> bool:
+    """Whether this process flushes subnormal floats to zero (torch has no getter)."""
+    return bool((torch.tensor([1e-39], dtype=torch.float32) * 1.0)[0] == 0)
+
+
 def setup_process(device: str, threads: int = 1, layout=None) -> torch.device:
     """torch.distributed + megatron-core parallel state for this worker.
 
@@ -115,6 +120,7 @@ def single_process(device: str, threads: int = 1):
     from varbatch_kit.train.parallel import cpu_shim
 
     saved_threads = torch.get_num_threads()
+    saved_flush = _flushing_subnormals()
     if dist.is_initialized():
         if device == "cpu":
             torch.set_num_threads(threads)
@@ -141,6 +147,7 @@ def single_process(device: str, threads: int = 1):
         if device == "cpu":
             cpu_shim.deactivate()
         torch.set_num_threads(saved_threads)
+        torch.set_flush_denormal(saved_flush)  # the caller's process keeps its arithmetic
         for k, v in saved.items():
             if v is None:
                 os.environ.pop(k, None)

@@ -22,3 +22,14 @@ def test_a_cpu_worker_flushes_subnormal_floats_to_zero():
         torch.set_flush_denormal(False)
         torch.set_num_threads(saved)
     assert (tiny * 1.0)[0] > 0
+
+
+def test_a_one_process_group_flushes_inside_and_restores_the_callers_arithmetic():
+    """``single_process`` (calibration, tests: training in the caller's own process) sets a
+    worker's arithmetic while it runs and gives the caller's back."""
+    from varbatch_kit.train.parallel.process_setup import single_process
+
+    tiny = torch.tensor([1e-39], dtype=torch.float32)
+    with single_process("cpu"):
+        assert (tiny * 1.0)[0] == 0
+    assert (tiny * 1.0)[0] > 0

@@ -138,7 +138,7 @@ def test_dapos_filter_gives_slimes_verdicts_on_recorded_groups():
     reason, the same keep_when_insufficient."""
     from _paths import REPO
 
-    golden = json.loads((REPO / "tests" / "golden" / "dynamic_filter.json").read_text())
+    golden = json.loads((REPO / "tests" / "golden" / "rl" / "dynamic_filter.json").read_text())
     assert len(golden["cases"]) >= 50 and golden["slime_commit"]
     for case in golden["cases"]:
         args = slime_args(reward_key=case["reward_key"])
