@@ -75,8 +75,9 @@ import pandas as pd
 from varbatch_kit.checks import positive_int
 from varbatch_kit.core.flops import ModelShape
 
-__all__ = ["MemoryLayout", "PRECISION_BYTES", "activation_bytes_per_token",
-           "micro_batch_memory", "parameter_count", "predict_memory", "static_memory"]
+__all__ = ["MemoryLayout", "PRECISION_BYTES", "activation_bytes_per_token", "check_modelled",
+           "micro_batch_memory", "not_modelled", "parameter_count", "predict_memory",
+           "static_memory"]
 
 #: bytes per element: parameters, gradient buffer, optimizer main copy, Adam state, activations
 PRECISION_BYTES = {
@@ -153,6 +154,32 @@ class MemoryLayout:
         return [model.num_layers // self.pp] * self.pp
 
 
+# ------------------------------------------------------------------------------ coverage
+def not_modelled(model: ModelShape) -> str | None:
+    """Why this model's memory cannot be predicted here, or None. The terms above are a dense
+    transformer's with grouped-query attention: a mixture-of-experts layer (its experts'
+    parameters, the router, the dispatched tokens) and multi-latent attention (its low-rank
+    projections) would be counted as a dense MLP and plain attention (DeepSeek-V3: 39 billion
+    parameters instead of 671), so they are refused rather than under-predicted."""
+    kinds = []
+    if model.num_experts:
+        kinds.append(f"mixture of experts (num_experts={model.num_experts})")
+    if model.multi_latent_attention:
+        kinds.append("multi-latent attention")
+    if not kinds:
+        return None
+    return (f"the memory model covers dense transformers; {model.name!r} has "
+            f"{' and '.join(kinds)}, which it would count as a dense MLP and plain attention "
+            "(far too few bytes): no memory prediction for it yet")
+
+
+def check_modelled(model: ModelShape) -> None:
+    """``ValueError`` when :func:`not_modelled` gives a reason."""
+    why = not_modelled(model)
+    if why is not None:
+        raise ValueError(why)
+
+
 # ------------------------------------------------------------------------------ static
 def _layer_params(m: ModelShape, tp: int) -> float:
     h, q, kv, f = m.hidden_size, m.num_attention_heads * m.kv_channels, \
@@ -172,6 +199,7 @@ def _layer_params(m: ModelShape, tp: int) -> float:
 
 def parameter_count(model: ModelShape, layout: MemoryLayout, pp_rank: int = 0) -> int:
     """Parameters one rank of pipeline stage ``pp_rank`` holds (its tensor-parallel shard)."""
+    check_modelled(model)
     m, tp = model, layout.tp
     n = _layer_params(m, tp) * layout.stage_layers(m)[pp_rank]
     h, v = m.hidden_size, m.vocab_size / tp
@@ -205,6 +233,7 @@ def activation_bytes_per_token(model: ModelShape, layout: MemoryLayout, *,
     is one sample (core attention then reads views of the QKV output instead of per-sample
     copies, and a rotary model keeps the rotated query and key beside it). The terms are
     those autograd saves in the engine's layer (the module docstring's table)."""
+    check_modelled(model)
     m = model
     act = layout.bytes["act"]
     s = layout.tp if layout.sequence_parallel and layout.tp > 1 else 1

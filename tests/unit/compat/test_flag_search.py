@@ -348,3 +348,29 @@ def test_slimes_model_flags_are_the_model_and_not_ignored():
         _quiet(recommend, r, DUMP_ARGS + " " + QWEN3_8B_FLAGS, "qwen2.5-0.5b")
     with pytest.raises(ValueError, match="no model: give model="):
         _quiet(recommend, r, DUMP_ARGS)
+
+
+def test_a_model_the_memory_model_does_not_cover_is_judged_by_tokens_and_says_so():
+    """DeepSeek-V3 (mixture of experts, multi-latent attention): the memory model would count
+    a dense MLP and plain attention (39 billion parameters instead of 671) and refuses;
+    recommend warns once and judges safety by the tokens a GPU holds against the limit (the
+    user's own peak: no candidate may exceed it), with no predicted bytes; the planner,
+    which has no other measure, refuses with the same reason."""
+    from varbatch_kit.compat.slime.planner import plan_layouts
+    from varbatch_kit.core.memory import MemoryLayout, parameter_count
+
+    deepseek = ModelShape.preset("deepseek-v3")
+    with pytest.raises(ValueError, match=r"mixture of experts \(num_experts=256\) and "
+                                         r"multi-latent attention"):
+        parameter_count(deepseek, MemoryLayout())
+    r = read_trace(bundled_traces()["agentic"])
+    with pytest.warns(UserWarning, match=r"safety is judged by the tokens a GPU holds") as got:
+        rec = recommend(r, BUNDLED_ARGS, deepseek)
+    assert sum("memory model covers dense" in str(w.message) for w in got) == 1
+    table = rec.table
+    assert table["peak_gpu_bytes"].isna().all()
+    assert table["safe"].sum() > 1 and (table.loc[table["safe"], "over_limit"] == 0).all()
+    assert (~table.loc[table["over_limit"] > 0, "safe"]).all()
+    assert rec.best["over_limit"] == 0
+    with pytest.raises(ValueError, match=r"memory model covers dense transformers"):
+        plan_layouts(r, deepseek, 64, hardware="H100")

@@ -254,3 +254,29 @@ def test_policy_tables_by_trace_pass_the_memory_layout_at_their_dp():
                                   memory=MemoryLayout(dp=7), hardware_memory_gib=1e-3)
     assert (table["peak_gib"] > 0).all() and (table["over_memory"] > 0).all()
     assert list(table["trace"]) == ["a", "b"]
+
+
+def test_shapes_the_model_does_not_cover_are_refused_not_under_predicted():
+    """A mixture-of-experts layer or multi-latent attention would be counted as a dense MLP
+    and plain attention (DeepSeek-V3: 39 billion parameters instead of 671): every entry
+    point refuses them, naming what is missing; dense shapes pass."""
+    from dataclasses import replace
+
+    from varbatch_kit.core.memory import (
+        activation_bytes_per_token,
+        not_modelled,
+        parameter_count,
+        static_memory,
+    )
+
+    dense = ModelShape.preset("qwen3-8b")
+    assert not_modelled(dense) is None
+    moe = replace(dense, num_experts=8, moe_ffn_hidden_size=512, name="tiny-moe")
+    mla = ModelShape.preset("deepseek-v3")
+    assert "mixture of experts (num_experts=8)" in not_modelled(moe)
+    assert "multi-latent attention" not in not_modelled(moe)
+    assert "multi-latent attention" in not_modelled(mla)
+    one = MemoryLayout()
+    for fn in (parameter_count, static_memory, activation_bytes_per_token):
+        with pytest.raises(ValueError, match=r"'tiny-moe' has mixture of experts"):
+            fn(moe, one)

@@ -75,6 +75,7 @@ from varbatch_kit.compat.slime.memory_flags import memory_layout_from_slime_args
 from varbatch_kit.core.config import ScheduleConfig
 from varbatch_kit.core.flops import ModelShape, as_model_shape
 from varbatch_kit.core.hardware import DEFAULT_HARDWARE
+from varbatch_kit.core.memory import not_modelled
 from varbatch_kit.core.rollouts import Rollouts
 
 __all__ = ["Recommendation", "recommend", "recommended_config"]
@@ -391,10 +392,14 @@ def _evaluate(rollouts, model, ns, user, k, limit, hardware, tp, sim_kwargs, bud
             warnings.simplefilter("ignore")
             cfg = schedule_config_from_slime_args(_namespace(ns, k))
             sched = build_schedule(rollouts, cfg, model)
-        memory = memory_layout_from_slime_args(_namespace(ns, k), cfg)
+        memory = (memory_layout_from_slime_args(_namespace(ns, k), cfg)
+                  if not_modelled(model) is None else None)
         row.update(candidate_figures(sched, memory_limit=limit, hardware=hardware, tp=tp,
                                      memory=memory, memory_budget=budget, **sim_kwargs))
-        row["safe"] = budget is not None and row["peak_gpu_bytes"] <= budget
+        # by predicted bytes; for a model the memory model does not cover, by the tokens a
+        # GPU holds against the limit (the user's own flags' peak unless raised)
+        row["safe"] = (row["over_limit"] == 0 if memory is None
+                       else budget is not None and row["peak_gpu_bytes"] <= budget)
     except ValueError as e:
         row.update({c: math.nan for c in CANDIDATE_COLUMNS}, safe=False, error=str(e))
     return row
@@ -449,6 +454,11 @@ def recommend(rollouts: Rollouts, slime_args: str | Sequence[str],
                          f"{vary_global_batch_size!r}")
     tokens, raw = _parse(slime_args)
     model = _the_model(model, raw)
+    gap = not_modelled(model)
+    if gap is not None:
+        warnings.warn(f"recommend: {gap}; safety is judged by the tokens a GPU holds against "
+                      "the limit (your own flags' peak unless max_tokens_headroom or "
+                      "max_tokens_limit raise it)", UserWarning, stacklevel=2)
     ns = _derive_gbs(raw)
     user_cfg = schedule_config_from_slime_args(ns)
     user = _user_knobs(ns, user_cfg)
@@ -558,7 +568,8 @@ def _result(tokens, raw, user, best, seen, user_cfg, rollouts, model, limit, har
             warnings.simplefilter("ignore")
             sched = build_schedule(rollouts, user_cfg.with_(packing="balanced",
                                                             distribution="balanced"), model)
-        memory = memory_layout_from_slime_args(raw, sched.config)
+        memory = (memory_layout_from_slime_args(raw, sched.config)
+                  if not_modelled(model) is None else None)
         balanced = candidate_figures(sched, memory_limit=limit, hardware=hardware, tp=tp,
                                      memory=memory, memory_budget=budget, **sim_kwargs)
     else:
