@@ -113,7 +113,11 @@ def _transformers(path: Path, rollouts: Rollouts) -> dict:
     import torch
     from transformers import AutoModelForCausalLM
 
-    torch.set_num_threads(1)
+    # the engine's CPU workers' arithmetic (train.parallel.process_setup.cpu_numerics): one
+    # thread, subnormal floats flushed, so that neither side pays for subnormal arithmetic
+    from varbatch_kit.train.parallel.process_setup import cpu_numerics
+
+    cpu_numerics(1)
     model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32,
                                                  attn_implementation="sdpa")
     model.train()
