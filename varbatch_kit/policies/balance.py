@@ -402,14 +402,16 @@ class _Search:
 
     def busiest_round(self, thr: float, full_scan: int, budget: int) -> tuple[int, int] | None:
         """One round of the busiest ranks at once (see :func:`local_search`): the moves and
-        swaps applied, ``(0, 0)`` when the busiest rank has none that lowers it, None when the
-        step is too large to try every partner (``full_scan``)."""
+        swaps applied, ``(0, 0)`` when no rank is above ``thr`` or the busiest has none that
+        lowers it, None when the step is too large to try every partner (``full_scan``)."""
         load, n, dp = self.load, self.f.size, self.dp
         order = np.argsort(-load, kind="stable")
         heavy = order[load[order] > thr]
+        if heavy.size == 0:
+            return 0, 0
         counts = np.bincount(self.smp_rank, minlength=dp)
         width = int(counts[heavy].max())
-        if heavy.size == 0 or width * n > full_scan:
+        if width * n > full_scan:
             return None
         heavy = heavy[:max(1, budget // (width * n))]
         H = heavy.size
