@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from varbatch_kit.train.rl.rl_loop import _sync_exact, weights_hash
@@ -46,3 +47,47 @@ def test_idle_iterations_are_warned_once_each_with_their_count():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         _warn_idle(records[2:])  # a learning iteration: no warning
+
+
+def test_prompts_are_drawn_in_order_cyclically_and_seeded_questions_stay_as_they_were(tmp_path):
+    """A list (or JSONL file) of prompts is drawn from where the last draw stopped, wrapping
+    around; the rollout batch defaults to its length. Seeded arithmetic questions: round 0 of
+    iteration k is what the loop always drew (``arithmetic_problems(n, seed + 1000 k)``),
+    over-sampling rounds draw other questions."""
+    import json
+
+    from varbatch_kit.train.rl.generate import arithmetic_problems
+    from varbatch_kit.train.rl.rl_loop import _PromptSource
+    from varbatch_kit.train.rl.task import Problem
+
+    rows = [Problem(f"q{i}", i) for i in range(3)]
+    src = _PromptSource(rows, seed=0, input_key="input", label_key="label")
+    assert src.batch == 3
+    assert [p.question for p in src.draw(2, 0, 0)] == ["q0", "q1"]
+    assert [p.question for p in src.draw(2, 0, 1)] == ["q2", "q0"] and src.cursor == 1
+    path = tmp_path / "p.jsonl"
+    path.write_text("".join(json.dumps({"input": f"f{i}", "label": i}) + "\n" for i in range(2)))
+    from_file = _PromptSource(path, seed=0, input_key="input", label_key="label")
+    assert [p.question for p in from_file.draw(3, 0, 0)] == ["f0", "f1", "f0"]
+    seeded = _PromptSource(4, seed=5, input_key="input", label_key="label")
+    assert seeded.batch == 4
+    assert seeded.draw(4, 2, 0) == arithmetic_problems(4, seed=5 + 2000)
+    assert seeded.draw(4, 2, 1) != seeded.draw(4, 2, 0)
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(dynamic_sampling_filter="dapo"),
+     r"dynamic_sampling_filter='dapo': give one of \['nonzero_std', "
+     r"'nonzero_std_with_fallback'\]"),
+    (dict(dynamic_sampling_filter=3), r"dynamic_sampling_filter=3: give a callable"),
+    (dict(reward="nope.rm"), r"cannot import module 'nope'"),
+    (dict(over_sampling_batch_size=0), r"over_sampling_batch_size"),
+    (dict(rollout_batch_size=-1), r"rollout_batch_size"),
+])
+def test_the_task_arguments_are_checked_before_anything_runs(tmp_path, kwargs, match):
+    from varbatch_kit.train import TrainConfig, rl_loop
+
+    with pytest.raises(ValueError, match=match):
+        rl_loop(TrainConfig().with_(path=str(tmp_path / "no-checkpoint")), 2,
+                out_dir=tmp_path / "loop", **kwargs)
+    assert not (tmp_path / "loop").exists()
