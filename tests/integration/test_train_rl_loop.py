@@ -35,14 +35,19 @@ def test_two_iterations_sync_the_trained_weights_bitwise(smollm2_path):
     assert it["sync_exact"].all()
     assert it["generator_hash"][1] == it["trained_hash"][0]
     assert it["trained_hash"][0] != it["generator_hash"][0]  # training moved the weights
-    # step 1 of every iteration is on-policy: the engine's log-probs of the sampled tokens
-    # equal transformers' at the sampling temperature (two implementations, fp32)
-    first = steps[steps.step == 1]
+    # the first step of every iteration is on-policy: the engine's log-probs of the sampled
+    # tokens equal transformers' at the sampling temperature (two implementations, fp32)
+    first = steps.groupby("iteration").head(1)
+    assert len(first) == 2
     assert (first["train_rollout_logprob_abs_diff"] < 1e-4).all(), first
     assert (first["ppo_kl"].abs() < 1e-6).all()
     # variable global batch size: 8 rollouts of 1-2 samples in steps of 4 rollouts
     assert (it["steps"] == 2).all() and (it["rollouts"] == 8).all()
+    # one trainer: its step numbers go on across the iterations
+    assert list(steps["step"]) == [1, 2, 3, 4]
+    assert list(it["first_step"]) == [1, 3] and list(it["last_step"]) == [2, 4]
     assert list(steps["policy_lag"]) == [0, 1, 0, 1]
+    assert list(it["policy_lag_batches"]) == [0, 0]
     assert sum(it["samples_per_step"][0]) == it["samples"][0]
     # resumable: a finished loop is read back, not rerun
     with pytest.warns(UserWarning, match=r"every advantage zero"):
@@ -88,6 +93,65 @@ def test_a_slime_reward_and_dapos_filter_in_the_loop(smollm2_path, tmp_path):
     for text, turn_reward in zip(trace.extra["response"], trace.extra["turn_reward"]):
         sample = Sample(index=0, group_index=0, prompt="", response=text)
         assert asyncio.run(odd_groups_score_nothing(None, sample)) == turn_reward
+
+
+def test_a_loop_killed_in_its_second_iteration_resumes_to_the_same_weights(smollm2_path,
+                                                                            tmp_path):
+    """The trainer is killed in the first forward of step 3 (iteration 1); rl_loop(resume=True)
+    regenerates iteration 1's rollouts (checked against the batch the trainer was given),
+    the trainer goes on from its step-2 checkpoint, and the loop ends with the weights of
+    the loop that was never killed (the cached one above), bitwise."""
+    from varbatch_kit.train import TrainingError
+
+    config = TrainConfig().with_(path=str(smollm2_path), **RL_LOOP_CONFIG)
+    with pytest.warns(UserWarning, match=r"every advantage zero"):
+        whole = cached_rl_loop(config, cache_dir=CACHE, progress=False, **RL_LOOP)
+    out = tmp_path / "loop"
+    with pytest.raises(TrainingError, match=r"rank 0"):
+        rl_loop(config.with_(save_every=1, kill_at="mid_step:3"), out_dir=out, progress=False,
+                **RL_LOOP)
+    assert (out / "iter00" / "record.json").is_file()
+    assert not (out / "iter01" / "record.json").is_file()
+    with pytest.warns(UserWarning, match=r"every advantage zero"):
+        again = rl_loop(config.with_(save_every=1), out_dir=out, progress=False, resume=True,
+                        **RL_LOOP)
+    assert list(again.iterations["trained_hash"]) == list(whole.iterations["trained_hash"])
+    np.testing.assert_array_equal(again.steps["loss"], whole.steps["loss"])
+    meta = json.loads((out / "trainer" / "run" / "meta.json").read_text())
+    assert meta["resumed_from_step"] == 2
+
+
+def test_async_generates_one_batch_behind_the_trainer(smollm2_path, tmp_path):
+    """mode="async": batch k + 1 is generated from the weights before batch k (while batch k
+    trains), so from iteration 1 on the generator is one batch behind: its hash is the
+    export of iteration k - 2 (the initial model for k = 1), each step's policy lag counts
+    the previous batch's steps, and the first step of a lagged batch is no longer on-policy
+    against the generator (its old log-probs are the trainer's: ppo_kl starts at 0)."""
+    config = TrainConfig().with_(path=str(smollm2_path), **RL_LOOP_CONFIG)
+    with pytest.warns(UserWarning, match=r"every advantage zero"):
+        res = rl_loop(config.with_(use_tis=True), out_dir=tmp_path / "loop", progress=False,
+                      mode="async", **{**RL_LOOP, "iterations": 3})
+    it, steps = res.iterations, res.steps
+    with pd.option_context("display.width", 250):
+        print(it.drop(columns=["generator", "export"]).to_string())
+        print(steps.to_string())
+    assert list(it["mode"]) == ["async"] * 3
+    assert list(it["policy_lag_batches"]) == [0, 1, 1]
+    assert it["generator_hash"][1] == it["generator_hash"][0]  # both from the initial model
+    assert it["generator_hash"][2] == it["trained_hash"][0]
+    assert it["sync_exact"].all()
+    assert list(steps["step"]) == list(range(1, len(steps) + 1))
+    for k in range(3):
+        lag = list(steps[steps.iteration == k]["policy_lag"])
+        behind = 0 if k == 0 else int(it["steps"][k - 1])
+        assert lag == [behind + i for i in range(len(lag))], (k, lag)
+    first = steps.groupby("iteration").head(1)
+    assert (first["ppo_kl"].abs() < 1e-6).all()
+    diff = list(first["train_rollout_logprob_abs_diff"])
+    assert diff[0] < 1e-4 and min(diff[1:]) > 1e-3, diff  # stale from iteration 1 on
+    assert {"tis", "tis_clipfrac"} <= set(steps.columns)
+    with pytest.raises(ValueError, match=r"mode='later'"):
+        rl_loop(config, out_dir=tmp_path / "other", mode="later", **RL_LOOP)
 
 
 def test_the_toy_gpt_has_no_checkpoint_to_loop_on(tmp_path):

@@ -8,31 +8,41 @@
    sampled token (``rollout_log_probs``);
 2. **score**: the engine turns the rewards into advantages as ``TrainConfig.loss``
    says (generation records rewards and prompt groups, no advantages);
-3. **schedule and train**: one training run of ``config`` on the rollout batch
-   (variable global batch size: a step holds ``global_batch_size`` rollouts,
-   each of one or two samples), the log-prob pass first (old log-probs), then
-   the steps; :func:`~varbatch_kit.train.run` in torchrun workers;
-4. **export** the trained weights as a Hugging Face checkpoint
+3. **schedule and train**: the batch goes to the loop's one trainer
+   (:class:`~varbatch_kit.train.runs.loop_trainer.LoopTrainer`: torchrun workers started
+   at the first batch and kept up to the last, one model, one optimizer whose Adam moments
+   and step count go on, one LR schedule over every batch, as slime's actor): the schedule
+   of the batch (variable global batch size: a step holds ``global_batch_size`` rollouts,
+   each of one or two samples), its log-prob pass (old log-probs, with the trainer's
+   current weights), then its steps, numbered on from the last batch's;
+4. **export** the weights after the batch's last step as a Hugging Face checkpoint
    (:func:`~varbatch_kit.train.model.hf_export.export_hf`) and check the sync: the
    export read back through the loader equals the trainer's weights bitwise;
 5. **reload the generator** from that export for the next round.
 
+``mode="async"`` (slime's ``train_async.py``): batch ``k + 1`` is generated (here, in this
+process) while the trainer (its own processes) trains batch ``k``, so it comes from the
+weights before batch ``k``: one rollout batch of policy lag, paid for with staleness, which
+the per-step ``policy_lag``, ``ppo_kl``, ``train_rollout_logprob_abs_diff`` and (with
+``loss.use_tis``) the TIS weights show. ``train_s`` is then only what generation did not hide.
+
 Each iteration logs its reward mean, response lengths, samples per step, the
-number of steps the rollout batch took (the staleness: step ``s`` of a batch
-trains on rollouts ``s - 1`` optimizer steps older than its weights), ``ppo_kl``,
-the clip fraction, the train-vs-rollout log-prob difference, and the hash of
-the weights the generator used (and of those the trainer produced), so that
-staleness can be plotted (:class:`RLLoopResult`).
+steps the batch took and the trainer's step numbers, ``ppo_kl``, the clip fraction, the
+train-vs-rollout log-prob difference, and the hash of the weights the generator used (and
+of those the trainer produced); each step its ``policy_lag``: the optimizer steps between
+the generator's weights and the weights the step starts from (:class:`RLLoopResult`).
 
 Iteration 0's generator is the trainer's initial model exported the same way
 (for a truncated model, ``num_layers`` < the checkpoint's, that is the only
-generator that samples from the policy being trained).
+generator that samples from the policy being trained); the trainer starts from it, and it
+stays the reference model of a KL loss for the whole loop.
 
 Resumable: every finished iteration leaves ``iterNN/record.json`` and its
-export; ``resume=True`` continues after the last finished one (generation is
-seeded by ``(seed, iteration)``, so an unfinished iteration regenerates the
-same rollouts and its run resumes from its newest checkpoint when
-``config.checkpoint.save_every`` is set).
+export; ``resume=True`` continues after the last finished one: generation is
+seeded by ``(seed, iteration)``, so an unfinished iteration regenerates the same rollouts
+(checked against the batch the trainer was given), and the trainer resumes from its newest
+checkpoint (``config.checkpoint.save_every``; without one it trains every batch again), so a
+killed loop ends with the weights of one that was not, bitwise on the CPU.
 
 Your task (:mod:`varbatch_kit.train.rl.task`): ``prompts`` is a number of seeded
 arithmetic questions per iteration, a list of
@@ -50,10 +60,6 @@ order, cyclically, where the last iteration stopped.
 It does nothing silently: an iteration whose advantages are all zero (nothing to learn:
 every group's rewards equal) and one whose training left the weights unchanged are counted,
 and the loop warns once for each, with the iterations, when it ends.
-
-One simplification, stated: every iteration is a fresh training run from the
-exported weights, so Adam's moments and the LR schedule restart each
-iteration (slime keeps them across rollouts).
 """
 
 from __future__ import annotations
@@ -73,7 +79,10 @@ __all__ = ["RLLoopResult", "rl_loop", "weights_hash"]
 
 #: the per-step metrics an iteration averages (when the run reports them)
 STEP_METRICS = ("loss", "pg_loss", "ppo_kl", "pg_clipfrac", "train_rollout_logprob_abs_diff",
-                "entropy_loss", "grad_norm")
+                "entropy_loss", "grad_norm", "kl_loss", "ois", "tis", "tis_clipfrac", "tis_abs",
+                "lr")
+#: the loop's modes: generation one rollout batch behind training or not
+MODES = ("sync", "async")
 
 
 def weights_hash(state: dict) -> str:
@@ -193,10 +202,10 @@ def rl_loop(config, prompts, *, iterations: int = 2, out_dir, n_samples_per_prom
             dynamic_sampling_filter=None, rollout_batch_size: int | None = None,
             over_sampling_batch_size: int | None = None, system_prompt: Any = "arithmetic",
             example: Any = "arithmetic", input_key: str = "input",
-            label_key: str | None = "label") -> RLLoopResult:
+            label_key: str | None = "label", mode: str = "sync") -> RLLoopResult:
     """Run ``iterations`` rounds of generate -> train -> export (see the module docstring).
 
-    ``config``: the :class:`~varbatch_kit.train.TrainConfig` of every training run
+    ``config``: the :class:`~varbatch_kit.train.TrainConfig` of the loop's trainer
     (its ``model.path`` a Hugging Face checkpoint, ``num_layers`` optional; the
     sampling temperature is ``config.loss.rollout_temperature``; its
     ``data.n_samples_per_prompt`` is set to ``n_samples_per_prompt``). ``prompts``:
@@ -216,20 +225,28 @@ def rl_loop(config, prompts, *, iterations: int = 2, out_dir, n_samples_per_prom
     iteration (default: ``prompts`` if a number, else the list's length);
     ``over_sampling_batch_size``: prompts generated per round (default
     ``rollout_batch_size``). ``system_prompt`` / ``example``: the chat before each question
-    (``"arithmetic"``: the arithmetic task's; None: none). See the module docstring.
+    (``"arithmetic"``: the arithmetic task's; None: none). ``mode``: ``"sync"`` or
+    ``"async"`` (generation one batch behind, overlapping training). The trainer's LR
+    schedule spans ``iterations`` batches (their rollouts; with an LR counted in samples, at
+    most ``turns`` a rollout), its ``run.timeout_s`` bounds each iteration. See the module
+    docstring.
     """
     import pandas as pd
 
     from varbatch_kit.core.traces import write_trace
     from varbatch_kit.train.config.model_config import resolve_model
+    from varbatch_kit.train.model.hf_export import export_hf
     from varbatch_kit.train.rl import generate as gen
     from varbatch_kit.train.rl.dynamic_sampling import collect_groups
     from varbatch_kit.train.rl.generate import GenerationStats, generate_rollouts, load_model
     from varbatch_kit.train.rl.task import FILTERS, resolve_function, slime_args
-    from varbatch_kit.train.runs.launch import run
-    from varbatch_kit.train.runs.run_export import saved_weights
+    from varbatch_kit.train.runs.loop_trainer import LoopTrainer
 
     _check(config, iterations, prompts)
+    if mode not in MODES:
+        raise ValueError(f"mode={mode!r}: give one of {MODES} ('sync': each batch generated "
+                         "with the weights the last one trained; 'async': generated while the "
+                         "last one trains, one batch behind, as slime's train_async.py)")
     positive_int("n_samples_per_prompt", n_samples_per_prompt)
     source = _PromptSource(prompts, seed, input_key, label_key)
     batch = source.batch if rollout_batch_size is None else rollout_batch_size
@@ -254,15 +271,64 @@ def rl_loop(config, prompts, *, iterations: int = 2, out_dir, n_samples_per_prom
         raise ValueError(f"out_dir={str(out)!r} is not empty: give a new folder, or "
                          "resume=True to continue the loop it holds")
     out.mkdir(parents=True, exist_ok=True)
+    lag = MODES.index(mode)  # rollout batches between a batch's generator and its trainer
     resolved = resolve_model(config.model)
     temperature = config.loss.rollout_temperature
-    generator = _initial_generator(resolved, out / "iter00" / "generator")
-    exports, records, step_rows = [generator], [], []
+    generator0 = _initial_generator(resolved, out / "iter00" / "generator")
+    # one trainer for the whole loop, from generator 0's weights (the truncated model when
+    # num_layers is set); its LR schedule spans every batch (rollouts; samples: at most
+    # `turns` a rollout)
+    per_batch = batch * n_samples_per_prompt
+    unit = config.lr_increment_unit()
+    horizon = iterations * per_batch * (turns if unit == "samples" else 1)
+    trainer_cfg = config.with_(path=str(generator0), num_layers=None,
+                               n_samples_per_prompt=n_samples_per_prompt, label="rl_loop",
+                               timeout_s=config.run.timeout_s * (iterations + 1))
+    trainer = LoopTrainer(trainer_cfg, out / "trainer", horizon=horizon, resume=resume)
+    exports, records, step_rows = [generator0], [], []
+    generated: dict[int, dict] = {}  # batches generated, not yet recorded
+    last_steps: dict[int, int] = {}  # the trainer's last step after each batch
+
+    def generator_of(j: int) -> Path:  # sync: the last batch's export; async: the one before
+        source_batch = j - 1 - lag
+        return generator0 if source_batch < 0 else Path(exports[source_batch + 1])
+
+    def generate_batch(j: int) -> None:  # batch j, with its generator's weights; then put
+        generator = generator_of(j)
+        gen_hash = weights_hash(_loader_view(generator))
+        t0 = time.perf_counter()
+        model, tokenizer = load_model(generator, device=device)
+        stats = GenerationStats()
+
+        def generate(count, round_, model=model, tokenizer=tokenizer):
+            part = GenerationStats()
+            rolled = generate_rollouts(
+                model, tokenizer=tokenizer, problems=source.draw(count, j, round_),
+                n_samples_per_prompt=n_samples_per_prompt, turns=turns,
+                follow_up=follow_up, max_new_tokens=max_new_tokens,
+                temperature=temperature, seed=seed + j + 7919 * round_, progress=False,
+                stats=part, rollout_log_probs=True, reward=reward_fn,
+                group_reward=group_reward, reward_args=args, **chat)
+            stats.generated_tokens += part.generated_tokens
+            return rolled
+
+        rollouts, sampling = collect_groups(
+            generate, batch_size=batch, n_samples_per_prompt=n_samples_per_prompt,
+            over_sampling_batch_size=over, group_filter=group_filter, args=args)
+        del model
+        it_dir = out / f"iter{j:02d}"
+        it_dir.mkdir(parents=True, exist_ok=True)
+        write_trace(rollouts, it_dir / "rollouts.jsonl", extra=True)
+        trainer.put(j, rollouts)  # the trainer takes it when it is done with the one before
+        generated[j] = dict(rollouts=rollouts, sampling=sampling, stats=stats,
+                            generator=generator, gen_hash=gen_hash,
+                            gen_s=time.perf_counter() - t0, cursor=source.cursor)
+
     bar = None
     if progress:
         from tqdm.auto import tqdm
 
-        bar = tqdm(total=iterations, desc="RL loop", unit="iteration")
+        bar = tqdm(total=iterations, desc=f"RL loop ({mode})", unit="iteration")
     try:
         for k in range(iterations):
             it_dir = out / f"iter{k:02d}"
@@ -272,92 +338,96 @@ def rl_loop(config, prompts, *, iterations: int = 2, out_dir, n_samples_per_prom
                 source.cursor = rec["iteration"].get("prompt_cursor", 0)
                 records.append(rec["iteration"])
                 step_rows += rec["steps"]
-                generator = Path(rec["iteration"]["export"])
-                exports.append(generator)
+                exports.append(Path(rec["iteration"]["export"]))
+                last_steps[k] = int(rec["iteration"]["last_step"])
                 if bar is not None:
                     bar.update(1)
                 continue
-            it_dir.mkdir(parents=True, exist_ok=True)
-            gen_hash = weights_hash(_loader_view(generator))
-            # 1. generate with the current weights (reloaded from the last export)
-            t0 = time.perf_counter()
-            model, tokenizer = load_model(generator, device=device)
-            stats = GenerationStats()
-
-            def generate(count, round_, k=k, model=model, tokenizer=tokenizer, stats=stats):
-                part = GenerationStats()
-                out = generate_rollouts(
-                    model, tokenizer=tokenizer, problems=source.draw(count, k, round_),
-                    n_samples_per_prompt=n_samples_per_prompt, turns=turns,
-                    follow_up=follow_up, max_new_tokens=max_new_tokens,
-                    temperature=temperature, seed=seed + k + 7919 * round_, progress=False,
-                    stats=part, rollout_log_probs=True, reward=reward_fn,
-                    group_reward=group_reward, reward_args=args, **chat)
-                stats.generated_tokens += part.generated_tokens
-                return out
-
-            rollouts, sampling = collect_groups(
-                generate, batch_size=batch, n_samples_per_prompt=n_samples_per_prompt,
-                over_sampling_batch_size=over, group_filter=group_filter, args=args)
-            del model
-            gen_s = time.perf_counter() - t0
-            write_trace(rollouts, it_dir / "rollouts.jsonl", extra=True)
-            # 2. score: the engine's advantages from the rewards (TrainConfig.loss), in run
-            # 3. schedule and train from the generator's weights (= the trainer's so far)
-            n_steps = len(_steps_of(config, rollouts, resolved))
-            cfg = config.with_(path=str(generator), num_layers=None,
-                               n_samples_per_prompt=n_samples_per_prompt,
-                               save_params_at=(n_steps,), label=f"iteration {k}")
+            # 1. generate batch k (unless generated while batch k - 1 trained), and under
+            # async batch k + 1 too, from the weights before batch k: it generates while
+            # the trainer trains batch k
+            for j in range(k, min(k + lag, iterations - 1) + 1):
+                if j not in generated:
+                    generate_batch(j)
+            g = generated.pop(k)
+            rollouts, sampling, stats = g["rollouts"], g["sampling"], g["stats"]
+            # 2. score (the engine's advantages, TrainConfig.loss) and 3. train: the trainer's
+            # next steps, the same model and optimizer
             t1 = time.perf_counter()
-            result = run(cfg, rollouts, out_dir=it_dir / "train", progress=False,
-                         resume=resume and (it_dir / "train").is_dir())
+            trained_batch = trainer.wait(k)
             train_s = time.perf_counter() - t1
+            first, last = int(trained_batch["first_step"]), int(trained_batch["last_step"])
+            last_steps[k] = last
             # 4. export, and the sync check: the export as the loader reads it == the trainer's
             t2 = time.perf_counter()
-            _, trained = saved_weights(result.out_dir, n_steps)
-            export = result.export_hf(it_dir / "export", n_steps, overwrite=True)
+            trained = _read_params(trained_batch["params"])
+            export = export_hf(trained, resolve_model(trainer_cfg.model), it_dir / "export",
+                               overwrite=True)
             exported = _loader_view(export)
             export_s = time.perf_counter() - t2
-            steps = result.steps
-            metrics = {m: float(np.mean(steps[m])) for m in STEP_METRICS if m in steps}
+            step_records = trained_batch["records"]
+            metrics = {m: float(np.mean([r[m] for r in step_records]))
+                       for m in STEP_METRICS if step_records and m in step_records[0]}
+            # the generator's weights: after the trainer's step `born` (0: the initial ones)
+            source_batch = k - 1 - lag
+            born = 0 if source_batch < 0 else last_steps[source_batch]
             rec = {
-                "iteration": k, "generator_hash": gen_hash,
+                "iteration": k, "mode": mode, "generator_hash": g["gen_hash"],
                 "trained_hash": weights_hash(exported),
                 "sync_exact": _sync_exact(trained, exported),
                 "reward_mean": float(np.mean(rollouts.extra["reward"])),
                 "response_len_mean": float(np.mean(rollouts.response_len)),
                 "response_len_max": int(np.max(rollouts.response_len)),
                 "rollouts": int(rollouts.num_rollouts), "samples": int(len(rollouts)),
-                "steps": int(len(steps)),
-                "samples_per_step": [int(x) for x in steps["samples"]],
+                "steps": len(step_records), "first_step": first, "last_step": last,
+                "samples_per_step": [int(r["samples"]) for r in step_records],
+                # rollout batches trained between the generator's weights and this batch's
+                "policy_lag_batches": min(lag, k),
                 **metrics,
-                "generate_s": gen_s, "train_s": train_s, "export_s": export_s,
+                # train_s: how long the loop waited for the trainer (sync: the batch's
+                # training; async: what generating the next batch did not hide); trainer_s:
+                # the trainer's own time on the batch (its log-prob pass and steps)
+                "generate_s": g["gen_s"], "train_s": train_s,
+                "trainer_s": float(sum(r.get("step_time_s", 0.0) + r.get("log_prob_pass_s", 0.0)
+                                       for r in step_records)),
+                "export_s": export_s,
                 "generated_tokens": int(stats.generated_tokens),
-                **sampling.as_dict(), "prompt_cursor": source.cursor,
-                "zero_advantages": _all_advantages_zero(cfg, rollouts),
-                "generator": str(generator), "export": str(export),
+                **sampling.as_dict(), "prompt_cursor": g["cursor"],
+                "zero_advantages": _all_advantages_zero(trainer_cfg, rollouts),
+                "generator": str(g["generator"]), "export": str(export),
             }
-            rows = [{"iteration": k, "step": int(s.step), "policy_lag": int(s.step) - 1,
-                     "samples": int(s.samples), "generator_hash": gen_hash,
-                     **{m: float(getattr(s, m)) for m in STEP_METRICS if m in steps}}
-                    for s in steps.itertuples()]
+            rows = [{"iteration": k, "step": int(r["step"]),
+                     "policy_lag": int(r["step"]) - 1 - born,
+                     "samples": int(r["samples"]), "generator_hash": g["gen_hash"],
+                     **{m: float(r[m]) for m in STEP_METRICS if m in r}}
+                    for r in step_records]
             tmp = done.with_suffix(".tmp")
             tmp.write_text(json.dumps({"iteration": rec, "steps": rows}, indent=1))
             tmp.rename(done)  # the iteration is finished once its record exists
             records.append(rec)
             step_rows += rows
-            # 5. the next iteration's generator is this export
-            generator = export
-            exports.append(export)
+            exports.append(export)  # 5. the weights the next batches generate with
             if bar is not None:
                 bar.update(1)
                 bar.set_postfix(reward=f"{rec['reward_mean']:.2f}")
+        trainer.close()
+    except BaseException:
+        trainer.abort()
+        raise
     finally:
         if bar is not None:
             bar.close()
     _warn_idle(records)
     return RLLoopResult(iterations=pd.DataFrame(records), steps=pd.DataFrame(step_rows),
                         exports=exports, out_dir=out)
+
+
+def _read_params(path) -> dict:
+    """A fed batch's weights (``params_stepN.pt``, rank 0's views: one tensor each here)."""
+    import torch
+
+    state = torch.load(path, map_location="cpu", weights_only=True)
+    return {k: v.clone() for k, v in state.items()}
 
 
 def _all_advantages_zero(cfg, rollouts) -> bool:
@@ -389,10 +459,3 @@ def _warn_idle(records: list[dict]) -> None:
         warnings.warn(f"rl_loop: {len(still)} of {n} iterations left the weights unchanged "
                       f"(iterations {still}: trained hash == generator hash): the loop did not "
                       "learn there", UserWarning, stacklevel=3)
-
-
-def _steps_of(config, rollouts, resolved) -> list:
-    """The steps the schedule makes of one rollout batch (what the run will train)."""
-    from varbatch_kit.core.build import build_schedule
-
-    return build_schedule(rollouts, config.schedule, model=resolved.shape).steps

@@ -48,7 +48,8 @@ import numpy as np
 from varbatch_kit.train.runs.step_log import fsync_dir, write_synced
 
 __all__ = ["FORMAT", "MAY_CHANGE", "CheckpointError", "check_resumable", "checkpoint_dirs",
-           "fingerprint", "latest_checkpoint", "load_checkpoint", "prune", "save_checkpoint"]
+           "fed_fingerprint", "fingerprint", "latest_checkpoint", "load_checkpoint", "prune",
+           "save_checkpoint"]
 
 FORMAT = "varbatch-checkpoint-1"
 FILES = ("model.pt", "optimizer.pt", "state.pt")
@@ -121,6 +122,14 @@ def fingerprint(cfg, rollouts, steps) -> dict[str, Any]:
     return {"config": _config_fields(cfg), "rollouts": rollouts_hash(rollouts),
             "num_rollouts": int(rollouts.num_rollouts), "num_samples": int(rollouts.num_samples),
             "steps": plan.hexdigest(), "num_steps": len(steps)}
+
+
+def fed_fingerprint(cfg) -> dict[str, Any]:
+    """:func:`fingerprint` of a job fed its rollout batches one by one
+    (:mod:`~varbatch_kit.train.runs.rollout_feed`): the configuration only (the batches are
+    read again from the feed folder on resume)."""
+    return {"config": _config_fields(cfg), "rollouts": "rollout feed", "num_rollouts": 0,
+            "num_samples": 0, "steps": "rollout feed", "num_steps": 0}
 
 
 def check_resumable(saved: dict, current: dict, where: Path) -> None:

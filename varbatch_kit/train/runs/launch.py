@@ -57,6 +57,7 @@ from varbatch_kit.train.runs.results import Run, load_run
 from varbatch_kit.train.runs.step_log import read_records, truncate_to_step
 from varbatch_kit.train.runs.supervise import (
     FAILED_RANK_EXIT_DELAY_S,
+    TrainingError,
     TrainingTimeout,
     _alive,
     ended_ranks,
@@ -251,9 +252,11 @@ def _torchrun_failure(cfg: TrainConfig, log_text: str, *, traceback: bool = Fals
 
 def write_job(job_dir: Path, plans: list[PlannedRun], rollouts: Rollouts, device: str,
               out_dirs: list[Path], *, resume_from: list | None = None,
-              fingerprints: list | None = None) -> Path:
+              fingerprints: list | None = None, feed=None) -> Path:
     """``job_dir/job.pkl`` for the workers: the configs, their resolved models and the
-    steps of their schedules (built once, by :func:`~varbatch_kit.train.runs.plan.plan_runs`)."""
+    steps of their schedules (built once, by :func:`~varbatch_kit.train.runs.plan.plan_runs`);
+    ``feed``: the :class:`~varbatch_kit.train.runs.rollout_feed.RolloutFeed` of a job that
+    stays up across rollout batches."""
     from varbatch_kit.train.runs.worker import Job
 
     if job_dir.exists():  # pids and errors of an earlier (killed) launch must not count
@@ -261,7 +264,7 @@ def write_job(job_dir: Path, plans: list[PlannedRun], rollouts: Rollouts, device
     job_dir.mkdir(parents=True, exist_ok=True)
     job = Job([p.config for p in plans], [p.model for p in plans], [p.steps for p in plans],
               [p.log_prob_steps for p in plans], rollouts, [str(d) for d in out_dirs], device,
-              resume_from=resume_from, fingerprints=fingerprints)
+              resume_from=resume_from, fingerprints=fingerprints, feed=feed)
     with open(job_dir / "job.pkl", "wb") as f:
         pickle.dump(job, f)
     return job_dir / "job.pkl"
@@ -323,13 +326,15 @@ def _start_agent(cmd: list[str], env: dict, job_dir: Path, log_path: Path, devic
 def _launch(plans: list[PlannedRun], rollouts: Rollouts, device: str, job_dir: Path,
             out_dirs: list[Path], progress: bool, *,
             resume_from: list | None = None, fingerprints: list | None = None,
-            done_steps: list[int] | None = None) -> float:
-    """One torchrun for ``plans`` (same world size); returns its wall time."""
+            done_steps: list[int] | None = None, feed=None, abort=None) -> float:
+    """One torchrun for ``plans`` (same world size); returns its wall time. ``feed``: see
+    :func:`write_job`; ``abort``: a ``threading.Event`` that, once set, kills the job (a
+    launch in a thread of its own) and raises :class:`TrainingError`."""
     configs = [p.config for p in plans]
     planned = [p.num_steps for p in plans]
     c0 = configs[0]
     write_job(job_dir, plans, rollouts, device, out_dirs, resume_from=resume_from,
-              fingerprints=fingerprints)
+              fingerprints=fingerprints, feed=feed)
     cmd, env = _torchrun_command(c0, job_dir, fingerprints, device)
     timeout = sum(c.run.timeout_s for c in configs) + (
         c0.nodes.rdzv_timeout_s if c0.nodes.nnodes > 1 else 0)
@@ -396,6 +401,10 @@ def _launch(plans: list[PlannedRun], rollouts: Rollouts, device: str, job_dir: P
                                    f"torchrun exited 0 but runs did not finish: {missing}")
                 follow_reports()
                 break
+            if abort is not None and abort.is_set():
+                kill_job(proc, job_dir)
+                raise TrainingError("the launch was aborted by its caller; workers killed",
+                                    job_dir=job_dir)
             now = time.monotonic()
             late = _unreported_exits(job_dir, out_dirs, ended, now)
             if late:

@@ -66,6 +66,9 @@ class Job:
     # fingerprint every checkpoint of it records (see train/runs/checkpoint.py)
     resume_from: list | None = None
     fingerprints: list | None = None
+    # a training job kept up across rollout batches (one config): where its batches arrive
+    # (train/runs/rollout_feed.py; None: the rollouts above are all it trains)
+    feed: object | None = None
 
 
 # --------------------------------------------------------------------------- one run
@@ -77,9 +80,28 @@ def _at_point(at, number: int, point: str) -> None:
     at(point, number)
 
 
+def _segments(steps, log_prob_steps, rollouts, feed, rank: int, out_dir: Path):
+    """The parts a run trains one after the other: ``(index, rollouts, steps,
+    log_prob_steps)``. Without a feed, one: the job's. With one, the rollout batches of
+    ``feed`` (:class:`~varbatch_kit.train.runs.rollout_feed.RolloutFeed`) as they arrive, until
+    its stop; while waiting, rank 0 touches ``meta.json`` (the launcher's sign of life)."""
+    if feed is None:
+        yield 0, rollouts, steps, log_prob_steps
+        return
+
+    def alive() -> None:
+        if rank == 0:
+            os.utime(out_dir / "meta.json")
+
+    k = 0
+    while (batch := feed.next_batch(k, wait=alive)) is not None:
+        yield k, batch.rollouts, batch.steps, batch.log_prob_steps
+        k += 1
+
+
 def train(cfg: TrainConfig, model_spec, steps: list, log_prob_steps: list, rollouts: Rollouts,
           out_dir: Path, device: torch.device, *, resume_from: str | None = None,
-          fingerprint: dict | None = None) -> None:
+          fingerprint: dict | None = None, feed=None) -> None:
     """Train ``cfg`` on ``rollouts`` over ``steps``; rank 0 writes ``out_dir/steps.jsonl``.
 
     ``model_spec``: the :class:`~varbatch_kit.train.config.model_config.ResolvedModel`;
@@ -90,6 +112,15 @@ def train(cfg: TrainConfig, model_spec, steps: list, log_prob_steps: list, rollo
     rank 0's full state; the launcher has truncated the step log to its
     step). With ``cfg.checkpoint.save_every`` rank 0 writes a checkpoint after
     every N-th step (:mod:`varbatch_kit.train.runs.checkpoint`), recording ``fingerprint``.
+
+    ``feed`` (a :class:`~varbatch_kit.train.runs.rollout_feed.RolloutFeed`): the job stays up
+    across rollout batches that arrive one by one (the RL loop's trainer,
+    :mod:`~varbatch_kit.train.runs.loop_trainer`); ``rollouts`` / ``steps`` are the first
+    batch's (its longest sample sets ``max_seq_len`` unless the config does). Each batch's
+    steps go on numbering from the last one, one model, optimizer and LR schedule (over
+    ``feed.horizon``); after a batch's last step its weights are saved
+    (``params_stepN.pt``) and rank 0 marks it done. A resumed job reads the batches again
+    from the first and trains only the steps after its checkpoint.
     """
     from megatron.core.distributed import (
         DistributedDataParallel,
@@ -124,10 +155,6 @@ def train(cfg: TrainConfig, model_spec, steps: list, log_prob_steps: list, rollo
     opt, faults = cfg.optim, cfg.faults
     layout = cfg.layout  # the run's parallel layout, built once: every builder and step take it
 
-    # the tokens and advantages: the rollouts' own (Rollouts.extra tokens/reward/advantage),
-    # else the toy task's (train/data/rollout_data.py)
-    data = make_training_data(rollouts, vocab_size=model_spec.vocab_size, seed=cfg.data.seed,
-                              data=cfg.data, loss=cfg.loss)
     max_seq_len = cfg.model.max_seq_len or int(rollouts.total_len.max())
 
     # model, DDP over all dp*cp ranks, optimizer, LR schedule — identical init on every rank
@@ -187,8 +214,11 @@ def train(cfg: TrainConfig, model_spec, steps: list, log_prob_steps: list, rollo
 
         route_embedding_grads(ddp)
     unit = cfg.lr_increment_unit()
-    increments = [s.num_rollouts if unit == "rollouts" else s.num_samples for s in steps]
-    horizon = max(sum(increments), 1)
+
+    def increments_of(part: list) -> list[int]:  # the LR schedule's increment of each step
+        return [s.num_rollouts if unit == "rollouts" else s.num_samples for s in part]
+
+    horizon = max(feed.horizon if feed is not None else sum(increments_of(steps)), 1)
     scheduler = OptimizerParamScheduler(
         optimizer, init_lr=0.0, max_lr=opt.lr, min_lr=opt.min_lr,
         lr_warmup_steps=int(opt.lr_warmup_fraction * horizon), lr_decay_steps=horizon,
@@ -204,22 +234,6 @@ def train(cfg: TrainConfig, model_spec, steps: list, log_prob_steps: list, rollo
                                   stage=layout.coords(rank).pp_rank if stage else None,
                                   tp_rank=layout.coords(rank).tp_rank, tp=layout.tp)
         load_s = time.perf_counter() - t_load
-    # rollout batches of data.num_steps_per_rollout steps: before the first step of each, the
-    # log-prob pass, the advantages and the rollout log-probs (train/step/policy_inputs.py)
-    batches = RolloutBatches(len(log_prob_steps), cfg.data.num_steps_per_rollout)
-    inputs, inputs_of, pass_s = None, None, 0.0
-
-    def inputs_for(number: int):
-        nonlocal inputs, inputs_of, pass_s
-        k = batches.index(number)
-        if inputs_of != k:
-            t_pass = time.perf_counter()
-            inputs = prepare_policy_inputs(
-                layout, cfg.loss, cfg.data, model, gpt, batches.steps(log_prob_steps, k),
-                rollouts, data, device, out_dir, rollout_batch=k, initial_state=initial,
-                resumed=not batches.starts(number) and resume_from is not None)
-            inputs_of, pass_s = k, time.perf_counter() - t_pass
-        return inputs
     kill = faults.kill_point() if rank == faults.fail_rank else None
     current = {"step": 0}
     if kill is not None and kill[0] == "mid_step":
@@ -233,6 +247,14 @@ def train(cfg: TrainConfig, model_spec, steps: list, log_prob_steps: list, rollo
             kill_self()
 
     emulated = layout.cp > 1 and layout.cp_impl == "emulated"
+
+    def training_data(part_rollouts):
+        # the tokens and advantages: the rollouts' own (Rollouts.extra tokens/reward/
+        # advantage), else the toy task's (train/data/rollout_data.py)
+        return make_training_data(part_rollouts, vocab_size=model_spec.vocab_size,
+                                  seed=cfg.data.seed, data=cfg.data, loss=cfg.loss)
+
+    first_data = training_data(rollouts) if rollouts is not None else None
     if rank == 0:
         out_dir.mkdir(parents=True, exist_ok=True)
         meta = {
@@ -243,89 +265,164 @@ def train(cfg: TrainConfig, model_spec, steps: list, log_prob_steps: list, rollo
             # the model, for `varbatch-kit export RUN_DIR` (train/runs/run_export.py)
             "model": {"path": model_spec.path, "num_layers": model_spec.num_layers},
             "parameters": full_parameter_count(gpt, layout.tp),  # the whole model's, at any tp
-            "max_seq_len": max_seq_len, "num_steps": len(steps), "lr_increment": unit,
-            "data": data.source, "rollout_log_probs": data.rollout_log_probs is not None,
-            "metrics": list(report_keys(cfg.loss, data.rollout_log_probs is not None)),
-            "steps_per_rollout_batch": batches.per_batch,
+            "max_seq_len": max_seq_len, "lr_increment": unit,
+            # a fed job learns its batches one by one: no step count ahead
+            "num_steps": None if feed is not None else len(steps),
+            "rollout_feed": None if feed is None else feed.folder,
+            "data": first_data.source,
+            "rollout_log_probs": first_data.rollout_log_probs is not None,
+            "metrics": list(report_keys(cfg.loss, first_data.rollout_log_probs is not None)),
+            "steps_per_rollout_batch": None if feed is not None else RolloutBatches(
+                len(log_prob_steps), cfg.data.num_steps_per_rollout).per_batch,
             "torch": torch.__version__, "resumed_from_step": start if resume_from else None,
             "checkpoint_load_s": load_s,
         }
         write_atomic(out_dir / "meta.json", json.dumps(meta, indent=1).encode())
-    if layout.cp > 1 and layout.cp_impl == "allgather":  # every CP group the steps use, made once
-        from varbatch_kit.train.parallel.cp_groups import cp_groups_for_run
+    # the parts trained one after the other (one, or a feed's rollout batches); the step
+    # numbers, the LR schedule's count and the rollout batches' numbers run on across them
+    offset, batch_offset = 0, 0
+    totals = {"rollouts": 0, "samples": 0}  # consumed by the parts before this one
+    for part, part_rollouts, part_steps, part_lp_steps in _segments(
+            steps, log_prob_steps, rollouts, feed, rank, out_dir):
+        data = first_data if part == 0 and first_data is not None else training_data(
+            part_rollouts)
+        # rollout batches of data.num_steps_per_rollout steps (a fed batch: one): before the
+        # first step of each, the log-prob pass, the advantages and the rollout log-probs
+        # (train/step/policy_inputs.py)
+        batches = RolloutBatches(len(part_lp_steps),
+                                 None if feed is not None else cfg.data.num_steps_per_rollout)
+        if offset + len(part_steps) > start and layout.cp > 1 and layout.cp_impl == "allgather":
+            # every CP group the steps use, made once
+            from varbatch_kit.train.parallel.cp_groups import cp_groups_for_run
 
-        cp_groups_for_run(layout, [*steps, *log_prob_steps])
-    for number, step in enumerate(steps, start=1):
-        if number <= start:
-            continue  # trained before the checkpoint
-        current["step"] = number
-        if faults.fail_at_step == number and rank == faults.fail_rank:
-            raise RuntimeError(f"fail_at_step={number}: rank {rank} raises on purpose (debug hook)")
-        if faults.hang_at_step == number and rank == faults.fail_rank:
-            while True:  # debug hook: a rank that hangs (the launcher's step timeout fires)
-                time.sleep(1)
-        at("before_step", number)
-        # the saved gradient: the saver's TP group gathers it; under the distributed optimizer
-        # every rank first gathers the reduced shards of its pool (a collective of all ranks)
-        grads = {} if number in cfg.run.save_grads_at and (saver or opt.distributed) else None
-        # each rank's peak memory over the step (CUDA: the allocator's; CPU under
-        # run.track_memory: live tensor bytes, train/step/peak_memory.py)
-        inputs = inputs_for(number)  # the rollout batch's log-prob pass, before the watch
-        with memory_watch(device, cfg.run.track_memory, ddp, optimizer) as memory:
-            record = train_step(layout, cfg.loss, faults, mode, model, optimizer, step,
-                                rollouts, data, inputs, device, run_name=cfg.name,
-                                grads_out=grads)
-        record.update(memory.gathered())
-        # the rollout batch's log-prob pass (and advantages) ran before this step: its time
-        record["log_prob_pass_s"] = pass_s if batches.starts(number) else 0.0
-        at("after_step", number)
-        record["lr"] = _lr_of(optimizer)  # the LR this step's update used
-        scheduler.step(increment=increments[number - 1])  # rollouts or samples of this step
-        consumed += increments[number - 1]
-        record.update(step=number, lr_increment=increments[number - 1], lr_consumed=consumed,
-                      lr_next=_lr_of(optimizer))
-        every = cfg.checkpoint.save_every
-        params = shards = optim_state = None
-        if every and number % every == 0 and (stage is not None or layout.tp > 1):
-            # each pipeline stage's and TP rank's model and optimizer shard, to rank 0
-            from varbatch_kit.train.runs.run_state import gather_model_shards
+            cp_groups_for_run(layout, [*part_steps, *part_lp_steps])  # a resumed job: the
+            # parts its checkpoint holds make none
+        save_params = set(cfg.run.save_params_at)
+        if feed is not None and part_steps:
+            save_params.add(offset + len(part_steps))  # a fed batch's weights: its last step
+        increments = increments_of(part_steps)
+        inputs, inputs_of, pass_s = None, None, 0.0
 
-            shards = gather_model_shards(gpt, optimizer, layout)
-        elif every and number % every == 0 and opt.distributed:
-            # the distributed optimizer's shards, gathered to rank 0 (a collective)
-            from varbatch_kit.train.runs.run_state import optimizer_state
+        def inputs_for(local: int, part_rollouts=part_rollouts, data=data, batches=batches,
+                       part_lp_steps=part_lp_steps, batch_offset=batch_offset):
+            nonlocal inputs, inputs_of, pass_s
+            k = batch_offset + batches.index(local)  # the rollout batch's number in the run
+            if inputs_of != k:
+                t_pass = time.perf_counter()
+                inputs = prepare_policy_inputs(
+                    layout, cfg.loss, cfg.data, model, gpt,
+                    batches.steps(part_lp_steps, batches.index(local)), part_rollouts, data,
+                    device, out_dir, rollout_batch=k, initial_state=initial,
+                    resumed=not batches.starts(local) and resume_from is not None)
+                inputs_of, pass_s = k, time.perf_counter() - t_pass
+            return inputs
 
-            optim_state = optimizer_state(optimizer)
-        if stage is not None:  # pp: the stages' parts, gathered to rank 0 (collectives)
-            from varbatch_kit.train.model.pipeline_stages import gather_full_params, gather_grads
+        for local, step in enumerate(part_steps, start=1):
+            number = offset + local
+            if number <= start:
+                continue  # trained before the checkpoint
+            current["step"] = number
+            if faults.fail_at_step == number and rank == faults.fail_rank:
+                raise RuntimeError(
+                    f"fail_at_step={number}: rank {rank} raises on purpose (debug hook)")
+            if faults.hang_at_step == number and rank == faults.fail_rank:
+                while True:  # debug hook: a rank that hangs (the launcher's step timeout fires)
+                    time.sleep(1)
+            at("before_step", number)
+            # the saved gradient: the saver's TP group gathers it; under the distributed
+            # optimizer every rank first gathers the reduced shards of its pool (a collective)
+            grads = ({} if number in cfg.run.save_grads_at and (saver or opt.distributed)
+                     else None)
+            # each rank's peak memory over the step (CUDA: the allocator's; CPU under
+            # run.track_memory: live tensor bytes, train/step/peak_memory.py)
+            inputs = inputs_for(local)  # the rollout batch's log-prob pass, before the watch
+            with memory_watch(device, cfg.run.track_memory, ddp, optimizer) as memory:
+                record = train_step(layout, cfg.loss, faults, mode, model, optimizer, step,
+                                    part_rollouts, data, inputs, device, run_name=cfg.name,
+                                    grads_out=grads)
+            record.update(memory.gathered())
+            # the rollout batch's log-prob pass (and advantages) ran before this step: its time
+            record["log_prob_pass_s"] = pass_s if batches.starts(local) else 0.0
+            at("after_step", number)
+            record["lr"] = _lr_of(optimizer)  # the LR this step's update used
+            scheduler.step(increment=increments[local - 1])  # rollouts or samples of the step
+            consumed += increments[local - 1]
+            record.update(step=number, lr_increment=increments[local - 1],
+                          lr_consumed=consumed, lr_next=_lr_of(optimizer))
+            if feed is not None:
+                record["rollout_batch"] = part
+            every = cfg.checkpoint.save_every
+            params = shards = optim_state = None
+            if every and number % every == 0 and (stage is not None or layout.tp > 1):
+                # each pipeline stage's and TP rank's model and optimizer shard, to rank 0
+                from varbatch_kit.train.runs.run_state import gather_model_shards
 
-            if number in cfg.run.save_params_at:
-                params = gather_full_params(stage, layout)
-            if grads is not None:
-                grads = gather_grads(grads, layout)
-        elif number in cfg.run.save_params_at and saver:
-            # the full tensors under tp 1's names (a collective over rank 0's TP group)
-            params = gather_full_parameters(gpt, copy=False)  # saved before the next update
-        if rank == 0:
-            if number in cfg.run.save_params_at:
-                save_tensors(params, out_dir / f"params_step{number}.pt")
-            if grads is not None:
-                save_tensors(grads, out_dir / f"grads_step{number}.pt")
-            # one whole line per step, one write + fsync (train/runs/step_log.py)
-            append_record(out_dir / "steps.jsonl", _ordered(record, cfg, device))
-            if every and number % every == 0:
-                done = steps[:number]
-                counters = {"step": number, "lr_consumed": consumed,
-                            "rollouts_consumed": int(sum(s.num_rollouts for s in done)),
-                            "samples_consumed": int(sum(s.num_samples for s in done))}
-                save(cfg, out_dir, counters, gpt, optimizer, scheduler, fingerprint,
-                     hook=partial(_at_point, at, number), shards=shards,
-                     optim_state=optim_state)
-                at("after_ckpt", number)
-        if cfg.checkpoint.save_every and number % cfg.checkpoint.save_every == 0:
-            # no rank starts the next step before rank 0's checkpoint is complete: a rank that
-            # fails early in the next step must not cut the checkpoint short (whatever the load)
-            dist.barrier()
+                shards = gather_model_shards(gpt, optimizer, layout)
+            elif every and number % every == 0 and opt.distributed:
+                # the distributed optimizer's shards, gathered to rank 0 (a collective)
+                from varbatch_kit.train.runs.run_state import optimizer_state
+
+                optim_state = optimizer_state(optimizer)
+            if stage is not None:  # pp: the stages' parts, gathered to rank 0 (collectives)
+                from varbatch_kit.train.model.pipeline_stages import (
+                    gather_full_params,
+                    gather_grads,
+                )
+
+                if number in save_params:
+                    params = gather_full_params(stage, layout)
+                if grads is not None:
+                    grads = gather_grads(grads, layout)
+            elif number in save_params and saver:
+                # the full tensors under tp 1's names (a collective over rank 0's TP group)
+                params = gather_full_parameters(gpt, copy=False)  # saved before the update
+            if rank == 0:
+                if number in save_params:
+                    save_tensors(params, out_dir / f"params_step{number}.pt")
+                if grads is not None:
+                    save_tensors(grads, out_dir / f"grads_step{number}.pt")
+                # one whole line per step, one write + fsync (train/runs/step_log.py)
+                append_record(out_dir / "steps.jsonl", _ordered(record, cfg, device))
+                if every and number % every == 0:
+                    done = part_steps[:local]
+                    counters = {
+                        "step": number, "lr_consumed": consumed,
+                        "rollouts_consumed": totals["rollouts"] + int(
+                            sum(s.num_rollouts for s in done)),
+                        "samples_consumed": totals["samples"] + int(
+                            sum(s.num_samples for s in done))}
+                    save(cfg, out_dir, counters, gpt, optimizer, scheduler, fingerprint,
+                         hook=partial(_at_point, at, number), shards=shards,
+                         optim_state=optim_state)
+                    at("after_ckpt", number)
+            if cfg.checkpoint.save_every and number % cfg.checkpoint.save_every == 0:
+                # no rank starts the next step before rank 0's checkpoint is complete: a rank
+                # that fails early in the next step must not cut the checkpoint short
+                dist.barrier()
+        for s in part_steps:
+            totals["rollouts"] += int(s.num_rollouts)
+            totals["samples"] += int(s.num_samples)
+        offset += len(part_steps)
+        batch_offset += 1  # a fed batch is one rollout batch (without a feed: the only part)
+        if feed is not None:
+            last = offset
+            saved = out_dir / f"params_step{last}.pt"
+            if part_steps and last <= start and not saved.is_file():
+                # resumed at this batch's very end: its weights are the checkpoint's (every
+                # rank sees the same folder: the collectives below run on all or none)
+                params = None
+                if stage is not None:
+                    from varbatch_kit.train.model.pipeline_stages import gather_full_params
+
+                    params = gather_full_params(stage, layout)
+                elif saver:
+                    params = gather_full_parameters(gpt, copy=False)
+                if rank == 0:
+                    save_tensors(params, saved)
+            dist.barrier()  # every rank done with the batch before it is marked done
+            if rank == 0:
+                feed.mark_done(part, {"first_step": last - len(part_steps) + 1,
+                                      "last_step": last, "params": str(saved)})
     dist.barrier()
     if rank == 0:
         (out_dir / "done").write_text("ok\n")
@@ -429,7 +526,7 @@ def main(argv: list[str] | None = None) -> int:
             current = cfg.name
             use_layout(cfg.layout)  # megatron's tp / pp / vpp sizes of this run
             train(cfg, spec, steps, lp_steps, job.rollouts, Path(out), device, resume_from=ckpt,
-                  fingerprint=fp)
+                  fingerprint=fp, feed=job.feed)
     except BaseException:  # noqa: BLE001 - any failure must reach the launcher, then exit
         _write_error(job_dir, rank, f"rank {rank} failed in {current!r}:\n{traceback.format_exc()}")
         sys.stdout.flush()
