@@ -15,7 +15,8 @@ from pathlib import Path
 
 __all__ = ["DATA_KINDS", "data_dir", "notebooks_dir"]
 
-#: the folders of ``data/``: model presets, rollout traces, recorded calibrations, slime runs
+#: the folders of ``data/``: model presets, rollout traces, recorded calibrations, recorded runs
+#: (slime dumps; the RL loop's learning run, ``runs/rl_loop_smollm2_cpu.json``)
 DATA_KINDS = ("models", "traces", "timing", "runs")
 
 

@@ -76,6 +76,7 @@ def test_wheel_carries_data_and_notebooks(wheel):
                    "varbatch_kit/data/traces/traces.json",
                    "varbatch_kit/data/timing/cpu_toy_calibration.json",
                    "varbatch_kit/data/runs/slime_debug/rollout_8.pt",
+                   "varbatch_kit/data/runs/rl_loop_smollm2_cpu.json",
                    "varbatch_kit/notebooks/01_packing_explorer.ipynb",
                    "varbatch_kit/notebooks/06_metric_report_invariance.ipynb",
                    "varbatch_kit/notebooks/03_dynamic_cp.ipynb",

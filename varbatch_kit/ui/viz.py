@@ -39,7 +39,8 @@ Pictures
   curves from a per-step report table.
 - :func:`rl_loop_figure` (data from :func:`varbatch_kit.train.rl_loop`): a closed RL
   loop's reward per iteration, staleness and ``ppo_kl`` per step, and the
-  train-vs-rollout log-prob difference.
+  train-vs-rollout log-prob difference; :func:`rl_learning_figure`: recorded loops' reward
+  curves with their intervals, sync against async (``benchmarks/rl_learning.py``).
 - :func:`cp_plan_figure` (its table :func:`cp_plan_table`): one
   step's context-parallel plan, world ranks x rounds, each micro-batch a block over
   its CP group coloured by its degree; fixed and dynamic CP alike.
@@ -58,7 +59,12 @@ Pictures
 from varbatch_kit.ui.figures.cp import cp_plan_figure, cp_plan_table
 from varbatch_kit.ui.figures.memory import memory_figure
 from varbatch_kit.ui.figures.policies import policy_figure, sweep_heatmap
-from varbatch_kit.ui.figures.reports import report_figure, rl_loop_figure, training_figure
+from varbatch_kit.ui.figures.reports import (
+    report_figure,
+    rl_learning_figure,
+    rl_loop_figure,
+    training_figure,
+)
 from varbatch_kit.ui.figures.run import run_quality_figure
 from varbatch_kit.ui.figures.schedule import (
     BALANCE_TRACE_NAMES,
@@ -96,6 +102,7 @@ __all__ = [
     "packing_traces",
     "policy_figure",
     "report_figure",
+    "rl_learning_figure",
     "rl_loop_figure",
     "run_quality_figure",
     "step_sizes_figure",

@@ -630,3 +630,37 @@ def test_figures_render_without_warnings_and_give_bars_colour_strings(caplog):
     assert not [rec.getMessage() for rec in caplog.records if rec.levelno >= logging.WARNING]
     for name, (js, _) in rendered.items():
         assert not _bars_with_numeric_colours(json.loads(js)), name
+
+
+def test_rl_learning_figure_draws_each_mode_with_its_interval():
+    from varbatch_kit.ui import viz
+
+    rows = [{"iteration": k, "reward_mean": 0.2 + 0.1 * k, "lo": 0.1 + 0.1 * k,
+             "hi": 0.4 + 0.1 * k} for k in range(3)]
+    record = {"modes": {"sync": {"iterations": rows, "wall_s": 600.0},
+                        "async": {"iterations": rows[:2], "wall_s": 420.0}}}
+    fig = viz.rl_learning_figure(record)
+    assert [t.name for t in fig.data] == ["sync (10.0 min)", "async (7.0 min)"]
+    sync = fig.data[0]
+    np.testing.assert_allclose(sync.error_y.array, [0.2, 0.2, 0.2])  # hi - mean
+    np.testing.assert_allclose(sync.error_y.arrayminus, [0.1, 0.1, 0.1])  # mean - lo
+    with pytest.raises(ValueError, match="no 'modes'"):
+        viz.rl_learning_figure({})
+    with pytest.raises(ValueError, match="reward_mean, lo and hi"):
+        viz.rl_learning_figure({"modes": {"sync": {"iterations": [{"iteration": 0}]}}})
+
+
+def test_the_recorded_learning_run_the_package_ships_draws():
+    """data/runs/rl_loop_smollm2_cpu.json (benchmarks/rl_learning.py --record) is what
+    notebook 07 plots: it holds both modes, every iteration with its interval."""
+    import json
+
+    from varbatch_kit.resources import data_dir
+    from varbatch_kit.ui import viz
+
+    record = json.loads(data_dir("runs").joinpath("rl_loop_smollm2_cpu.json").read_text())
+    assert set(record["modes"]) == {"sync", "async"}
+    for run in record["modes"].values():
+        assert len(run["iterations"]) >= 8
+        assert all(r["lo"] <= r["reward_mean"] <= r["hi"] for r in run["iterations"])
+    assert len(viz.rl_learning_figure(record).data) == 2

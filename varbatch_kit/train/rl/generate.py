@@ -73,6 +73,7 @@ __all__ = [
     "FOLLOW_UP",
     "GenerationStats",
     "SYSTEM_PROMPT",
+    "answer_and_format_reward",
     "arithmetic_problems",
     "exact_match_reward",
     "first_integer",
@@ -141,6 +142,27 @@ def exact_match_reward(response: str, answer: int) -> float:
     """1.0 when the first integer of ``response`` equals ``answer``, else 0.0."""
     value = first_integer(response)
     return float(value is not None and value == int(answer))
+
+
+#: a response that is one integer and nothing else (an optional final period, spaces)
+_BARE = re.compile(r"^\s*[-\u2212]?\d+\s*\.?\s*$")
+
+
+def answer_and_format_reward(args, sample, **kwargs) -> float:
+    """The arithmetic task's reward with a format term, slime's custom-RM signature
+    (``--custom-rm-path varbatch_kit.train.rl.generate.answer_and_format_reward``): 0.75 for
+    the right answer (:func:`exact_match_reward` on ``sample.response`` against
+    ``sample.label``) plus 0.25 when the response is the number alone, as the system prompt
+    asks. A denser signal than the exact match for a small model that is mostly wrong: the
+    format is learnt first (the learning benchmark, ``benchmarks/rl_learning.py``).
+
+    >>> from varbatch_kit.train.rl.task import Sample
+    >>> [answer_and_format_reward(None, Sample(0, 0, "", r, label=5))
+    ...  for r in ("5", "5.", "It is 5.", "4", "It is 4.")]
+    [1.0, 1.0, 0.75, 0.25, 0.0]
+    """
+    text = sample.response
+    return 0.75 * exact_match_reward(text, sample.label) + 0.25 * bool(_BARE.match(text))
 
 
 # --------------------------------------------------------------------------- the model

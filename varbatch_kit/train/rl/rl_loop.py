@@ -404,6 +404,8 @@ def rl_loop(config, prompts, *, iterations: int = 2, out_dir, n_samples_per_prom
             tmp = done.with_suffix(".tmp")
             tmp.write_text(json.dumps({"iteration": rec, "steps": rows}, indent=1))
             tmp.rename(done)  # the iteration is finished once its record exists
+            if last not in config.run.save_params_at:  # the export holds the same weights
+                Path(trained_batch["params"]).unlink(missing_ok=True)
             records.append(rec)
             step_rows += rows
             exports.append(export)  # 5. the weights the next batches generate with

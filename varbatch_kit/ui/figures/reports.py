@@ -210,3 +210,39 @@ def rl_loop_figure(iterations, steps, *, title: str | None = None) -> go.Figure:
     fig.update_layout(template=TEMPLATE, height=360, legend=LEGEND_BELOW,
                       title=title or "closed RL loop: reward and staleness")
     return fig
+
+
+def rl_learning_figure(record: dict, *, title: str | None = None) -> go.Figure:
+    """The reward curve of recorded RL loops, one line per mode (sync, async).
+
+    ``record``: what ``benchmarks/rl_learning.py`` writes (``{"modes": {mode: {"iterations":
+    [{"iteration", "reward_mean", "lo", "hi"}, ...], "wall_s"}}}``; the package ships one run as
+    ``data/runs/rl_loop_smollm2_cpu.json``). Each point is an iteration's mean reward over its
+    prompt groups with the 95 % interval as error bars; the legend gives each mode's wall time.
+    """
+    modes = record.get("modes") if isinstance(record, dict) else None
+    if not modes:
+        raise ValueError("record: no 'modes'; give the JSON benchmarks/rl_learning.py writes")
+    fig = go.Figure()
+    for k, (mode, run) in enumerate(modes.items()):
+        rows = run.get("iterations") or []
+        missing = [c for c in ("iteration", "reward_mean", "lo", "hi") if rows and c not in rows[0]]
+        if not rows or missing:
+            raise ValueError(f"record['modes'][{mode!r}]: no iterations with iteration, "
+                             "reward_mean, lo and hi")
+        x = [r["iteration"] for r in rows]
+        y = np.array([r["reward_mean"] for r in rows], dtype=float)
+        lo = np.array([r["lo"] for r in rows], dtype=float)
+        hi = np.array([r["hi"] for r in rows], dtype=float)
+        wall = run.get("wall_s")
+        name = mode + (f" ({wall / 60:.1f} min)" if wall else "")
+        fig.add_trace(go.Scatter(
+            x=x, y=y, mode="lines+markers", name=name,
+            marker_color=qualitative.D3[k % len(qualitative.D3)],
+            error_y=dict(type="data", symmetric=False, array=hi - y, arrayminus=y - lo),
+            hovertemplate="iteration %{x}: reward %{y:.3f}<extra>" + mode + "</extra>"))
+    fig.update_xaxes(title_text="iteration", dtick=1)
+    fig.update_yaxes(title_text="reward mean (95 % interval over prompt groups)")
+    fig.update_layout(template=TEMPLATE, height=380, legend=LEGEND_BELOW,
+                      title=title or "does the loop learn? reward per iteration")
+    return fig

@@ -94,3 +94,19 @@ def test_the_engine_turns_the_generated_rewards_into_grpo_advantages(tiny):
     # a group whose rollouts all earned the same reward teaches nothing
     same = ~np.isin(groups, varied)
     assert np.all([np.all(adv[i] == 0) for i in np.flatnonzero(same)])
+
+
+def test_the_format_reward_adds_a_quarter_for_the_number_alone():
+    """Hand-derived: 0.75 for the right answer, 0.25 for a response that is one integer
+    (a minus sign, a final period and spaces allowed), both for "5"."""
+    from varbatch_kit.train.rl.generate import answer_and_format_reward
+    from varbatch_kit.train.rl.task import Sample, load_function, score
+
+    cases = {"5": 1.0, " 5. ": 1.0, "It is 5.": 0.75, "5 apples": 0.75, "4": 0.25,
+             "-4": 0.25, "\u22124": 0.25, "4.5": 0.0, "It is 4.": 0.0, "": 0.0}
+    samples = [Sample(index=i, group_index=0, prompt="", response=r, label=5)
+               for i, r in enumerate(cases)]
+    assert score(answer_and_format_reward, None, samples) == list(cases.values())
+    # by slime's dotted path, as --custom-rm-path names it
+    fn = load_function("varbatch_kit.train.rl.generate.answer_and_format_reward")
+    assert fn is answer_and_format_reward
