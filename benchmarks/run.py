@@ -65,7 +65,7 @@ each writing ``build/bench/<name>.json``):
 - ``r`` **A loop that learns** (``benchmarks/rl_learning.py``): ``rl_loop`` with
   SmolLM2-135M-Instruct at full depth on single-digit arithmetic with a format reward, sync
   and async: the reward per iteration with its 95 % interval, whether the rise is resolved,
-  and async's wall time against sync's (about 30 minutes on a 2-core CPU).
+  and async's wall time against sync's (about 15 minutes on a 2-core CPU).
 
 Run ``python -m benchmarks.run`` (``--quick`` for a short run, ``--help``).
 The step-time model: H100, efficiency 0.45, 4 ms per micro-batch, pp 1.
