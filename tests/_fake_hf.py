@@ -56,6 +56,8 @@ TINY_HF = dict(vocab_size=96, hidden_size=48, intermediate_size=80, num_hidden_l
 #: one per feature of the mapping: llama3 rope (untied), q/k/v biases (tied), QK-norm with
 #: head_dim != hidden/heads (untied), Mistral (untied)
 TINY_FAMILIES = ["llama_rope3_untied", "qwen2_bias_tied", "qwen3_qknorm", "mistral_untied"]
+#: mixture-of-experts families (kept apart: the memory model refuses MoE shapes)
+TINY_MOE_FAMILIES = ["qwen3_moe"]
 
 
 def randomise_hf(model, seed: int) -> None:
@@ -87,11 +89,16 @@ def tiny_hf_checkpoint(family: str, out: Path) -> Path:
     elif family == "qwen3_qknorm":
         cfg = T.Qwen3Config(**TINY_HF, head_dim=12, tie_word_embeddings=False,
                             rope_parameters={"rope_type": "default", "rope_theta": 1e6})
+    elif family == "qwen3_moe":  # 4 experts, top 2, renormalised; QK-norm, untied
+        cfg = T.Qwen3MoeConfig(**TINY_HF, head_dim=12, tie_word_embeddings=False,
+                               num_experts=4, num_experts_per_tok=2, moe_intermediate_size=24,
+                               norm_topk_prob=True,
+                               rope_parameters={"rope_type": "default", "rope_theta": 1e6})
     elif family == "mistral_untied":
         cfg = T.MistralConfig(**TINY_HF, tie_word_embeddings=False, sliding_window=None,
                               rope_parameters={"rope_type": "default", "rope_theta": 1e4})
     else:
-        raise ValueError(f"family={family!r}; one of {TINY_FAMILIES}")
+        raise ValueError(f"family={family!r}; one of {TINY_FAMILIES + TINY_MOE_FAMILIES}")
     torch.manual_seed(0)
     model = T.AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
     randomise_hf(model, 1)

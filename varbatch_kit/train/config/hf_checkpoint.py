@@ -1,6 +1,7 @@
-"""A Hugging Face checkpoint read and checked, without torch: its ``config.json`` (Llama, Qwen2,
-Qwen3 or Mistral family; rope scaling), the safetensors headers (tensor -> file, shape) and
-the tensor names and shapes the family's config implies, as one :class:`HFModelSpec`.
+"""A Hugging Face checkpoint read and checked, without torch: its ``config.json`` (Llama,
+Qwen2, Qwen3, Mistral or Qwen3-MoE family; rope scaling), the safetensors headers (tensor ->
+file, shape) and the tensor names and shapes the family's config implies, as one
+:class:`HFModelSpec`.
 :mod:`~varbatch_kit.train.model.hf_import` maps the weights themselves into megatron-core.
 
 This module imports only the standard library (reading and validating a checkpoint needs
@@ -28,7 +29,10 @@ __all__ = [
 ]
 
 #: ``model_type`` of config.json -> family name used in messages
-SUPPORTED_FAMILIES = {"llama": "Llama", "qwen2": "Qwen2", "qwen3": "Qwen3", "mistral": "Mistral"}
+SUPPORTED_FAMILIES = {"llama": "Llama", "qwen2": "Qwen2", "qwen3": "Qwen3", "mistral": "Mistral",
+                      "qwen3_moe": "Qwen3-MoE"}
+#: the mixture-of-experts families (every layer's MLP a top-k routed set of SwiGLU experts)
+MOE_FAMILIES = ("qwen3_moe",)
 ROPE_TYPES = ("default", "linear", "llama3")
 _SUPPORTED = ", ".join(f"{v} (model_type={k!r})" for k, v in SUPPORTED_FAMILIES.items())
 
@@ -61,6 +65,17 @@ class HFModelSpec:
     sliding_window: int | None
     prefix: str
     tensors: Mapping[str, tuple[str, tuple[int, ...]]] = field(repr=False)
+    # a mixture-of-experts model (Qwen3-MoE): experts per layer (0: dense MLPs), experts per
+    # token, an expert's SwiGLU width, and whether the top-k router weights are renormalised
+    # to sum to 1 (``norm_topk_prob``; else the softmax over every expert, cut to the top k)
+    num_experts: int = 0
+    moe_router_topk: int = 0
+    moe_ffn_hidden_size: int = 0
+    moe_norm_topk_prob: bool = True
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
 
     @property
     def family(self) -> str:
@@ -152,8 +167,13 @@ def hf_tensor_names(spec: HFModelSpec, num_layers: int | None = None) -> list[st
         names += [lp + s for s in (
             "input_layernorm.weight", "post_attention_layernorm.weight",
             "self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight",
-            "self_attn.o_proj.weight",
-            "mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight")]
+            "self_attn.o_proj.weight")]
+        if spec.is_moe:  # the router, then each expert's SwiGLU
+            names.append(lp + "mlp.gate.weight")
+            names += [lp + f"mlp.experts.{e}.{w}_proj.weight"
+                      for e in range(spec.num_experts) for w in ("gate", "up", "down")]
+        else:
+            names += [lp + f"mlp.{w}_proj.weight" for w in ("gate", "up", "down")]
         if spec.qkv_bias:
             names += [lp + f"self_attn.{x}_proj.bias" for x in "qkv"]
         if spec.qk_norm:
@@ -175,6 +195,10 @@ def _expected_shapes(spec: HFModelSpec) -> dict[str, tuple[int, ...]]:
         "self_attn.q_norm.weight": (d,), "self_attn.k_norm.weight": (d,),
         "mlp.gate_proj.weight": (f, h), "mlp.up_proj.weight": (f, h),
         "mlp.down_proj.weight": (h, f),
+        "mlp.gate.weight": (spec.num_experts, h),
+        "mlp.experts.gate_proj.weight": (spec.moe_ffn_hidden_size, h),
+        "mlp.experts.up_proj.weight": (spec.moe_ffn_hidden_size, h),
+        "mlp.experts.down_proj.weight": (h, spec.moe_ffn_hidden_size),
     }
 
 
@@ -182,6 +206,8 @@ def _shape_key(name: str) -> str:
     parts = name.split(".")
     if "layers" in parts:
         parts = parts[parts.index("layers") + 2:]
+        if parts[:2] == ["mlp", "experts"]:  # mlp.experts.E.x_proj.weight: any expert E
+            parts = parts[:2] + parts[3:]
     elif parts[0] == "model":
         parts = parts[1:]
     return ".".join(parts)
@@ -244,9 +270,7 @@ def spec_from_config(p: Path, cfg: Mapping[str, Any],
             raise _fail(p, f"config.json lacks {key!r}")
         return cfg[key]
 
-    if cfg.get("num_experts") or cfg.get("num_local_experts") or cfg.get("n_routed_experts"):
-        raise _fail(p, "mixture-of-experts checkpoints are not supported (dense "
-                       f"{', '.join(SUPPORTED_FAMILIES.values())} only)")
+    moe = _moe_fields(p, cfg, model_type)
     act = cfg.get("hidden_act", "silu")
     if act != "silu":
         raise _fail(p, f"hidden_act={act!r}: only SwiGLU ('silu') MLPs are supported")
@@ -286,12 +310,41 @@ def spec_from_config(p: Path, cfg: Mapping[str, Any],
         rope_theta=theta, rope_type=rope_type, rope_parameters=rope_params,
         # transformers' Llama/Qwen2/Qwen3/Mistral configs default to untied embeddings
         tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-        qkv_bias=qkv_bias, qk_norm=model_type == "qwen3",
+        qkv_bias=qkv_bias, qk_norm=model_type in ("qwen3", "qwen3_moe"),
         max_position_embeddings=cfg.get("max_position_embeddings"),
-        sliding_window=int(window) if window else None, prefix=prefix, tensors=tensors,
+        sliding_window=int(window) if window else None, prefix=prefix, tensors=tensors, **moe,
     )
     _check_tensors(spec)
     return spec
+
+
+def _moe_fields(p: Path, cfg: Mapping[str, Any], model_type: str) -> dict[str, Any]:
+    """The HFModelSpec fields of a mixture-of-experts config (none for a dense one); refuses
+    the MoE features the engine does not build, naming them."""
+    experts = cfg.get("num_experts") or cfg.get("num_local_experts") or cfg.get(
+        "n_routed_experts")
+    if model_type not in MOE_FAMILIES:
+        if experts:
+            dense = ", ".join(v for k, v in SUPPORTED_FAMILIES.items() if k not in MOE_FAMILIES)
+            raise _fail(p, f"a mixture-of-experts {model_type!r} checkpoint is not supported: "
+                           "the engine builds Qwen3-MoE (model_type='qwen3_moe') experts; "
+                           f"dense {dense}")
+        return {}
+    if not experts or not cfg.get("num_experts_per_tok") or not cfg.get("moe_intermediate_size"):
+        raise _fail(p, "a qwen3_moe config.json needs num_experts (or num_local_experts), "
+                       "num_experts_per_tok and moe_intermediate_size")
+    sparse_step = int(cfg.get("decoder_sparse_step", 1) or 1)
+    dense_layers = list(cfg.get("mlp_only_layers") or [])
+    if sparse_step != 1 or dense_layers:
+        raise _fail(p, f"decoder_sparse_step={sparse_step}, mlp_only_layers={dense_layers}: "
+                       "only models whose every layer is a mixture of experts are supported "
+                       "(decoder_sparse_step=1, no mlp_only_layers)")
+    if int(cfg["num_experts_per_tok"]) > int(experts):
+        raise _fail(p, f"num_experts_per_tok={cfg['num_experts_per_tok']} exceeds the "
+                       f"{experts} experts")
+    return {"num_experts": int(experts), "moe_router_topk": int(cfg["num_experts_per_tok"]),
+            "moe_ffn_hidden_size": int(cfg["moe_intermediate_size"]),
+            "moe_norm_topk_prob": bool(cfg.get("norm_topk_prob", True))}
 
 
 def _check_tensors(spec: HFModelSpec) -> None:

@@ -29,12 +29,14 @@ __all__ = ["block_spec", "build_gpt", "layer_spec", "transformer_config", "unwra
            "wrap_precision"]
 
 
-def layer_spec(*, normalization: str = "LayerNorm", qk_layernorm: bool = False):
+def layer_spec(*, normalization: str = "LayerNorm", qk_layernorm: bool = False,
+               num_experts: int | None = None):
     """The transformer layer spec of every model built here (the one place that picks it).
 
     ``varbatch_kit.train.model.attention.local_layer_spec`` (per-sample core
     attention) when that module exists, else megatron-core's
-    ``get_gpt_layer_local_spec``; both without TransformerEngine.
+    ``get_gpt_layer_local_spec``; both without TransformerEngine. ``num_experts``: a
+    mixture-of-experts MLP (megatron's router and ``SequentialMLP`` experts).
     """
     if importlib.util.find_spec("varbatch_kit.train.model.attention") is not None:
         from varbatch_kit.train.model.attention import local_layer_spec
@@ -42,7 +44,8 @@ def layer_spec(*, normalization: str = "LayerNorm", qk_layernorm: bool = False):
         from megatron.core.models.gpt.gpt_layer_specs import (
             get_gpt_layer_local_spec as local_layer_spec,
         )
-    return local_layer_spec(normalization=normalization, qk_layernorm=qk_layernorm)
+    experts = dict(num_experts=num_experts, moe_grouped_gemm=False) if num_experts else {}
+    return local_layer_spec(normalization=normalization, qk_layernorm=qk_layernorm, **experts)
 
 
 def block_spec(layer, config, vp_stage: int | None = None):
@@ -143,8 +146,30 @@ def transformer_config(model: ResolvedModel, *, layout=None, per_token_loss: boo
         # marks its split parameters (tensor_model_parallel, partition_dim / stride: the grad
         # norm, the loader's and the gather's splits) only when it initialises them
         perform_initialization=tp > 1,
+        **_moe(spec, precision),
         **_common(per_token_loss, precision, layout),
     )
+
+
+def _moe(spec, precision: str) -> dict:
+    """The TransformerConfig fields of a mixture-of-experts checkpoint (none for a dense one):
+    megatron's top-k router as transformers' Qwen3-MoE routes (softmax over the experts,
+    the top k, renormalised to sum to 1 with ``norm_topk_prob``: megatron's softmax over the
+    top-k logits is the same; without it the softmax over every expert, cut), in the
+    model's dtype (float32, float64) and in float32 under bf16 (slime's
+    ``--moe-router-dtype fp32``),
+    SwiGLU experts of ``moe_intermediate_size``, tokens dispatched by all-to-all (megatron's
+    default dispatcher refuses variable lengths). No auxiliary load-balancing loss yet (its
+    layout-free reduction is not built), so none is trained or reported."""
+    if not spec.is_moe:
+        return {}
+    return dict(num_moe_experts=spec.num_experts, moe_router_topk=spec.moe_router_topk,
+                moe_ffn_hidden_size=spec.moe_ffn_hidden_size,
+                moe_router_pre_softmax=not spec.moe_norm_topk_prob,
+                moe_router_score_function="softmax",
+                moe_router_dtype="fp32" if precision == "bf16" else None,
+                moe_router_load_balancing_type="none", moe_aux_loss_coeff=0.0,
+                moe_token_dispatcher_type="alltoall", moe_grouped_gemm=False)
 
 
 def build_gpt(model: ResolvedModel, *, max_seq_len: int, layout=None, world_rank: int = 0,
@@ -187,6 +212,10 @@ def build_gpt(model: ResolvedModel, *, max_seq_len: int, layout=None, world_rank
     from varbatch_kit.train.model import hf_import, rope
 
     spec = model.hf
+    if spec.is_moe:
+        from varbatch_kit.train.parallel.megatron_import import moe_without_transformer_engine
+
+        moe_without_transformer_engine()
     if spec.sliding_window is not None and max_seq_len > spec.sliding_window:
         raise ValueError(
             f"max_seq_len={max_seq_len} exceeds the sliding_window={spec.sliding_window} of "
@@ -195,7 +224,8 @@ def build_gpt(model: ResolvedModel, *, max_seq_len: int, layout=None, world_rank
     gpt = GPTModel(
         config=config,
         transformer_layer_spec=block_spec(
-            layer_spec(normalization="RMSNorm", qk_layernorm=spec.qk_norm), config, vp_stage),
+            layer_spec(normalization="RMSNorm", qk_layernorm=spec.qk_norm,
+                       num_experts=spec.num_experts or None), config, vp_stage),
         vocab_size=spec.vocab_size,
         max_sequence_length=max_seq_len,
         position_embedding_type="rope",

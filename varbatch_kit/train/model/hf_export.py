@@ -9,7 +9,10 @@ names -> tensors, as rank 0 saves them in ``params_stepN.pt`` and in a checkpoin
 - ``self_attention.linear_qkv`` is split per query group (each group's query heads,
   its key head, its value head) into ``q_proj``, ``k_proj``, ``v_proj``, and so are
   its biases (Qwen2);
-- ``mlp.linear_fc1`` = ``[gate; up]`` is split into ``gate_proj`` and ``up_proj``;
+- ``mlp.linear_fc1`` = ``[gate; up]`` is split into ``gate_proj`` and ``up_proj``; a
+  mixture of experts (Qwen3-MoE): ``mlp.router`` -> ``mlp.gate``, each expert's
+  ``linear_fc1`` / ``linear_fc2`` -> ``mlp.experts.E.gate_proj`` / ``up_proj`` /
+  ``down_proj``;
 - the norms (Qwen3's ``q_norm`` / ``k_norm`` too), ``o_proj``, ``down_proj`` and the
   embeddings keep their values; ``lm_head`` is written only when the embeddings are
   untied.
@@ -54,8 +57,13 @@ def _layer_names(spec: HFModelSpec, i: int) -> list[str]:
     dst = f"decoder.layers.{i}."
     names = [dst + s for s in ("input_layernorm.weight", "pre_mlp_layernorm.weight",
                                "self_attention.linear_qkv.weight",
-                               "self_attention.linear_proj.weight",
-                               "mlp.linear_fc1.weight", "mlp.linear_fc2.weight")]
+                               "self_attention.linear_proj.weight")]
+    if spec.is_moe:
+        names.append(dst + "mlp.router.weight")
+        names += [dst + f"mlp.experts.local_experts.{e}.linear_fc{k}.weight"
+                  for e in range(spec.num_experts) for k in (1, 2)]
+    else:
+        names += [dst + "mlp.linear_fc1.weight", dst + "mlp.linear_fc2.weight"]
     if spec.qkv_bias:
         names.append(dst + "self_attention.linear_qkv.bias")
     if spec.qk_norm:
@@ -74,13 +82,17 @@ def _megatron_shapes(spec: HFModelSpec, n: int) -> dict[str, tuple[int, ...]]:
                  "self_attention.q_layernorm.weight": (d,),
                  "self_attention.k_layernorm.weight": (d,),
                  "self_attention.linear_proj.weight": (h, q),
-                 "mlp.linear_fc1.weight": (2 * f, h), "mlp.linear_fc2.weight": (h, f)}
+                 "mlp.linear_fc1.weight": (2 * f, h), "mlp.linear_fc2.weight": (h, f),
+                 "mlp.router.weight": (spec.num_experts, h),
+                 "mlp.experts.linear_fc1.weight": (2 * spec.moe_ffn_hidden_size, h),
+                 "mlp.experts.linear_fc2.weight": (h, spec.moe_ffn_hidden_size)}
     shapes = {"embedding.word_embeddings.weight": (v, h), "decoder.final_layernorm.weight": (h,)}
     if not spec.tie_word_embeddings:
         shapes["output_layer.weight"] = (v, h)
     for i in range(n):
         for name in _layer_names(spec, i):
-            shapes[name] = per_layer[name.split(".", 3)[3]]
+            key = re.sub(r"\.local_experts\.\d+\.", ".", name.split(".", 3)[3])
+            shapes[name] = per_layer[key]
     return shapes
 
 
@@ -161,6 +173,16 @@ def hf_state_dict(state: Mapping[str, Any], spec: HFModelSpec) -> dict[str, Any]
             out[att + "q_norm.weight"] = t(src + "self_attention.q_layernorm.weight")
             out[att + "k_norm.weight"] = t(src + "self_attention.k_layernorm.weight")
         out[att + "o_proj.weight"] = t(src + "self_attention.linear_proj.weight")
+        if spec.is_moe:  # the router, then each expert's [gate; up] and down
+            out[dst + "mlp.gate.weight"] = t(src + "mlp.router.weight")
+            fe = spec.moe_ffn_hidden_size
+            for e in range(spec.num_experts):
+                mine, theirs = f"{src}mlp.experts.local_experts.{e}.", f"{dst}mlp.experts.{e}."
+                gate, up = torch.split(t(mine + "linear_fc1.weight"), [fe, fe], dim=0)
+                out[theirs + "gate_proj.weight"] = gate.contiguous()
+                out[theirs + "up_proj.weight"] = up.contiguous()
+                out[theirs + "down_proj.weight"] = t(mine + "linear_fc2.weight")
+            continue
         gate, up = torch.split(t(src + "mlp.linear_fc1.weight"), [f, f], dim=0)
         out[dst + "mlp.gate_proj.weight"] = gate.contiguous()
         out[dst + "mlp.up_proj.weight"] = up.contiguous()

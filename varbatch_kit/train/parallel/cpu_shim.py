@@ -12,6 +12,10 @@ of :mod:`varbatch_kit.train` goes through:
   (``Float16OptimizerWithFloat16Params``) and the distributed optimizer
   (``DistributedOptimizer``, also its checkpoint load) sort parameters,
 - ``torch.cuda.synchronize()`` after the pipeline's p2p exchanges (a no-op here),
+- mixture-of-experts layers: the all-to-all token dispatcher's side stream for its
+  device-to-host copies (``torch.cuda.Stream``, ``current_stream``, ``stream``: one
+  in-order stand-in here), the router's and the experts' tensors on ``current_device()``,
+  the auxiliary-loss tracker's on ``device="cuda"``,
 - the grad norm of its local (no apex) L2-norm kernel, returned as a float32
   CUDA tensor whatever the gradients' dtype: on the CPU float64 gradients
   (``precision="fp64"``) keep a float64 norm; float32 ones go through
@@ -68,6 +72,13 @@ PATCHED_MODULES: tuple[str, ...] = (
     "megatron.core.tensor_parallel.layers",
     # the distributed optimizer: shard buffers on current_device()
     "megatron.core.optimizer.distrib_optimizer",
+    # mixture of experts: the all-to-all dispatcher's device-to-host side stream
+    # (torch.cuda.Stream, current_stream, stream), the router's and the experts' tensors on
+    # current_device(), the auxiliary-loss tracker's on device="cuda"
+    "megatron.core.transformer.moe.token_dispatcher",
+    "megatron.core.transformer.moe.router",
+    "megatron.core.transformer.moe.experts",
+    "megatron.core.transformer.moe.moe_utils",
 )
 
 # (module, function name) -> replacement factory; the function is replaced in that module only.
@@ -113,11 +124,41 @@ def _factory_on_cpu(fn: Callable) -> Callable:
     return wrapper
 
 
+class _StreamOnCpu:
+    """A CUDA stream as seen by a patched module: CPU work runs in order, nothing to wait
+    for or to record."""
+
+    def wait_stream(self, stream: Any) -> None:
+        """Nothing to wait for."""
+
+    def synchronize(self) -> None:
+        """Nothing to wait for."""
+
+    def record_event(self, event: Any = None) -> _StreamOnCpu:
+        """An event that has happened: its ``synchronize()`` returns at once (this object)."""
+        return self
+
+
+_CPU_STREAM = _StreamOnCpu()
+
+
 class _CudaOnCpu:
-    """``torch.cuda`` as seen by a patched module: the current device is the CPU."""
+    """``torch.cuda`` as seen by a patched module: the current device is the CPU, streams
+    are :class:`_StreamOnCpu`."""
+
+    Stream = _StreamOnCpu
 
     def current_device(self) -> torch.device:
         return torch.device("cpu")
+
+    def current_stream(self, device: Any = None) -> _StreamOnCpu:
+        return _CPU_STREAM
+
+    def stream(self, stream: Any):
+        """``with torch.cuda.stream(s):`` runs the block as it is."""
+        import contextlib
+
+        return contextlib.nullcontext()
 
     def is_available(self) -> bool:  # a CPU run on a GPU host: as on a CPU-only host
         return False

@@ -31,7 +31,8 @@ import gc
 import importlib
 from collections.abc import Callable, Iterator
 
-__all__ = ["WORKER_MODULES", "deferred_torch_compile", "import_megatron", "lazy_compile"]
+__all__ = ["WORKER_MODULES", "deferred_torch_compile", "import_megatron", "lazy_compile",
+           "moe_without_transformer_engine"]
 
 #: the megatron-core modules a training worker uses (each imports many more)
 WORKER_MODULES = (
@@ -103,3 +104,18 @@ def import_megatron(modules: tuple[str, ...] = WORKER_MODULES) -> None:
         if collecting:
             gc.enable()
     gc.freeze()
+
+
+def moe_without_transformer_engine() -> bool:
+    """Make megatron-core's MoE router run without TransformerEngine; True when it had to.
+
+    megatron-core 0.16.1's ``router_gating_linear`` tests ``te_general_gemm is not None``, a
+    name its ``moe_utils`` defines only when TransformerEngine imports: without it every MoE
+    forward raises ``NameError`` (on a GPU too). Defined as None here, the router takes its
+    own torch path (``torch.matmul`` in the router's dtype)."""
+    from megatron.core.transformer.moe import moe_utils
+
+    if hasattr(moe_utils, "te_general_gemm"):
+        return False
+    moe_utils.te_general_gemm = None
+    return True

@@ -79,6 +79,21 @@ def _check_interleaved(cfg: TrainConfig, steps) -> None:
                 raise ValueError(f"step {s.index + 1}, pool rank {r}: {problem}")
 
 
+def _check_moe_layout(cfg: TrainConfig, model: ResolvedModel) -> None:
+    """A mixture-of-experts model trains under data parallelism only, so far: its experts
+    are not split over tensor-parallel ranks, pipeline stages or CP groups by the engine
+    (each rank holds every expert; no expert parallelism yet)."""
+    spec = model.hf
+    if spec is None or not spec.is_moe:
+        return
+    bad = {k: v for k, v in (("tp", cfg.tp), ("pp", cfg.pp), ("cp", cfg.schedule.cp)) if v > 1}
+    if bad:
+        shown = ", ".join(f"{k}={v}" for k, v in bad.items())
+        raise ValueError(f"{shown}: the mixture-of-experts model {spec.name} trains under data "
+                         "parallelism only (every rank holds every expert); use dp with "
+                         "tp=pp=cp=1")
+
+
 def plan_runs(configs: Sequence[TrainConfig], rollouts: Rollouts) -> list[PlannedRun]:
     """One :class:`PlannedRun` per configuration, in order; ValueError for one that cannot
     train on ``rollouts`` (not a TrainConfig, bad rollouts, no step to train)."""
@@ -93,6 +108,7 @@ def plan_runs(configs: Sequence[TrainConfig], rollouts: Rollouts) -> list[Planne
         model = models[cfg.model]
         # the layout's rules that need the model read (the others: TrainConfig, once)
         check_tp_split(model, cfg.tp)  # heads, query groups, FFN, vocab divisible by tp
+        _check_moe_layout(cfg, model)
         problem = cfg.known_depth() is None and pipeline_depth_problem(
             num_layers=model.num_layers, pp=cfg.pp, vpp=cfg.schedule.vpp)
         if problem:

@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 import torch
 from _export_runs import equal, exported, perturbed, run_folder
-from _fake_hf import TINY_FAMILIES, TINY_HF, tiny_hf_checkpoint
+from _fake_hf import TINY_FAMILIES, TINY_HF, TINY_MOE_FAMILIES, tiny_hf_checkpoint
 from _megatron import single_process_megatron
 
 from varbatch_kit.train import ModelConfig
@@ -37,6 +37,8 @@ pytestmark = [
 ]
 
 #: tokenizer files a checkpoint may hold next to its weights (contents are not parsed)
+#: every family the loader and the export map, mixture-of-experts ones too
+FAMILIES = [*TINY_FAMILIES, *TINY_MOE_FAMILIES]
 TOKENIZER_FILES = {"tokenizer.json": '{"version": "1.0"}', "tokenizer_config.json": "{}",
                    "special_tokens_map.json": "{}", "vocab.json": "{}", "merges.txt": "#\n",
                    "chat_template.jinja": "{{ messages }}"}
@@ -45,7 +47,7 @@ TOKENIZER_FILES = {"tokenizer.json": '{"version": "1.0"}', "tokenizer_config.jso
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory):
     root = tmp_path_factory.mktemp("hf")
-    out = {f: tiny_hf_checkpoint(f, root / f) for f in TINY_FAMILIES}
+    out = {f: tiny_hf_checkpoint(f, root / f) for f in FAMILIES}
     for name, text in TOKENIZER_FILES.items():  # one checkpoint with tokenizer files
         (out["qwen2_bias_tied"] / name).write_text(text)
     return out
@@ -64,7 +66,7 @@ def _load_safetensors(path):
 
 
 # --------------------------------------------------------------------------- the mapping
-@pytest.mark.parametrize("family", TINY_FAMILIES)
+@pytest.mark.parametrize("family", FAMILIES)
 def test_hf_state_dict_inverts_the_loader_bitwise(family, checkpoints):
     from varbatch_kit.train.config.hf_checkpoint import read_hf_model
     from varbatch_kit.train.model.hf_export import hf_state_dict
@@ -117,7 +119,7 @@ def _rel(a, b) -> float:
     return float((a - b).abs().max() / b.abs().max())
 
 
-@pytest.mark.parametrize("family", TINY_FAMILIES)
+@pytest.mark.parametrize("family", FAMILIES)
 def test_transformers_loads_the_export_with_the_engines_logits(family, checkpoints, megatron,
                                                                tmp_path):
     """Changed engine weights -> export -> transformers: the engine's logits (fp32, 1e-5);
