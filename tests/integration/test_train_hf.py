@@ -29,9 +29,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from _fake_hf import TINY_FAMILIES, TINY_MOE_FAMILIES
+from _fake_hf import TINY_FAMILIES, TINY_MOE_FAMILIES, fake_checkpoint, llama_like
 from _fake_hf import TINY_HF as TINY
-from _fake_hf import fake_checkpoint, llama_like
 from _fake_hf import tiny_hf_checkpoint as _tiny_checkpoint
 from _megatron import single_process_megatron
 from _paths import REPO
