@@ -285,6 +285,13 @@ def test_a_hanging_rank_trips_the_step_timeout(tmp_path):
         run(cfg, synthetic_rollouts(), out_dir=tmp_path, progress=False)
     # the step timeout fired before the launch timeout (timeout_s=120) would have
     assert "(timeout_s)" not in str(info.value)
+    # where each rank was: rank 1 in the hang hook's sleep, rank 0 waiting in step 2
+    message = str(info.value)
+    print(message[:3000])
+    rank0 = message.split("rank0 (most recent call first):\n")[1].split("rank1 (")[0]
+    rank1 = message.split("rank1 (most recent call first):\n")[1].splitlines()
+    assert "worker.py" in rank1[0] and rank1[0].endswith(" in train"), rank1[0]  # the hook
+    assert " in train_step" in rank0, rank0  # waiting for rank 1 in step 2's collectives
     _no_process_left(info.value)
     assert _steps(_run_dir(tmp_path)) == [1]
 

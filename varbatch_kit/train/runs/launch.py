@@ -202,6 +202,37 @@ def _unreported_exits(job_dir: Path, out_dirs: list[Path], state: dict, now: flo
     return late
 
 
+def _rank_stacks(job_dir: Path, pids: list[int], *, wait_s: float = 2.0,
+                 lines: int = 14) -> str:
+    """Where each live rank of a hung job is: every worker is asked for its Python stacks
+    (:data:`~varbatch_kit.train.runs.worker.STACKS_SIGNAL`, written to ``JOB_DIR/stacks``);
+    returns the innermost ``lines`` lines of each rank's main thread, or "" when none
+    answered within ``wait_s``."""
+    from varbatch_kit.train.runs.worker import STACKS_SIGNAL
+
+    folder = job_dir / "stacks"
+    for pid in pids:
+        try:
+            os.kill(pid, getattr(signal, STACKS_SIGNAL))
+        except OSError:
+            pass
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline and not any(
+            f.stat().st_size for f in folder.glob("rank*.txt")):
+        time.sleep(0.1)
+    time.sleep(0.3)  # the other ranks' dumps
+    out = []
+    for f in sorted(folder.glob("rank*.txt"), key=lambda f: int(f.stem[4:] or 0)):
+        text = f.read_text(errors="replace").strip()
+        if not text:
+            continue
+        # faulthandler: "Thread 0x... (most recent call first):" blocks, the current first
+        main = text.split("\n\n")[0].splitlines()
+        out.append(f"{f.stem} (most recent call first):\n" + "\n".join(main[1:lines + 1]))
+    return ("the ranks' Python stacks when the job was stopped (all in "
+            f"{folder}):\n" + "\n".join(out) + "\n") if out else ""
+
+
 def _ended_message(late: dict[int, int | None]) -> str:
     rank, code = min(late.items())
     if code is None:
@@ -424,13 +455,14 @@ def _launch(plans: list[PlannedRun], rollouts: Rollouts, device: str, job_dir: P
             if now - t0 > timeout or (last_progress is not None
                                       and now - last_progress > step_timeout):
                 pids = worker_pids(job_dir)
+                stacks = _rank_stacks(job_dir, pids)
                 kill_job(proc, job_dir)
                 what = (f"training timed out after {timeout:.0f} s (timeout_s)"
                         if now - t0 > timeout else
                         f"no step finished within step_timeout_s={step_timeout:g} s of the "
                         "previous report (a rank hangs?)")
                 raise TrainingTimeout(
-                    f"{what}; workers killed.\ntorchrun log tail:\n{tail(log_path)}",
+                    f"{what}; workers killed.\n{stacks}torchrun log tail:\n{tail(log_path)}",
                     job_dir=job_dir, worker_pids=pids, torchrun_pid=proc.pid,
                     log_tail=tail(log_path))
             time.sleep(0.1)

@@ -469,6 +469,26 @@ def _write_error(job_dir: Path, rank: int, text: str) -> None:
     tmp.rename(err_dir / f"rank{rank}.txt")  # atomic: the launcher never reads half a file
 
 
+#: the signal on which a worker writes every thread's Python stack to ``JOB_DIR/stacks``
+#: (the launcher sends it to a job that timed out, before it kills it)
+STACKS_SIGNAL = "SIGUSR1"
+_stack_files: list = []  # kept open for the life of the process (faulthandler writes to them)
+
+
+def _stacks_on_request(job_dir: Path, rank: int) -> None:
+    """On :data:`STACKS_SIGNAL`, write every thread's Python stack to
+    ``JOB_DIR/stacks/rankN.txt`` (``faulthandler``: from the signal handler, also while the
+    rank waits in a collective): a hung job's launcher names where each rank was."""
+    import faulthandler
+    import signal
+
+    folder = job_dir / "stacks"
+    folder.mkdir(exist_ok=True)
+    f = open(folder / f"rank{rank}.txt", "w")  # noqa: SIM115 - open for the process's life
+    _stack_files.append(f)
+    faulthandler.register(getattr(signal, STACKS_SIGNAL), file=f, all_threads=True)
+
+
 #: what a worker imports after :func:`~varbatch_kit.train.parallel.megatron_import.import_megatron`
 #: (torch's optimizer imports ``torch._dynamo`` at its first step)
 PRELOAD_MODULES = (
@@ -512,6 +532,7 @@ def main(argv: list[str] | None = None) -> int:
     rank = int(os.environ["RANK"])
     die_with_parent()
     write_pid_file(job_dir / "pids" / f"rank{rank}.pid")  # pid and start time (supervise)
+    _stacks_on_request(job_dir, rank)
     current = "setup"
     try:
         with open(job_dir / "job.pkl", "rb") as f:
