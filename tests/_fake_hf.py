@@ -57,7 +57,7 @@ TINY_HF = dict(vocab_size=96, hidden_size=48, intermediate_size=80, num_hidden_l
 #: head_dim != hidden/heads (untied), Mistral (untied)
 TINY_FAMILIES = ["llama_rope3_untied", "qwen2_bias_tied", "qwen3_qknorm", "mistral_untied"]
 #: mixture-of-experts families (kept apart: the memory model refuses MoE shapes)
-TINY_MOE_FAMILIES = ["qwen3_moe"]
+TINY_MOE_FAMILIES = ["qwen3_moe", "mixtral_untied"]
 
 
 def randomise_hf(model, seed: int) -> None:
@@ -94,6 +94,10 @@ def tiny_hf_checkpoint(family: str, out: Path) -> Path:
                                num_experts=4, num_experts_per_tok=2, moe_intermediate_size=24,
                                norm_topk_prob=True,
                                rope_parameters={"rope_type": "default", "rope_theta": 1e6})
+    elif family == "mixtral_untied":  # 4 experts of intermediate_size, top 2; no QK-norm
+        cfg = T.MixtralConfig(**TINY_HF, tie_word_embeddings=False, sliding_window=None,
+                              num_local_experts=4, num_experts_per_tok=2,
+                              rope_parameters={"rope_type": "default", "rope_theta": 1e6})
     elif family == "mistral_untied":
         cfg = T.MistralConfig(**TINY_HF, tie_word_embeddings=False, sliding_window=None,
                               rope_parameters={"rope_type": "default", "rope_theta": 1e4})

@@ -1,8 +1,8 @@
 """A Hugging Face checkpoint read and checked, without torch: its ``config.json`` (Llama,
-Qwen2, Qwen3, Mistral or Qwen3-MoE family; rope scaling), the safetensors headers (tensor ->
-file, shape) and the tensor names and shapes the family's config implies, as one
-:class:`HFModelSpec`.
-:mod:`~varbatch_kit.train.model.hf_import` maps the weights themselves into megatron-core.
+Qwen2, Qwen3, Mistral, Qwen3-MoE or Mixtral family; rope scaling), the safetensors headers
+(tensor -> file, shape) and the tensor names and shapes the family's config implies, as one
+:class:`HFModelSpec`. :mod:`~varbatch_kit.train.model.hf_import` maps the weights themselves
+into megatron-core.
 
 This module imports only the standard library (reading and validating a checkpoint needs
 neither torch nor safetensors).
@@ -30,9 +30,16 @@ __all__ = [
 
 #: ``model_type`` of config.json -> family name used in messages
 SUPPORTED_FAMILIES = {"llama": "Llama", "qwen2": "Qwen2", "qwen3": "Qwen3", "mistral": "Mistral",
-                      "qwen3_moe": "Qwen3-MoE"}
-#: the mixture-of-experts families (every layer's MLP a top-k routed set of SwiGLU experts)
-MOE_FAMILIES = ("qwen3_moe",)
+                      "qwen3_moe": "Qwen3-MoE", "mixtral": "Mixtral"}
+#: the mixture-of-experts families (every layer's MLP a top-k routed set of SwiGLU experts):
+#: a layer's router tensor, then expert ``{e}``'s gate, up and down projections (the names
+#: transformers writes to disk)
+MOE_FAMILIES = {
+    "qwen3_moe": ("mlp.gate.weight", "mlp.experts.{e}.gate_proj.weight",
+                  "mlp.experts.{e}.up_proj.weight", "mlp.experts.{e}.down_proj.weight"),
+    "mixtral": ("block_sparse_moe.gate.weight", "block_sparse_moe.experts.{e}.w1.weight",
+                "block_sparse_moe.experts.{e}.w3.weight", "block_sparse_moe.experts.{e}.w2.weight"),
+}
 ROPE_TYPES = ("default", "linear", "llama3")
 _SUPPORTED = ", ".join(f"{v} (model_type={k!r})" for k, v in SUPPORTED_FAMILIES.items())
 
@@ -76,6 +83,12 @@ class HFModelSpec:
     @property
     def is_moe(self) -> bool:
         return self.num_experts > 0
+
+    def moe_tensor(self, i: int, which: str, e: int = 0) -> str:
+        """Layer ``i``'s checkpoint tensor ``which`` (``"router"``, ``"gate"``, ``"up"``,
+        ``"down"``) of expert ``e``, by the family's names (:data:`MOE_FAMILIES`)."""
+        names = dict(zip(("router", "gate", "up", "down"), MOE_FAMILIES[self.model_type]))
+        return f"{self.prefix}layers.{i}." + names[which].format(e=e)
 
     @property
     def family(self) -> str:
@@ -169,8 +182,8 @@ def hf_tensor_names(spec: HFModelSpec, num_layers: int | None = None) -> list[st
             "self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight",
             "self_attn.o_proj.weight")]
         if spec.is_moe:  # the router, then each expert's SwiGLU
-            names.append(lp + "mlp.gate.weight")
-            names += [lp + f"mlp.experts.{e}.{w}_proj.weight"
+            names.append(spec.moe_tensor(i, "router"))
+            names += [spec.moe_tensor(i, w, e)
                       for e in range(spec.num_experts) for w in ("gate", "up", "down")]
         else:
             names += [lp + f"mlp.{w}_proj.weight" for w in ("gate", "up", "down")]
@@ -195,19 +208,26 @@ def _expected_shapes(spec: HFModelSpec) -> dict[str, tuple[int, ...]]:
         "self_attn.q_norm.weight": (d,), "self_attn.k_norm.weight": (d,),
         "mlp.gate_proj.weight": (f, h), "mlp.up_proj.weight": (f, h),
         "mlp.down_proj.weight": (h, f),
-        "mlp.gate.weight": (spec.num_experts, h),
-        "mlp.experts.gate_proj.weight": (spec.moe_ffn_hidden_size, h),
-        "mlp.experts.up_proj.weight": (spec.moe_ffn_hidden_size, h),
-        "mlp.experts.down_proj.weight": (h, spec.moe_ffn_hidden_size),
+        **_moe_shapes(spec),
     }
+
+
+def _moe_shapes(spec: HFModelSpec) -> dict[str, tuple[int, ...]]:
+    """The router's and an expert's tensors (expert number ``E``: :func:`_shape_key`)."""
+    if not spec.is_moe:
+        return {}
+    h, f = spec.hidden_size, spec.moe_ffn_hidden_size
+    router, gate, up, down = (n.format(e="E") for n in MOE_FAMILIES[spec.model_type])
+    return {router: (spec.num_experts, h), gate: (f, h), up: (f, h), down: (h, f)}
 
 
 def _shape_key(name: str) -> str:
     parts = name.split(".")
     if "layers" in parts:
         parts = parts[parts.index("layers") + 2:]
-        if parts[:2] == ["mlp", "experts"]:  # mlp.experts.E.x_proj.weight: any expert E
-            parts = parts[:2] + parts[3:]
+        if "experts" in parts[:2]:  # any expert: E (MOE_FAMILIES' names)
+            k = parts.index("experts") + 1
+            parts = [*parts[:k], "E", *parts[k + 1:]]
     elif parts[0] == "model":
         parts = parts[1:]
     return ".".join(parts)
@@ -327,12 +347,18 @@ def _moe_fields(p: Path, cfg: Mapping[str, Any], model_type: str) -> dict[str, A
         if experts:
             dense = ", ".join(v for k, v in SUPPORTED_FAMILIES.items() if k not in MOE_FAMILIES)
             raise _fail(p, f"a mixture-of-experts {model_type!r} checkpoint is not supported: "
-                           "the engine builds Qwen3-MoE (model_type='qwen3_moe') experts; "
+                           "the engine builds Qwen3-MoE and Mixtral experts; "
                            f"dense {dense}")
         return {}
-    if not experts or not cfg.get("num_experts_per_tok") or not cfg.get("moe_intermediate_size"):
-        raise _fail(p, "a qwen3_moe config.json needs num_experts (or num_local_experts), "
-                       "num_experts_per_tok and moe_intermediate_size")
+    width = cfg.get("moe_intermediate_size") if model_type == "qwen3_moe" else cfg.get(
+        "intermediate_size")  # Mixtral: every MLP is an expert of intermediate_size
+    if not experts or not cfg.get("num_experts_per_tok") or not width:
+        raise _fail(p, f"a {model_type} config.json needs num_experts (or num_local_experts), "
+                       "num_experts_per_tok and the experts' width (moe_intermediate_size; "
+                       "Mixtral: intermediate_size)")
+    if float(cfg.get("router_jitter_noise") or 0.0) > 0.0:
+        raise _fail(p, f"router_jitter_noise={cfg['router_jitter_noise']}: the engine routes "
+                       "without noise (set it to 0)")
     sparse_step = int(cfg.get("decoder_sparse_step", 1) or 1)
     dense_layers = list(cfg.get("mlp_only_layers") or [])
     if sparse_step != 1 or dense_layers:
@@ -343,7 +369,8 @@ def _moe_fields(p: Path, cfg: Mapping[str, Any], model_type: str) -> dict[str, A
         raise _fail(p, f"num_experts_per_tok={cfg['num_experts_per_tok']} exceeds the "
                        f"{experts} experts")
     return {"num_experts": int(experts), "moe_router_topk": int(cfg["num_experts_per_tok"]),
-            "moe_ffn_hidden_size": int(cfg["moe_intermediate_size"]),
+            "moe_ffn_hidden_size": int(width),
+            # Mixtral renormalises its top-k softmax weights, as Qwen3-MoE's norm_topk_prob
             "moe_norm_topk_prob": bool(cfg.get("norm_topk_prob", True))}
 
 

@@ -10,9 +10,9 @@ names -> tensors, as rank 0 saves them in ``params_stepN.pt`` and in a checkpoin
   its key head, its value head) into ``q_proj``, ``k_proj``, ``v_proj``, and so are
   its biases (Qwen2);
 - ``mlp.linear_fc1`` = ``[gate; up]`` is split into ``gate_proj`` and ``up_proj``; a
-  mixture of experts (Qwen3-MoE): ``mlp.router`` -> ``mlp.gate``, each expert's
-  ``linear_fc1`` / ``linear_fc2`` -> ``mlp.experts.E.gate_proj`` / ``up_proj`` /
-  ``down_proj``;
+  mixture of experts: ``mlp.router`` -> the family's router (Qwen3-MoE ``mlp.gate``,
+  Mixtral ``block_sparse_moe.gate``), each expert's ``linear_fc1`` / ``linear_fc2`` -> its
+  gate / up / down projections (Mixtral: ``w1`` / ``w3`` / ``w2``);
 - the norms (Qwen3's ``q_norm`` / ``k_norm`` too), ``o_proj``, ``down_proj`` and the
   embeddings keep their values; ``lm_head`` is written only when the embeddings are
   untied.
@@ -174,14 +174,14 @@ def hf_state_dict(state: Mapping[str, Any], spec: HFModelSpec) -> dict[str, Any]
             out[att + "k_norm.weight"] = t(src + "self_attention.k_layernorm.weight")
         out[att + "o_proj.weight"] = t(src + "self_attention.linear_proj.weight")
         if spec.is_moe:  # the router, then each expert's [gate; up] and down
-            out[dst + "mlp.gate.weight"] = t(src + "mlp.router.weight")
+            out[spec.moe_tensor(i, "router")] = t(src + "mlp.router.weight")
             fe = spec.moe_ffn_hidden_size
             for e in range(spec.num_experts):
-                mine, theirs = f"{src}mlp.experts.local_experts.{e}.", f"{dst}mlp.experts.{e}."
+                mine = f"{src}mlp.experts.local_experts.{e}."
                 gate, up = torch.split(t(mine + "linear_fc1.weight"), [fe, fe], dim=0)
-                out[theirs + "gate_proj.weight"] = gate.contiguous()
-                out[theirs + "up_proj.weight"] = up.contiguous()
-                out[theirs + "down_proj.weight"] = t(mine + "linear_fc2.weight")
+                out[spec.moe_tensor(i, "gate", e)] = gate.contiguous()
+                out[spec.moe_tensor(i, "up", e)] = up.contiguous()
+                out[spec.moe_tensor(i, "down", e)] = t(mine + "linear_fc2.weight")
             continue
         gate, up = torch.split(t(src + "mlp.linear_fc1.weight"), [f, f], dim=0)
         out[dst + "mlp.gate_proj.weight"] = gate.contiguous()

@@ -1,7 +1,7 @@
 """Hugging Face checkpoints in megatron-core: read, validate, map the weights.
 
 A local checkpoint directory (``config.json`` plus ``*.safetensors``) of the
-Llama, Qwen2, Qwen3, Mistral or Qwen3-MoE family becomes a megatron-core ``GPTModel``
+Llama, Qwen2, Qwen3, Mistral, Qwen3-MoE or Mixtral family becomes a megatron-core ``GPTModel``
 with the local (non-TransformerEngine) layer spec that computes the same
 function as ``transformers``' own model (the tests compare logits):
 
@@ -15,9 +15,10 @@ function as ``transformers``' own model (the tests compare logits):
 - ``post_attention_layernorm`` -> ``decoder.layers.i.pre_mlp_layernorm``;
 - ``gate_proj``, ``up_proj`` -> ``mlp.linear_fc1`` = ``[gate; up]``
   (SwiGLU: ``silu(gate) * up``); ``down_proj`` -> ``mlp.linear_fc2``;
-- a mixture of experts (Qwen3-MoE): ``mlp.gate`` (the router) -> ``mlp.router``, expert
-  ``e``'s ``gate_proj`` / ``up_proj`` / ``down_proj`` ->
-  ``mlp.experts.local_experts.e.linear_fc1`` = ``[gate; up]`` / ``linear_fc2``;
+- a mixture of experts: the router (Qwen3-MoE's ``mlp.gate``, Mixtral's
+  ``block_sparse_moe.gate``) -> ``mlp.router``, expert ``e``'s gate / up / down
+  projections (``gate_proj`` / ``up_proj`` / ``down_proj``; Mixtral's ``w1`` / ``w3`` /
+  ``w2``) -> ``mlp.experts.local_experts.e.linear_fc1`` = ``[gate; up]`` / ``linear_fc2``;
 - ``norm`` -> ``decoder.final_layernorm``;
 - ``lm_head`` -> ``output_layer`` (absent when the embeddings are tied).
 
@@ -121,12 +122,12 @@ def megatron_state_dict(spec: HFModelSpec, num_layers: int | None = None, *,
             sd[dst + "self_attention.k_layernorm.weight"] = hf[att + "k_norm.weight"]
         sd[dst + "self_attention.linear_proj.weight"] = hf[att + "o_proj.weight"]
         if spec.is_moe:  # the router, then each expert as a SwiGLU MLP of its own
-            sd[dst + "mlp.router.weight"] = hf[src + "mlp.gate.weight"]
+            sd[dst + "mlp.router.weight"] = hf[spec.moe_tensor(i, "router")]
             for e in range(spec.num_experts):
-                into, out = f"{dst}mlp.experts.local_experts.{e}.", f"{src}mlp.experts.{e}."
+                into = f"{dst}mlp.experts.local_experts.{e}."
                 sd[into + "linear_fc1.weight"] = torch.cat(
-                    [hf[out + "gate_proj.weight"], hf[out + "up_proj.weight"]], dim=0)
-                sd[into + "linear_fc2.weight"] = hf[out + "down_proj.weight"]
+                    [hf[spec.moe_tensor(i, "gate", e)], hf[spec.moe_tensor(i, "up", e)]], dim=0)
+                sd[into + "linear_fc2.weight"] = hf[spec.moe_tensor(i, "down", e)]
             continue
         sd[dst + "mlp.linear_fc1.weight"] = torch.cat(
             [hf[src + "mlp.gate_proj.weight"], hf[src + "mlp.up_proj.weight"]], dim=0)
