@@ -6,8 +6,9 @@ The loader and the export are checked against transformers' logits family by fam
 training itself: the same steps at dp 1 and dp 2 (2 and 3 micro-batches a step: the tokens
 are routed the same way wherever they are packed) give the same reports, gradient norms and
 parameters in float64, and the mean of micro-batch means, which does depend on the packing,
-drifts (the test can fail). Expert, tensor, pipeline and context parallelism are refused
-before any worker starts (not built for MoE yet).
+drifts (the test can fail); the step log's expert load (tokens per expert and layer, summed
+over the ranks) is the same under both layouts. Expert, tensor, pipeline and context
+parallelism are refused before any worker starts (not built for MoE yet).
 """
 
 from __future__ import annotations
@@ -66,6 +67,17 @@ def test_a_moe_checkpoint_trains_the_same_at_dp_1_and_2(moe_checkpoint, tmp_path
         assert (dp2[col].abs() < TOL).all(), (col, dp2[col].tolist())
     naive = table[table["label"] == "dp2 naive_microbatch_mean"]
     assert (naive["grad_norm_rel_diff"].abs() > 1e3 * TOL).any(), naive
+    # the expert load: per layer, the tokens each of the 4 experts received (top 2: every
+    # token twice), the same whichever rank routed them
+    for _, row in sound.iterrows():
+        load = np.array(row["expert_tokens"])
+        assert load.shape == (3, 4), load.shape  # 3 layers x 4 experts
+        assert (load.sum(axis=1) == 2 * row["tokens"]).all(), (load, row["tokens"])
+        assert row["expert_load_max_over_mean"] >= 1.0
+        # rank 0's micro-batches, one figure each
+        assert len(row["micro_batch_expert_max_over_mean"]) == row["num_microbatches"][0]
+    one, two = (sound[sound["dp"] == dp].sort_values("step") for dp in (1, 2))
+    assert list(one["expert_tokens"]) == list(two["expert_tokens"])
 
 
 def test_moe_layouts_the_engine_does_not_build_are_refused(moe_checkpoint):

@@ -139,6 +139,7 @@ def train(cfg: TrainConfig, model_spec, steps: list, log_prob_steps: list, rollo
         gather_full_parameters,
     )
     from varbatch_kit.train.runs.run_state import kill_self, restore, save
+    from varbatch_kit.train.step.expert_load import expert_load_watch
     from varbatch_kit.train.step.peak_memory import memory_watch
     from varbatch_kit.train.step.policy_inputs import (
         RolloutBatches,
@@ -336,11 +337,14 @@ def train(cfg: TrainConfig, model_spec, steps: list, log_prob_steps: list, rollo
             # each rank's peak memory over the step (CUDA: the allocator's; CPU under
             # run.track_memory: live tensor bytes, train/step/peak_memory.py)
             inputs = inputs_for(local)  # the rollout batch's log-prob pass, before the watch
-            with memory_watch(device, cfg.run.track_memory, ddp, optimizer) as memory:
+            # and, for a mixture of experts, the tokens each expert received
+            with memory_watch(device, cfg.run.track_memory, ddp, optimizer) as memory, \
+                    expert_load_watch(chunks) as load:
                 record = train_step(layout, cfg.loss, faults, mode, model, optimizer, step,
                                     part_rollouts, data, inputs, device, run_name=cfg.name,
                                     grads_out=grads)
             record.update(memory.gathered())
+            record.update(load.gathered())
             # the rollout batch's log-prob pass (and advantages) ran before this step: its time
             record["log_prob_pass_s"] = pass_s if batches.starts(local) else 0.0
             at("after_step", number)

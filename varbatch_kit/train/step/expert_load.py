@@ -1,0 +1,104 @@
+"""Expert load of a mixture-of-experts step: the tokens each expert received, per layer.
+
+A forward hook on every megatron-core ``TopKRouter`` of the rank's model chunks reads the
+router's routing map (``[tokens, experts]``, True where a token goes to an expert) during the
+step's training forwards (grad enabled: not the log-prob pass) and adds up, per MoE layer,
+the tokens per expert of each micro-batch. :meth:`ExpertLoadWatch.gathered` sums them over
+the ranks that hold different tokens (the data-parallel ranks, one tensor-parallel rank
+each), so the step log's figures are the whole step's, whatever the layout:
+
+- ``expert_tokens``: per MoE layer, the tokens routed to each expert (a token counts once
+  per expert of its top k);
+- ``expert_load_max_over_mean``: the busiest expert's tokens over the mean, the worst layer
+  (1.0: perfectly even; an expert-parallel rank holding it waits for the others);
+- ``micro_batch_expert_max_over_mean``: per rank, per micro-batch, the same over the
+  micro-batch's own tokens (its worst layer).
+
+Dense models have no router: the watch records nothing.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+
+import torch
+
+__all__ = ["ExpertLoadWatch", "expert_load_watch"]
+
+
+def _routers(chunks) -> list:
+    from megatron.core.transformer.moe.router import TopKRouter
+
+    return [m for c in chunks for m in c.modules() if isinstance(m, TopKRouter)]
+
+
+def _max_over_mean(counts: torch.Tensor) -> float:
+    """The worst row's max / mean (rows: layers); 1.0 for no token."""
+    counts = counts.to(torch.float64)
+    mean = counts.mean(dim=-1)
+    ratio = torch.where(mean > 0, counts.max(dim=-1).values / mean.clamp(min=1e-300),
+                        torch.ones_like(mean))
+    return float(ratio.max()) if ratio.numel() else 1.0
+
+
+class ExpertLoadWatch:
+    """Tokens per expert of one step on this rank (see the module docstring)."""
+
+    def __init__(self, routers: list) -> None:
+        self.routers = routers
+        experts = routers[0].config.num_moe_experts if routers else 0
+        self.counts = torch.zeros(len(routers), experts, dtype=torch.int64)
+        self.micro_batches: list[float] = []
+        self._current: torch.Tensor | None = None
+        self._seen: set[int] = set()
+
+    def _hook(self, index: int):
+        def hook(_module, _args, output) -> None:
+            if not torch.is_grad_enabled():
+                return  # a forward-only pass (log-probs), not the step's training
+            routing_map = output[1]
+            tokens = routing_map.sum(dim=0).to("cpu", torch.int64)
+            if index == 0 or self._current is None:  # the first layer: a new micro-batch
+                self._close_micro_batch()
+                self._current = torch.zeros_like(self.counts)
+                self._seen = set()
+            self._seen.add(index)
+            self._current[index] += tokens
+            self.counts[index] += tokens
+        return hook
+
+    def _close_micro_batch(self) -> None:
+        if self._current is not None:
+            seen = sorted(self._seen)
+            self.micro_batches.append(_max_over_mean(self._current[seen]))
+        self._current = None
+
+    def gathered(self, group=None) -> dict:
+        """The step's figures, summed over ``group``'s ranks (a collective over the group;
+        None: every rank: a mixture-of-experts model trains under data parallelism only, so
+        every rank holds other tokens); {} for a dense model (no collective)."""
+        import torch.distributed as dist
+
+        if not self.routers:
+            return {}
+        self._close_micro_batch()
+        total = self.counts.clone()
+        if dist.is_initialized():
+            dist.all_reduce(total, group=group)
+        return {"expert_tokens": total.tolist(),
+                "expert_load_max_over_mean": _max_over_mean(total),
+                "micro_batch_expert_max_over_mean": list(self.micro_batches)}
+
+
+@contextmanager
+def expert_load_watch(chunks):
+    """Within the block, count the tokens the routers of ``chunks`` (the rank's model
+    chunks) send to each expert; yields the :class:`ExpertLoadWatch`."""
+    routers = _routers(chunks)
+    watch = ExpertLoadWatch(routers)
+    handles = [r.register_forward_hook(watch._hook(i)) for i, r in enumerate(routers)]
+    try:
+        yield watch
+    finally:
+        for h in handles:
+            h.remove()
