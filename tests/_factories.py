@@ -39,6 +39,21 @@ def synthetic_rollouts(seed: int = 3, n: int = 16, *, prompt_len=(4, 8), respons
                               max_response_len=max_response_len, seed=seed)
 
 
+def masked_rollouts(counts, *, seed: int, prompt=(3, 8), response=(5, 30), keep=0.85,
+                    first_id: int = 0) -> Rollouts:
+    """Rollouts of ``counts[k]`` samples each (ids from ``first_id``), prompts and responses
+    drawn uniformly from the half-open ranges, each response token in the loss with
+    probability ``keep`` (the first always)."""
+    rng = np.random.default_rng(seed)
+    rid = np.repeat(np.arange(first_id, first_id + len(counts)), counts)
+    prompt_len = rng.integers(*prompt, rid.size)
+    response_len = rng.integers(*response, rid.size)
+    masks = [(rng.random(r) < keep).astype(int) for r in response_len]
+    for m in masks:
+        m[0] = 1
+    return Rollouts(prompt_len, response_len, rid, masks)
+
+
 def background_error(make_explorer, change):
     """An explorer built inside a running event loop (so it computes in the background), after
     ``change(explorer)``: waits up to 4 s for its error box to fill, closes it, returns it."""

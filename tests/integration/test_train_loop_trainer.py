@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from _factories import TINY_GPT
+from _factories import TINY_GPT, masked_rollouts
 
 from varbatch_kit import Rollouts
 from varbatch_kit.train import TrainConfig, TrainingError, run
@@ -28,15 +28,9 @@ STEPS_PER_BATCH = 2
 def batch(k: int) -> Rollouts:
     """12 rollouts (ids 12k..12k+11) of 1-2 samples; the batches' micro-batch counts differ
     (longer responses in later batches), so a count carried over from a batch shows."""
-    rng = np.random.default_rng(100 + k)
-    counts = rng.integers(1, 3, 12)
-    rid = np.repeat(np.arange(12 * k, 12 * (k + 1)), counts)
-    prompt = rng.integers(3, 7, rid.size)
-    resp = rng.integers(5 + 4 * k, 14 + 8 * k, rid.size)
-    masks = [(rng.random(r) < 0.85).astype(int) for r in resp]
-    for m in masks:
-        m[0] = 1
-    return Rollouts(prompt, resp, rid, masks)
+    counts = np.random.default_rng(100 + k).integers(1, 3, 12)
+    return masked_rollouts(counts, seed=200 + k, prompt=(3, 7),
+                           response=(5 + 4 * k, 14 + 8 * k), first_id=12 * k)
 
 
 def concatenated(batches: list[Rollouts]) -> Rollouts:

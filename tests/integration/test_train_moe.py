@@ -16,6 +16,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 import pytest
+from _factories import masked_rollouts
 from _fake_hf import tiny_hf_checkpoint
 
 from varbatch_kit import Rollouts
@@ -28,15 +29,7 @@ TOL = 1e-9  # float64, relative
 
 def rollouts() -> Rollouts:
     """Two steps of 6 rollouts of 1-2 samples; responses of 5-30 tokens."""
-    rng = np.random.default_rng(7)
-    counts = [1, 2, 1, 2, 1, 1] * 2
-    rid = np.repeat(np.arange(len(counts)), counts)
-    prompt = rng.integers(3, 8, rid.size)
-    resp = rng.integers(5, 30, rid.size)
-    masks = [(rng.random(r) < 0.85).astype(int) for r in resp]
-    for m in masks:
-        m[0] = 1
-    return Rollouts(prompt, resp, rid, masks)
+    return masked_rollouts([1, 2, 1, 2, 1, 1] * 2, seed=7)
 
 
 @pytest.fixture(scope="module")
