@@ -330,11 +330,13 @@ def _sources_stamp() -> tuple:
 def agent_server(env: dict) -> AgentServer | None:
     """The server for launches with environment ``env`` (started, or restarted when what it
     fixed at its start changed); None where agents start fresh: ``VARBATCH_KIT_FRESH_AGENTS=1``,
-    a launch from a thread other than the main thread, or no ``fork`` (not Linux)."""
+    or no ``fork`` (not Linux). A launch from a thread other than the main thread uses the
+    server the main thread started for the same environment (the RL loop's trainer,
+    :mod:`~varbatch_kit.train.runs.loop_trainer`, has it started first) and never starts
+    one: the server's death signal follows the thread that started it."""
     global _server
     if (env.get(FRESH_AGENTS_ENV, "").strip() not in ("", "0") or not hasattr(os, "fork")
-            or not sys.platform.startswith("linux")
-            or threading.current_thread() is not threading.main_thread()):
+            or not sys.platform.startswith("linux")):
         return None
     start_env = {k: v for k, v in env.items() if k not in _PER_LAUNCH_ENV}
     key = (sys.executable, _sources_stamp(), tuple(sorted(
@@ -342,6 +344,9 @@ def agent_server(env: dict) -> AgentServer | None:
     with _server_lock:
         if _server is not None and _server.owner != os.getpid():
             _server = None  # this process is a fork of the launcher: the server is its parent's
+        if threading.current_thread() is not threading.main_thread():
+            usable = _server is not None and _server.key == key and _server.alive()
+            return _server if usable else None
         if _server is not None and (_server.key != key or not _server.alive()):
             if _server.alive() and _server.pending():
                 return None  # another launch still runs on it: this one starts fresh

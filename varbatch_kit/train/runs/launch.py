@@ -339,11 +339,23 @@ def _torchrun_command(c0: TrainConfig, job_dir: Path, fingerprints,
     return cmd, env
 
 
+def warm_agent_server(config: TrainConfig, job_dir: Path, fingerprints, device: str) -> bool:
+    """Start (from the calling thread, the main one) the agent server a launch of ``config``
+    on ``device`` will use, so that a launch from another thread forks its agent from it
+    instead of starting a fresh interpreter (:func:`~varbatch_kit.train.runs.agent_server.
+    agent_server`). True when there is one."""
+    if device != "cpu":
+        return False
+    _, env = _torchrun_command(config, job_dir, fingerprints, device)
+    return agent_server(env) is not None
+
+
 def _start_agent(cmd: list[str], env: dict, job_dir: Path, log_path: Path, device: str):
     """Start the launch's torchrun agent: on CPU forked by this process's agent server
     (:mod:`~varbatch_kit.train.runs.agent_server`: torch and megatron imported once, not per
-    launch), else (CUDA, ``VARBATCH_KIT_FRESH_AGENTS=1``, a launch from another thread) as a
-    fresh interpreter, ``cmd``. Either way its own session, its output in ``log_path``."""
+    launch), else (CUDA, ``VARBATCH_KIT_FRESH_AGENTS=1``, a launch from another thread when the
+    main thread started no server: :func:`warm_agent_server`) as a fresh interpreter, ``cmd``.
+    Either way its own session, its output in ``log_path``."""
     server = agent_server(env) if device == "cpu" else None
     if server is not None:
         log_path.touch()

@@ -186,7 +186,7 @@ class LoopTrainer:
     def _start(self, plan, first_rollouts) -> None:
         from varbatch_kit.train.parallel.devices import select_device
         from varbatch_kit.train.runs.checkpoint import fed_fingerprint
-        from varbatch_kit.train.runs.launch import _launch
+        from varbatch_kit.train.runs.launch import _launch, warm_agent_server
 
         fp = fed_fingerprint(self.config)
         self.feed.stop_path.unlink(missing_ok=True)  # a stop of an earlier job
@@ -197,6 +197,10 @@ class LoopTrainer:
             shutil.rmtree(self.run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         device = select_device(self.config).device
+        # the launch runs in a thread: its agent forks from the server started here (in the
+        # caller's thread), not from a fresh interpreter (~3 s of CPU a launch)
+        if threading.current_thread() is threading.main_thread():
+            warm_agent_server(plan.config, self.job_dir, [fp], device)
 
         def launch() -> None:
             try:

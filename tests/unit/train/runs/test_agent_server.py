@@ -86,11 +86,21 @@ def test_a_changed_start_environment_or_source_starts_a_new_server(server_mod, m
 
 def test_fresh_agents_when_asked_or_off_the_main_thread(server_mod):
     assert server_mod.agent_server(_env(VARBATCH_KIT_FRESH_AGENTS="1")) is None
-    got = []
-    t = threading.Thread(target=lambda: got.append(server_mod.agent_server(_env())))
-    t.start()
-    t.join()
-    assert got == [None]  # PR_SET_PDEATHSIG follows the thread that started the server
+
+    def from_a_thread(env):
+        got = []
+        t = threading.Thread(target=lambda: got.append(server_mod.agent_server(env)))
+        t.start()
+        t.join()
+        return got[0]
+
+    # PR_SET_PDEATHSIG follows the thread that started the server: a thread starts none
+    assert from_a_thread(_env()) is None
+    # ... but uses the one the main thread started, for the same environment only
+    server = server_mod.agent_server(_env())
+    assert from_a_thread(_env()) is server
+    assert from_a_thread(_env(MALLOC_ARENA_MAX="2")) is None  # another start environment
+    assert server_mod.agent_server(_env()) is server
 
 
 def test_a_hanging_agent_times_out_is_found_with_its_rank_and_is_stopped(server_mod, tmp_path):
