@@ -171,8 +171,7 @@ class LoopTrainer:
         elif (self.run_dir / "steps.jsonl").exists():
             warnings.warn(f"resume: no complete checkpoint in {self.run_dir}; the trainer "
                           "trains every batch put so far again", stacklevel=4)
-        for name in ("done",):
-            (self.run_dir / name).unlink(missing_ok=True)
+        (self.run_dir / "done").unlink(missing_ok=True)
         truncate_to_step(self.run_dir / "steps.jsonl", step)
         truncate_to_step(self.run_dir / "checkpoints.jsonl", step)
         k = 0  # batches finished after the checkpoint are trained (and marked) again

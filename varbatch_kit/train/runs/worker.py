@@ -255,7 +255,7 @@ def train(cfg: TrainConfig, model_spec, steps: list, log_prob_steps: list, rollo
         return make_training_data(part_rollouts, vocab_size=model_spec.vocab_size,
                                   seed=cfg.data.seed, data=cfg.data, loss=cfg.loss)
 
-    first_data = training_data(rollouts) if rollouts is not None else None
+    first_data = training_data(rollouts)  # the first (without a feed: the only) part's
     if rank == 0:
         out_dir.mkdir(parents=True, exist_ok=True)
         meta = {
@@ -285,8 +285,7 @@ def train(cfg: TrainConfig, model_spec, steps: list, log_prob_steps: list, rollo
     totals = {"rollouts": 0, "samples": 0}  # consumed by the parts before this one
     for part, part_rollouts, part_steps, part_lp_steps in _segments(
             steps, log_prob_steps, rollouts, feed, rank, out_dir):
-        data = first_data if part == 0 and first_data is not None else training_data(
-            part_rollouts)
+        data = first_data if part == 0 else training_data(part_rollouts)
         # rollout batches of data.num_steps_per_rollout steps (a fed batch: one): before the
         # first step of each, the log-prob pass, the advantages and the rollout log-probs
         # (train/step/policy_inputs.py)
