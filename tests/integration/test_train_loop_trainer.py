@@ -19,7 +19,9 @@ from varbatch_kit.train import TrainConfig, TrainingError, run
 from varbatch_kit.train.runs.checkpoint import latest_checkpoint
 from varbatch_kit.train.runs.loop_trainer import LoopTrainer
 
-pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(600)]
+# one pytest-xdist worker: the tests share the plain run (a module fixture)
+pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(600),
+              pytest.mark.xdist_group("loop_trainer")]
 
 GBS = 6  # rollouts per step: every batch of 12 rollouts trains 2 steps
 STEPS_PER_BATCH = 2

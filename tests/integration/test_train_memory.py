@@ -21,6 +21,10 @@ from varbatch_kit import Rollouts
 from varbatch_kit.train import TrainConfig, run_many
 from varbatch_kit.train.runs.memory_report import memory_table
 
+#: both tests read one module fixture (the runs, ~37 s on 2 cores): one pytest-xdist worker
+#: for them, or each worker trains the runs again
+pytestmark = pytest.mark.xdist_group("memory_matrix")
+
 TOLERANCE = 0.10
 
 #: (label, changes) per model; the toy GPT runs every layout
