@@ -241,6 +241,7 @@ def rl_loop(config, prompts, *, iterations: int = 2, out_dir, n_samples_per_prom
     from varbatch_kit.train.rl.generate import GenerationStats, generate_rollouts, load_model
     from varbatch_kit.train.rl.task import FILTERS, resolve_function, slime_args
     from varbatch_kit.train.runs.loop_trainer import LoopTrainer
+    from varbatch_kit.train.runs.run_export import saved_weights
 
     _check(config, iterations, prompts)
     if mode not in MODES:
@@ -289,9 +290,11 @@ def rl_loop(config, prompts, *, iterations: int = 2, out_dir, n_samples_per_prom
     generated: dict[int, dict] = {}  # batches generated, not yet recorded
     last_steps: dict[int, int] = {}  # the trainer's last step after each batch
 
-    def generator_of(j: int) -> Path:  # sync: the last batch's export; async: the one before
-        source_batch = j - 1 - lag
-        return generator0 if source_batch < 0 else Path(exports[source_batch + 1])
+    def source_batch(j: int) -> int:  # the batch whose weights generate batch j (-1: initial)
+        return j - 1 - lag  # sync: the last batch; async: the one before
+
+    def generator_of(j: int) -> Path:
+        return generator0 if source_batch(j) < 0 else Path(exports[source_batch(j) + 1])
 
     def generate_batch(j: int) -> None:  # batch j, with its generator's weights; then put
         generator = generator_of(j)
@@ -360,7 +363,7 @@ def rl_loop(config, prompts, *, iterations: int = 2, out_dir, n_samples_per_prom
             last_steps[k] = last
             # 4. export, and the sync check: the export as the loader reads it == the trainer's
             t2 = time.perf_counter()
-            trained = _read_params(trained_batch["params"])
+            _, trained = saved_weights(trainer.run_dir, last)
             export = export_hf(trained, resolve_model(trainer_cfg.model), it_dir / "export",
                                overwrite=True)
             exported = _loader_view(export)
@@ -369,8 +372,7 @@ def rl_loop(config, prompts, *, iterations: int = 2, out_dir, n_samples_per_prom
             metrics = {m: float(np.mean([r[m] for r in step_records]))
                        for m in STEP_METRICS if step_records and m in step_records[0]}
             # the generator's weights: after the trainer's step `born` (0: the initial ones)
-            source_batch = k - 1 - lag
-            born = 0 if source_batch < 0 else last_steps[source_batch]
+            born = 0 if source_batch(k) < 0 else last_steps[source_batch(k)]
             rec = {
                 "iteration": k, "mode": mode, "generator_hash": g["gen_hash"],
                 "trained_hash": weights_hash(exported),
@@ -423,13 +425,6 @@ def rl_loop(config, prompts, *, iterations: int = 2, out_dir, n_samples_per_prom
     return RLLoopResult(iterations=pd.DataFrame(records), steps=pd.DataFrame(step_rows),
                         exports=exports, out_dir=out)
 
-
-def _read_params(path) -> dict:
-    """A fed batch's weights (``params_stepN.pt``, rank 0's views: one tensor each here)."""
-    import torch
-
-    state = torch.load(path, map_location="cpu", weights_only=True)
-    return {k: v.clone() for k, v in state.items()}
 
 
 def _all_advantages_zero(cfg, rollouts) -> bool:
