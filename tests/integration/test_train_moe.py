@@ -3,12 +3,15 @@ megatron-core's router and experts, trained in torchrun workers under data paral
 
 The loader and the export are checked against transformers' logits family by family
 (tests/integration/test_train_hf.py, tests/unit/train/model/test_hf_export.py); here the
-training itself: the same steps at dp 1 and dp 2 (2 and 3 micro-batches a step: the tokens
-are routed the same way wherever they are packed) give the same reports, gradient norms and
-parameters in float64, and the mean of micro-batch means, which does depend on the packing,
-drifts (the test can fail); the step log's expert load (tokens per expert and layer, summed
-over the ranks) is the same under both layouts. Expert, tensor, pipeline and context
-parallelism are refused before any worker starts (not built for MoE yet).
+training itself, with the router's load-balancing loss and z-loss trained (per sample,
+train/step/router_losses.py): the same steps at dp 1, at dp 1 under a smaller token cap and
+at dp 2 (three packings of the same samples) give the same reports (the router losses
+included), gradient norms and parameters in float64 under both sound modes; the mean of
+micro-batch means, which depends on the packing, drifts, and so do megatron's per-row router
+losses when injected (FaultConfig.moe_aux_per_row): the test can fail. The step log's expert
+load (tokens per expert and layer, summed over the ranks) is the same under every layout.
+Expert, tensor, pipeline and context parallelism are refused before any worker starts (not
+built for MoE yet).
 """
 
 from __future__ import annotations
@@ -21,6 +24,9 @@ from _fake_hf import tiny_hf_checkpoint
 
 from varbatch_kit import Rollouts
 from varbatch_kit.train import TrainConfig, compare, run
+from varbatch_kit.train.config.sub_configs import FaultConfig
+from varbatch_kit.train.runs.results import param_rel_diff
+from varbatch_kit.train.step.train_step import report_keys
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(600)]
 
@@ -37,31 +43,75 @@ def moe_checkpoint(tmp_path_factory):
     return tiny_hf_checkpoint("qwen3_moe", tmp_path_factory.mktemp("moe") / "qwen3_moe")
 
 
-def test_a_moe_checkpoint_trains_the_same_at_dp_1_and_2(moe_checkpoint, tmp_path):
+#: the router's losses, weighted well above slime's usual 1e-3 so that they move the update
+ROUTER = dict(moe_aux_loss_coeff=0.1, moe_z_loss_coeff=0.01)
+#: the layouts: dp 1 at the reference cap, dp 1 re-packed under a smaller cap, dp 2
+LAYOUTS = {"dp1": dict(dp=1), "dp1 cap 24": dict(dp=1, max_tokens_per_gpu=24), "dp2": dict(dp=2)}
+SOUND = ("per_rollout_mean", "per_token")
+
+
+def _rel(a: pd.Series, b: pd.Series) -> float:
+    a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
+    return float(np.abs(a - b).max() / max(np.abs(b).max(), 1e-300))
+
+
+def test_a_moe_checkpoint_trains_the_same_under_every_packing(moe_checkpoint, tmp_path):
     base = TrainConfig().with_(path=str(moe_checkpoint), lr=1e-3, min_lr=1e-3,
                                lr_decay_style="constant", n_samples_per_prompt=3,
                                global_batch_size=6, max_tokens_per_gpu=48,
                                packing="first_fit", precision="fp64", entropy_coef=0.01,
-                               save_params_at=(1, 2), max_steps=2)
-    configs = [base.with_(dp=dp, mode=mode, label=f"dp{dp} {mode}")
-               for mode in ("per_rollout_mean", "naive_microbatch_mean") for dp in (1, 2)]
-    table = compare(configs, rollouts(), out_dir=tmp_path, progress=False)
-    cols = ["label", "step", "num_microbatches", "loss", "grad_norm", "loss_rel_diff",
-            "grad_norm_rel_diff", "param_rel_diff"]
+                               save_params_at=(1, 2), max_steps=2, **ROUTER)
+    configs = [base.with_(mode=mode, label=f"{name} {mode}", **layout)
+               for mode in SOUND for name, layout in LAYOUTS.items()]
+    configs += [base.with_(dp=dp, mode="naive_microbatch_mean", label=f"dp{dp} naive")
+                for dp in (1, 2)]
+    # the injected bug: megatron's per-row router losses, at dp 1 and re-packed
+    configs += [base.with_(mode="per_rollout_mean", label=f"bug: per-row aux, {name}",
+                           faults=FaultConfig(moe_aux_per_row=True), **LAYOUTS[name])
+                for name in ("dp1", "dp1 cap 24")]
+    # the router losses trained: the same run without them ends elsewhere
+    configs.append(base.with_(mode="per_rollout_mean", label="dp1 no router losses",
+                              moe_aux_loss_coeff=0.0, moe_z_loss_coeff=0.0))
+    runs: list = []
+    table = compare(configs, rollouts(), out_dir=tmp_path, progress=False, runs=runs)
+    runs = {r.config.name: r for r in runs}
+    cols = ["label", "step", "num_microbatches", "loss", "moe_aux_loss", "moe_z_loss",
+            "grad_norm", "grad_norm_rel_diff", "param_rel_diff"]
     with pd.option_context("display.width", 250):
         print(table[cols].to_string())
-    sound = table[table["mode"] == "per_rollout_mean"]
-    dp2 = sound[sound["label"] == "dp2 per_rollout_mean"]
-    assert len(dp2) == 2
+    rows = {label: t.sort_values("step") for label, t in table.groupby("label")}
+
+    def worst(label: str, ref: str) -> dict[str, float]:
+        a, b = rows[label], rows[ref]
+        keys = [*report_keys(runs[ref].config.loss, False, moe=True), "grad_norm"]
+        d = {k: _rel(a[k], b[k]) for k in keys}
+        d["params"] = max(param_rel_diff(runs[label].params(s), runs[ref].params(s))
+                          for s in (1, 2))
+        return d
+
     # the layouts pack differently (so the test can see a packing leak)
-    one = sound[sound["label"] == "dp1 per_rollout_mean"]["num_microbatches"].map(sum)
-    assert list(one) != list(dp2["num_microbatches"].map(sum))
-    for col in ("loss_rel_diff", "grad_norm_rel_diff", "param_rel_diff"):
-        assert (dp2[col].abs() < TOL).all(), (col, dp2[col].tolist())
-    naive = table[table["label"] == "dp2 naive_microbatch_mean"]
-    assert (naive["grad_norm_rel_diff"].abs() > 1e3 * TOL).any(), naive
+    packs = {name: list(rows[f"{name} per_token"]["num_microbatches"].map(sum))
+             for name in LAYOUTS}
+    assert len({tuple(p) for p in packs.values()}) == 3, packs
+    for mode in SOUND:
+        for name in ("dp1 cap 24", "dp2"):
+            d = worst(f"{name} {mode}", f"dp1 {mode}")
+            print(mode, name, d)
+            assert max(d.values()) <= TOL, (mode, name, d)
+        aux = rows[f"dp1 {mode}"]["moe_aux_loss"]
+        assert (aux > 0.5).all(), aux  # E * sum f P >= 1 at perfect balance (top 2 of 4)
+    assert _rel(rows["dp2 naive"]["grad_norm"], rows["dp1 naive"]["grad_norm"]) > 1e3 * TOL
+    off = worst("dp1 no router losses", "dp1 per_rollout_mean")
+    assert off["params"] > 1e3 * TOL and off["grad_norm"] > 1e3 * TOL, off
+    first = rows["dp1 no router losses"]["moe_aux_loss"].iloc[0]
+    assert first == pytest.approx(rows["dp1 per_rollout_mean"]["moe_aux_loss"].iloc[0], rel=TOL)
+    # per-row router losses move with the packing: in the report and in the update
+    d = worst("bug: per-row aux, dp1 cap 24", "bug: per-row aux, dp1")
+    print("per-row", d)
+    assert d["moe_aux_loss"] > 1e3 * TOL and d["params"] > 1e3 * TOL, d
     # the expert load: per layer, the tokens each of the 4 experts received (top 2: every
     # token twice), the same whichever rank routed them
+    sound = table[table["mode"] == "per_rollout_mean"]
     for _, row in sound.iterrows():
         load = np.array(row["expert_tokens"])
         assert load.shape == (3, 4), load.shape  # 3 layers x 4 experts
@@ -69,8 +119,8 @@ def test_a_moe_checkpoint_trains_the_same_at_dp_1_and_2(moe_checkpoint, tmp_path
         assert row["expert_load_max_over_mean"] >= 1.0
         # rank 0's micro-batches, one figure each
         assert len(row["micro_batch_expert_max_over_mean"]) == row["num_microbatches"][0]
-    one, two = (sound[sound["dp"] == dp].sort_values("step") for dp in (1, 2))
-    assert list(one["expert_tokens"]) == list(two["expert_tokens"])
+    assert (list(rows["dp1 per_rollout_mean"]["expert_tokens"])
+            == list(rows["dp2 per_rollout_mean"]["expert_tokens"]))
 
 
 def test_moe_layouts_the_engine_does_not_build_are_refused(moe_checkpoint):

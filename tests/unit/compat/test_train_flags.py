@@ -84,6 +84,8 @@ MAPPED = [
     ("--rollout-batch-size 32", "data.rollout_batch_size", 32),
     ("--num-steps-per-rollout 3", "data.num_steps_per_rollout", 3),
     ("--rollout-temperature 0.7", "loss.rollout_temperature", 0.7),
+    ("--moe-aux-loss-coeff 0.001", "loss.moe_aux_loss_coeff", 0.001),
+    ("--moe-z-loss-coeff 0.0001", "loss.moe_z_loss_coeff", 0.0001),
     ("--lr 2e-3", "optim.lr", 2e-3),
     ("--min-lr 1e-6", "optim.min_lr", 1e-6),
     ("--lr-decay-style cosine", "optim.lr_decay_style", "cosine"),
@@ -311,6 +313,8 @@ def test_unknown_flags_behave_as_in_the_schedule_function():
     ("--lr-decay-samples 100", "--lr-decay-samples 100"),
     ("--weight-decay-incr-style linear", "--weight-decay-incr-style 'linear'"),
     ("--start-weight-decay 0.1", "--start-weight-decay 0.1"),
+    ("--moe-router-load-balancing-type sinkhorn", "--moe-router-load-balancing-type 'sinkhorn'"),
+    ("--moe-router-load-balancing-type global_aux_loss", "global_aux_loss"),
 ])
 def test_flags_the_engine_does_not_implement_are_refused(cmd, match):
     with warnings.catch_warnings(), pytest.raises(
@@ -326,7 +330,8 @@ def test_every_unsupported_flag_is_tested_and_all_are_named_at_once():
               "--custom-advantage-function-path", "--custom-pg-loss-reducer-function-path",
               "--ref-update-interval", "--optimizer", "--lr-warmup-iters", "--lr-warmup-samples",
               "--lr-warmup-init", "--lr-decay-iters", "--lr-decay-samples",
-              "--weight-decay-incr-style", "--start-weight-decay", "--end-weight-decay"}
+              "--weight-decay-incr-style", "--start-weight-decay", "--end-weight-decay",
+              "--moe-router-load-balancing-type"}
     assert tested == {u.flag for u in UNSUPPORTED_TRAIN_FLAGS}
     with pytest.raises(ValueError, match="ppo .*; --use-opsm .*; --loss-type 'custom_loss'"):
         train_config_from_slime_args("--use-opsm --advantage-estimator ppo --loss-type "
@@ -335,7 +340,9 @@ def test_every_unsupported_flag_is_tested_and_all_are_named_at_once():
 
 @pytest.mark.parametrize("cmd", ["--loss-type policy_loss", "--optimizer adam",
                                  "--lr-warmup-iters 0", "--lr-warmup-init 0",
-                                 "--weight-decay-incr-style constant"])
+                                 "--weight-decay-incr-style constant",
+                                 "--moe-router-load-balancing-type aux_loss",
+                                 "--moe-router-load-balancing-type seq_aux_loss"])
 def test_an_unsupported_flag_at_its_no_op_value_is_read(cmd):
     assert _quiet(cmd) == BASE
 
@@ -348,7 +355,9 @@ def _slime_namespace(**changes):
         kl_coef=0.0, entropy_coef=0.0, gamma=1.0, lambd=1.0, normalize_advantages=False,
         rewards_normalization=True, grpo_std_normalization=True, use_tis=False,
         custom_tis_function_path=None, tis_clip=2.0, tis_clip_low=0, use_rollout_logprobs=False,
-        reward_key=None, seed=1234, n_samples_per_prompt=1, rollout_batch_size=4,
+        reward_key=None, moe_aux_loss_coeff=0.0, moe_z_loss_coeff=None,
+        moe_router_load_balancing_type="aux_loss", seed=1234, n_samples_per_prompt=1,
+        rollout_batch_size=4,
         lr=1e-6, min_lr=0.0, lr_decay_style="linear", lr_warmup_fraction=None,
         weight_decay=0.01, adam_beta1=0.9, adam_beta2=0.999, adam_eps=1e-8, clip_grad=1.0,
         calculate_per_token_loss=False, use_opsm=False, opsm_delta=1e-4, use_opd=False,
@@ -450,7 +459,8 @@ def _flags_of(cfg: TrainConfig) -> list[str]:
         use_unbiased_kl=True, kl_coef=0.02, entropy_coef=1e-4, gamma=0.97,
         normalize_advantages=True, rewards_normalization=False, grpo_std_normalization=False,
         use_tis=True, tis_function="icepop", tis_clip=1.7, tis_clip_low=0.3,
-        use_rollout_logprobs=True, reward_key="acc"),
+        use_rollout_logprobs=True, reward_key="acc", moe_aux_loss_coeff=1e-3,
+        moe_z_loss_coeff=1e-4),
         data=DataConfig(seed=11, n_samples_per_prompt=2, rollout_batch_size=6),
         optim=OptimConfig(lr=1e-6, min_lr=1e-7, lr_decay_style="constant",
                           lr_warmup_fraction=0.05, weight_decay=0.01, adam_beta1=0.85,

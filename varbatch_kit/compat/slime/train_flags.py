@@ -34,6 +34,12 @@ slime flag                              TrainConfig field
 ``--reward-key``                        ``loss.reward_key``
 ``--rollout-temperature``               ``loss.rollout_temperature`` (the log-probs'
                                         temperature)
+``--moe-aux-loss-coeff``                ``loss.moe_aux_loss_coeff`` (a mixture of
+                                        experts: the load-balancing loss, per
+                                        sample, whether megatron's
+                                        ``--moe-router-load-balancing-type`` is
+                                        ``aux_loss`` or ``seq_aux_loss``)
+``--moe-z-loss-coeff``                  ``loss.moe_z_loss_coeff``
 ``--seed``                              ``data.seed``
 ``--n-samples-per-prompt``              ``data.n_samples_per_prompt``
 ``--rollout-batch-size``                ``data.rollout_batch_size``
@@ -88,7 +94,8 @@ The rules:
 - **Flags that change training in a way the engine does not implement are
   refused**, never accepted and ignored: ``--advantage-estimator ppo`` and
   every flag of :data:`UNSUPPORTED_TRAIN_FLAGS` (OPSM, on-policy
-  distillation, routing replay, a kept old actor, reference updates, custom
+  distillation, routing replay, a load-balancing loss other than
+  the per-sample one, a kept old actor, reference updates, custom
   loss / advantage / reducer functions, ``--loss-type`` other than
   ``policy_loss``, optimiser resets, another optimiser, megatron's iteration-
   or sample-based LR warm-up and decay) unless given its no-op value.
@@ -222,6 +229,8 @@ TRAIN_FLAGS: tuple[MappedFlag, ...] = (
     _loss("--use-rollout-logprobs", "true"),
     _loss("--reward-key", str, none_is_value=True),
     _loss("--rollout-temperature", float),
+    _loss("--moe-aux-loss-coeff", float),
+    _loss("--moe-z-loss-coeff", float),
     _mapped("data", "--seed", int),
     _mapped("data", "--n-samples-per-prompt", positive_int),
     _mapped("data", "--rollout-batch-size", positive_int),
@@ -287,6 +296,9 @@ UNSUPPORTED_TRAIN_FLAGS: tuple[UnsupportedFlag, ...] = (
     _valued("--ref-update-interval", "reference-model updates (the reference is the initial "
             "model)", int, None),
     _valued("--optimizer", "an optimiser other than adam", str, "adam"),
+    _valued("--moe-router-load-balancing-type", "a load-balancing loss other than the per-"
+            "sample aux / seq_aux loss (global_aux_loss, sinkhorn, none)", str, "aux_loss",
+            "seq_aux_loss"),
     _valued("--lr-warmup-iters", "iteration-based LR warm-up (use --lr-warmup-fraction)", int,
             0),
     _valued("--lr-warmup-samples", "sample-based LR warm-up (use --lr-warmup-fraction)", int,

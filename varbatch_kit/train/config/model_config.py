@@ -97,6 +97,11 @@ class ResolvedModel:
         return self.hf is None
 
     @property
+    def is_moe(self) -> bool:
+        """A mixture-of-experts checkpoint (routers and experts in its MLPs)."""
+        return self.hf is not None and self.hf.is_moe
+
+    @property
     def path(self) -> str | None:
         return self.config.path
 

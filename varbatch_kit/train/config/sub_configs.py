@@ -145,6 +145,10 @@ class LossConfig:
     reward_key: str | None = _f(None, "the key of dict rewards to train on (e.g. 'acc')")
     rollout_temperature: float = _f(1.0, "the sampling temperature of the rollouts: logits are "
                                          "divided by it before the log-probs (> 0)")
+    moe_aux_loss_coeff: float = _f(0.0, "mixture of experts: weight of the router's load-"
+                                        "balancing loss, per sample and MoE layer (>= 0)")
+    moe_z_loss_coeff: float = _f(0.0, "mixture of experts: weight of the router's z-loss, per "
+                                      "sample and MoE layer (>= 0)")
 
     def __post_init__(self) -> None:
         if self.advantage_estimator == "ppo":
@@ -170,6 +174,8 @@ class LossConfig:
         need_number("loss", "tis_clip", self.tis_clip, lo=0, lo_open=True)
         need_number("loss", "tis_clip_low", self.tis_clip_low, lo=0, hi=self.tis_clip)
         need_number("loss", "rollout_temperature", self.rollout_temperature, lo=0, lo_open=True)
+        need_number("loss", "moe_aux_loss_coeff", self.moe_aux_loss_coeff, lo=0)
+        need_number("loss", "moe_z_loss_coeff", self.moe_z_loss_coeff, lo=0)
         if self.reward_key is not None and (not isinstance(self.reward_key, str)
                                             or not self.reward_key):
             raise ValueError(f"loss.reward_key={self.reward_key!r}: give the key of the dict "
@@ -342,7 +348,9 @@ class FaultConfig:
     ``sp_norm_grads_unreduced`` (sequence parallelism): the norms' parameters are not marked
     sequence-parallel, so their gradients, each TP rank's from its slice of the sequence,
     are not summed over the TP group (the bug of megatron's torch norm, which cannot be
-    marked).
+    marked). ``moe_aux_per_row`` (a mixture of experts): the router's load-balancing loss and
+    z-loss over each packed row, as megatron's per-micro-batch loss computes them, not per
+    sample (:mod:`~varbatch_kit.train.step.router_losses`).
     """
 
     fail_at_step: int | None = _f(None, "rank fail_rank raises at the start of this 1-based step")
@@ -361,6 +369,9 @@ class FaultConfig:
                                               "not per step (an injected bug)")
     sp_norm_grads_unreduced: bool = _f(False, "sequence parallelism: the norms' gradients not "
                                               "summed over the TP ranks (an injected bug)")
+    moe_aux_per_row: bool = _f(False, "mixture of experts: the router losses over each packed "
+                                      "row, not per sample (megatron's per-micro-batch loss; "
+                                      "an injected bug)")
 
     def __post_init__(self) -> None:
         for name in ("fail_at_step", "hang_at_step", "disk_full_at_step"):
@@ -368,7 +379,7 @@ class FaultConfig:
         need_int("faults", "fail_rank", self.fail_rank, 0)
         need_int("faults", "cp_swap_chunks_rank", self.cp_swap_chunks_rank, 0, optional=True)
         for name in ("stale_loss_prescale", "cp_duplicate_token_counts", "microbatch_denominators",
-                     "sp_norm_grads_unreduced"):
+                     "sp_norm_grads_unreduced", "moe_aux_per_row"):
             need_bool("faults", name, getattr(self, name))
         if self.kill_at is not None:
             point, _, step = str(self.kill_at).partition(":")

@@ -159,8 +159,9 @@ def _moe(spec, precision: str) -> dict:
     model's dtype (float32, float64) and in float32 under bf16 (slime's
     ``--moe-router-dtype fp32``),
     SwiGLU experts of ``moe_intermediate_size``, tokens dispatched by all-to-all (megatron's
-    default dispatcher refuses variable lengths). No auxiliary load-balancing loss yet (its
-    layout-free reduction is not built), so none is trained or reported."""
+    default dispatcher refuses variable lengths). megatron's own load-balancing loss stays
+    off: the engine computes the router's losses per sample from the router's logits
+    (:mod:`~varbatch_kit.train.step.router_losses`), so that packing cannot move them."""
     if not spec.is_moe:
         return {}
     return dict(num_moe_experts=spec.num_experts, moe_router_topk=spec.moe_router_topk,

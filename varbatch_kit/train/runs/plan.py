@@ -82,9 +82,18 @@ def _check_interleaved(cfg: TrainConfig, steps) -> None:
 def _check_moe_layout(cfg: TrainConfig, model: ResolvedModel) -> None:
     """A mixture-of-experts model trains under data parallelism only, so far: its experts
     are not split over tensor-parallel ranks, pipeline stages or CP groups by the engine
-    (each rank holds every expert; no expert parallelism yet)."""
+    (each rank holds every expert; no expert parallelism yet). A dense model refuses the
+    router's settings (loss coefficients, the injected per-row bug): nothing would use them."""
     spec = model.hf
-    if spec is None or not spec.is_moe:
+    if not model.is_moe:
+        moe_only = {k: v for k, v in (("loss.moe_aux_loss_coeff", cfg.loss.moe_aux_loss_coeff),
+                                      ("loss.moe_z_loss_coeff", cfg.loss.moe_z_loss_coeff),
+                                      ("faults.moe_aux_per_row", cfg.faults.moe_aux_per_row))
+                    if v}
+        if moe_only:
+            shown = ", ".join(f"{k}={v}" for k, v in moe_only.items())
+            raise ValueError(f"{shown}: {model.path or 'the toy GPT'} is a dense model (no "
+                             "router); these apply to a mixture-of-experts checkpoint only")
         return
     bad = {k: v for k, v in (("tp", cfg.tp), ("pp", cfg.pp), ("cp", cfg.schedule.cp)) if v > 1}
     if bad:

@@ -272,7 +272,8 @@ def train(cfg: TrainConfig, model_spec, steps: list, log_prob_steps: list, rollo
             "rollout_feed": None if feed is None else feed.folder,
             "data": first_data.source,
             "rollout_log_probs": first_data.rollout_log_probs is not None,
-            "metrics": list(report_keys(cfg.loss, first_data.rollout_log_probs is not None)),
+            "metrics": list(report_keys(cfg.loss, first_data.rollout_log_probs is not None,
+                                        moe=model_spec.is_moe)),
             "steps_per_rollout_batch": None if feed is not None else RolloutBatches(
                 len(log_prob_steps), cfg.data.num_steps_per_rollout).per_batch,
             "torch": torch.__version__, "resumed_from_step": start if resume_from else None,

@@ -23,10 +23,11 @@ from contextlib import contextmanager
 
 import torch
 
-__all__ = ["ExpertLoadWatch", "expert_load_watch"]
+__all__ = ["ExpertLoadWatch", "expert_load_watch", "routers_of"]
 
 
-def _routers(chunks) -> list:
+def routers_of(chunks) -> list:
+    """The megatron-core ``TopKRouter`` modules of ``chunks``, in layer order."""
     from megatron.core.transformer.moe.router import TopKRouter
 
     return [m for c in chunks for m in c.modules() if isinstance(m, TopKRouter)]
@@ -94,7 +95,7 @@ class ExpertLoadWatch:
 def expert_load_watch(chunks):
     """Within the block, count the tokens the routers of ``chunks`` (the rank's model
     chunks) send to each expert; yields the :class:`ExpertLoadWatch`."""
-    routers = _routers(chunks)
+    routers = routers_of(chunks)
     watch = ExpertLoadWatch(routers)
     handles = [r.register_forward_hook(watch._hook(i)) for i, r in enumerate(routers)]
     try:

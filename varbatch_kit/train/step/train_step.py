@@ -105,13 +105,15 @@ class PolicyInputs:
     rollout_log_probs: list | None = None
 
 
-def report_keys(loss, has_rollout_log_probs: bool) -> tuple[str, ...]:
+def report_keys(loss, has_rollout_log_probs: bool, moe: bool = False) -> tuple[str, ...]:
     """The reported metric names of a run with ``loss`` (its ``LossConfig``): slime's
-    policy-loss metrics, then the extras."""
+    policy-loss metrics, then the extras, then (``moe``: a mixture-of-experts model) the
+    router's losses (:mod:`~varbatch_kit.train.step.router_losses`)."""
     from varbatch_kit.report.objective import metric_keys
+    from varbatch_kit.train.step.router_losses import ROUTER_LOSS_KEYS
 
-    return metric_keys(loss.objective_options(),
-                       has_rollout_log_probs=has_rollout_log_probs) + EXTRA_METRIC_KEYS
+    return (metric_keys(loss.objective_options(), has_rollout_log_probs=has_rollout_log_probs)
+            + EXTRA_METRIC_KEYS + (ROUTER_LOSS_KEYS if moe else ()))
 
 
 def train_step(layout, loss, faults, mode, model, optimizer, step, rollouts, data,
@@ -134,12 +136,18 @@ def train_step(layout, loss, faults, mode, model, optimizer, step, rollouts, dat
     from varbatch_kit.report.objective import policy_objective
     from varbatch_kit.train.parallel.cp_groups import idle_round, rank_rounds, share_for
     from varbatch_kit.train.step.cp_response import chunk_output, chunk_stats
+    from varbatch_kit.train.step.expert_load import routers_of
     from varbatch_kit.train.step.microbatch_timer import (
         MicroBatchTimer,
         busy_and_straggler,
         gather_timings,
     )
     from varbatch_kit.train.step.packed_batch import pack
+    from varbatch_kit.train.step.router_losses import (
+        RouterLogits,
+        per_token_values,
+        sample_router_losses,
+    )
 
     t0 = time.perf_counter()
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -195,8 +203,12 @@ def train_step(layout, loss, faults, mode, model, optimizer, step, rollouts, dat
                  if layout.cp_impl == "allgather" else None)
         batches.append((b, w.cp_size, w.cp_rank, share))
 
+    models = model if isinstance(model, list) else [model]
+    # a mixture of experts: the router logits of each training forward, for the per-sample
+    # load-balancing and z losses (train/step/router_losses.py)
+    routers = RouterLogits(routers_of(models))
     options = loss.objective_options()
-    keys = report_keys(loss, inputs.rollout_log_probs is not None)
+    keys = report_keys(loss, inputs.rollout_log_probs is not None, moe=routers.active)
 
     def _f64(arrays, idx):
         # a copy: the job's arrays arrive read-only (torch warns on a non-writable buffer)
@@ -224,6 +236,20 @@ def train_step(layout, loss, faults, mode, model, optimizer, step, rollouts, dat
         per_token["nll"] = -stats["logprob"].detach()
         per_token["token_acc"] = stats["correct"]
         per_token["advantage"] = torch.cat(adv)
+        trained = per_token["loss"]
+        if routers.active:  # each sample's router losses at each of its response tokens
+            layers = routers.take()
+            lengths = ([sum(batch.lengths)] if faults.moe_aux_per_row  # injected: the row's
+                       else list(batch.lengths))
+            aux, z = sample_router_losses(layers, lengths, routers.topk)
+            if faults.moe_aux_per_row:
+                aux, z = aux.expand(len(splits)), z.expand(len(splits))
+            per_token["moe_aux_loss"] = per_token_values(aux, splits)
+            per_token["moe_z_loss"] = per_token_values(z, splits)
+            # trained as megatron does: the coefficient times the sum over the MoE layers
+            trained = trained + len(layers) * (loss.moe_aux_loss_coeff * per_token["moe_aux_loss"]
+                                               + loss.moe_z_loss_coeff * per_token["moe_z_loss"])
+        per_token["trained"] = trained
         kw = {
             "total_lengths": list(batch.lengths),
             "response_lengths": list(batch.response_lens),
@@ -237,7 +263,7 @@ def train_step(layout, loss, faults, mode, model, optimizer, step, rollouts, dat
             "cp_size": cp_size,
         }
         sums = {}
-        for key in keys:
+        for key in (*keys, "trained"):
             local = slice_flat_responses_for_cp(
                 per_token[key], kw["total_lengths"], kw["response_lengths"],
                 cp_rank=cp_rank, cp_size=cp_size)
@@ -247,11 +273,10 @@ def train_step(layout, loss, faults, mode, model, optimizer, step, rollouts, dat
         num_tokens = mode.megatron_num_tokens(kw["loss_masks"], **count) if weight else 0
         values = torch.stack([torch.tensor(float(mode.count_slot(kw["loss_masks"], **count)))]
                              + [sums[k].detach().cpu().double() for k in keys]) * weight
-        return (weight * prescale * sums["loss"],
+        return (weight * prescale * sums["trained"],
                 torch.tensor(num_tokens, dtype=torch.int, device=device),
                 {"values": values})
 
-    models = model if isinstance(model, list) else [model]
     staged = layout.pp > 1  # pipeline parallelism: megatron's 1F1B over model chunks
     if staged:
         from varbatch_kit.train.model import pipeline_stages as pipeline
@@ -274,22 +299,23 @@ def train_step(layout, loss, faults, mode, model, optimizer, step, rollouts, dat
     for m in models:
         m.zero_grad_buffer()
     optimizer.zero_grad()
-    if staged:
-        outputs = pipeline_schedule.forward_backward(models, batches, forward_step, timer=timer)
-    else:
-        # the last backward ends where the grad sync starts (not counted)
-        with timer.around(get_model_config(model), [model]):
-            outputs = get_forward_backward_func()(
-                forward_step_func=forward_step,
-                data_iterator=iter(batches),
-                model=[model],
-                num_microbatches=len(batches),
-                seq_length=max(b.num_tokens for b, *_ in batches),
-                micro_batch_size=1,
-                forward_only=False,
-            )
-        for rec, (_, cp_size, _, share) in zip(timer.records, batches):  # what this rank
-            rec.update(cp_size=cp_size, cp_share=share is not None)  # computed: share or row
+    with routers.attached():  # the routers' logits recorded (a mixture of experts)
+        if staged:
+            outputs = pipeline_schedule.forward_backward(models, batches, forward_step, timer=timer)
+        else:
+            # the last backward ends where the grad sync starts (not counted)
+            with timer.around(get_model_config(model), [model]):
+                outputs = get_forward_backward_func()(
+                    forward_step_func=forward_step,
+                    data_iterator=iter(batches),
+                    model=[model],
+                    num_microbatches=len(batches),
+                    seq_length=max(b.num_tokens for b, *_ in batches),
+                    micro_batch_size=1,
+                    forward_only=False,
+                )
+            for rec, (_, cp_size, _, share) in zip(timer.records, batches):  # what this rank
+                rec.update(cp_size=cp_size, cp_share=share is not None)  # computed: share or row
     if grads_out is not None:  # DDP has reduced them into main_grad (finalize_model_grads)
         from varbatch_kit.train.model.gpt import unwrap_model
         from varbatch_kit.train.parallel.tensor_parallel import gather_full_parameters
