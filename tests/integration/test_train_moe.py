@@ -129,3 +129,12 @@ def test_moe_layouts_the_engine_does_not_build_are_refused(moe_checkpoint):
     for layout in (dict(tp=2), dict(cp=2), dict(pp=2)):
         with pytest.raises(ValueError, match=r"mixture-of-experts .* data parallelism only"):
             run(base.with_(**layout), rollouts(), progress=False)
+
+
+@pytest.mark.parametrize("setting", [dict(moe_aux_loss_coeff=1e-3), dict(moe_z_loss_coeff=1e-3),
+                                     dict(faults=FaultConfig(moe_aux_per_row=True))])
+def test_a_dense_model_refuses_the_routers_settings(setting):
+    """Accepted and ignored would be a bug: the toy GPT has no router."""
+    cfg = TrainConfig().with_(global_batch_size=6, max_tokens_per_gpu=48, **setting)
+    with pytest.raises(ValueError, match=r"dense model \(no router\)"):
+        run(cfg, rollouts(), progress=False)
