@@ -10,8 +10,9 @@ included), gradient norms and parameters in float64 under both sound modes; the 
 micro-batch means, which depends on the packing, drifts, and so do megatron's per-row router
 losses when injected (FaultConfig.moe_aux_per_row): the test can fail. The step log's expert
 load (tokens per expert and layer, summed over the ranks) is the same under every layout.
-Expert, tensor, pipeline and context parallelism are refused before any worker starts (not
-built for MoE yet).
+Expert parallelism (the experts split over 2 or 4 ranks, megatron's all-to-all over gloo)
+gives dp 1's numbers; tensor, pipeline and context parallelism with MoE, and checkpoints of
+an expert-parallel run, are refused before any worker starts (not built yet).
 """
 
 from __future__ import annotations
@@ -123,15 +124,89 @@ def test_a_moe_checkpoint_trains_the_same_under_every_packing(moe_checkpoint, tm
             == list(rows["dp2 per_rollout_mean"]["expert_tokens"]))
 
 
+#: expert parallelism, carved out of dp as megatron does: one group of 2 (world 2), two groups
+#: of 2 (world 4: each expert's gradient all-reduced over its 2 replicas), one group of 4 (an
+#: expert per rank); "cap 24" re-packs the same samples under ep
+EP_LAYOUTS = {"dp2 ep2": dict(dp=2, ep=2),
+              "dp2 ep2 cap 24": dict(dp=2, ep=2, max_tokens_per_gpu=24),
+              "dp4 ep2": dict(dp=4, ep=2), "dp4 ep4": dict(dp=4, ep=4)}
+FP32_TOL = 1e-5  # fp32 against fp32 dp 1 (fp32 rounding: ~1e-7 measured)
+
+
+def test_expert_parallel_layouts_train_like_dp1(moe_checkpoint, tmp_path):
+    """dp 1 against expert parallelism (the experts split over 2 or 4 ranks, tokens sent to
+    them by megatron's all-to-all over gloo), both sound modes, float64 within TOL; one fp32
+    row within FP32_TOL; the export of an ep 2 run loads in transformers with dp 1's logits
+    (in float32, within FP32_TOL)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    base = TrainConfig().with_(path=str(moe_checkpoint), lr=1e-3, min_lr=1e-3,
+                               lr_decay_style="constant", n_samples_per_prompt=3,
+                               global_batch_size=6, max_tokens_per_gpu=48,
+                               packing="first_fit", precision="fp64", entropy_coef=0.01,
+                               save_params_at=(1, 2), max_steps=2, **ROUTER)
+    configs = [base.with_(mode=mode, label=f"{name} {mode}", **layout)
+               for mode in SOUND for name, layout in {"dp1": {}, **EP_LAYOUTS}.items()]
+    configs += [base.with_(precision="fp32", label=f"{name} fp32", **layout)
+                for name, layout in (("dp1", {}), ("dp2 ep2", EP_LAYOUTS["dp2 ep2"]))]
+    runs: list = []
+    table = compare(configs, rollouts(), out_dir=tmp_path, progress=False, runs=runs)
+    runs = {r.config.name: r for r in runs}
+    cols = ["label", "step", "num_microbatches", "loss", "moe_aux_loss", "grad_norm",
+            "expert_parallel_load_max_over_mean", "grad_norm_rel_diff", "param_rel_diff"]
+    with pd.option_context("display.width", 250):
+        print(table[cols].to_string())
+    rows = {label: t.sort_values("step") for label, t in table.groupby("label")}
+    keys = [*report_keys(base.loss, False, moe=True), "grad_norm"]
+
+    def worst(label: str, ref: str) -> dict[str, float]:
+        a, b = rows[label], rows[ref]
+        d = {k: _rel(a[k], b[k]) for k in keys}
+        d["params"] = max(param_rel_diff(runs[label].params(s), runs[ref].params(s))
+                          for s in (1, 2))
+        return d
+
+    for mode in SOUND:
+        for name in EP_LAYOUTS:
+            d = worst(f"{name} {mode}", f"dp1 {mode}")
+            print(mode, name, f"worst {max(d.values()):.1e}")
+            assert max(d.values()) <= TOL, (mode, name, d)
+            # every expert's tokens, counted wherever they were computed
+            assert (list(rows[f"{name} {mode}"]["expert_tokens"])
+                    == list(rows[f"dp1 {mode}"]["expert_tokens"]))
+            assert (rows[f"{name} {mode}"]["expert_parallel_load_max_over_mean"] >= 1).all()
+    d = worst("dp2 ep2 fp32", "dp1 fp32")
+    print(f"fp32: worst {max(d.values()):.1e} (FP32_TOL {FP32_TOL:.0e})")
+    assert max(d.values()) <= FP32_TOL, d
+    # the runs hold the same model: every expert once in the saved parameters, the same count
+    assert runs["dp4 ep4 per_token"].meta["parameters"] == runs["dp1 per_token"].meta["parameters"]
+    assert set(runs["dp4 ep4 per_token"].params(2)) == set(runs["dp1 per_token"].params(2))
+    logits = {}
+    for label in ("dp1 per_rollout_mean", "dp4 ep2 per_rollout_mean"):
+        out = runs[label].export_hf(tmp_path / "export" / label.replace(" ", "_"))
+        # float32: transformers' MoE experts (torch's grouped matmul) refuse float64
+        hf = AutoModelForCausalLM.from_pretrained(str(out), dtype=torch.float32).eval()
+        with torch.no_grad():
+            logits[label] = hf(torch.arange(3, 40)[None]).logits
+    a, b = logits["dp4 ep2 per_rollout_mean"], logits["dp1 per_rollout_mean"]
+    assert float((a - b).norm() / b.norm()) < FP32_TOL
+
+
 def test_moe_layouts_the_engine_does_not_build_are_refused(moe_checkpoint):
     base = TrainConfig().with_(path=str(moe_checkpoint), global_batch_size=6,
                                max_tokens_per_gpu=48)
     for layout in (dict(tp=2), dict(cp=2), dict(pp=2)):
-        with pytest.raises(ValueError, match=r"mixture-of-experts .* data parallelism only"):
+        with pytest.raises(ValueError, match=r"mixture-of-experts .* data and expert parallelism"):
             run(base.with_(**layout), rollouts(), progress=False)
+    with pytest.raises(ValueError, match="ep=3 does not divide the 4 experts"):
+        run(base.with_(dp=3, ep=3), rollouts(), progress=False)
+    with pytest.raises(ValueError, match="checkpoints of an expert-parallel run"):
+        run(base.with_(dp=2, ep=2, save_every=1), rollouts(), progress=False)
 
 
 @pytest.mark.parametrize("setting", [dict(moe_aux_loss_coeff=1e-3), dict(moe_z_loss_coeff=1e-3),
+                                     dict(dp=2, ep=2),
                                      dict(faults=FaultConfig(moe_aux_per_row=True))])
 def test_a_dense_model_refuses_the_routers_settings(setting):
     """Accepted and ignored would be a bug: the toy GPT has no router."""

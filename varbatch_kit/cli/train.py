@@ -44,7 +44,7 @@ from typing import Any
 __all__ = ["add_parser", "configs_from_args", "rollouts_from_args"]
 
 #: TrainConfig's generated flags that ``compare`` takes several values of
-MANY_CONFIG_FLAGS = ("mode", "tp", "cp_impl")
+MANY_CONFIG_FLAGS = ("mode", "tp", "ep", "cp_impl")
 
 RUN_COLUMNS = ["step", "rollouts", "samples", "tokens", "num_microbatches", "loss", "nll",
                "token_acc", "grad_norm", "lr", "step_time_s"]

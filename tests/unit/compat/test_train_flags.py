@@ -207,6 +207,17 @@ def test_tensor_parallelism_from_the_flags_reaches_the_engine():
     assert train_config_from_slime_args("--global-batch-size 4", base=BASE).tp == 1
 
 
+def test_expert_parallelism_from_the_flags_is_carved_out_of_dp():
+    """megatron's --expert-model-parallel-size takes no GPUs of its own: dp stays GPUs / tp."""
+    cfg = train_config_from_slime_args("--global-batch-size 4 --expert-model-parallel-size 2 "
+                                       "--actor-num-gpus-per-node 4", base=BASE)
+    assert (cfg.ep, cfg.dp, cfg.world_size) == (2, 4, 4)
+    assert train_config_from_slime_args("--global-batch-size 4", base=BASE).ep == 1
+    with pytest.raises(ValueError, match="ep=3 does not divide dp=4"):
+        train_config_from_slime_args("--global-batch-size 4 --expert-model-parallel-size 3 "
+                                     "--actor-num-gpus-per-node 4", base=BASE)
+
+
 @pytest.mark.parametrize("cmd,sp", [
     ("--global-batch-size 4 --actor-num-gpus-per-node 2 --tensor-model-parallel-size 2 "
      "--sequence-parallel", True),
@@ -434,6 +445,9 @@ def _flags_of(cfg: TrainConfig) -> list[str]:
     for m in TRAIN_FLAGS:
         if m.section == "mode":
             out += [m.flag] if cfg.mode == "per_token" else []
+            continue
+        if m.section == "layout" and m.field == "ep":
+            out += [m.flag, str(cfg.ep)]
             continue
         if m.section == "layout":
             out += [m.flag] if getattr(cfg, m.field) else []

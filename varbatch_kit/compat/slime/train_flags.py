@@ -56,6 +56,8 @@ slime flag                              TrainConfig field
 ``--use-distributed-optimizer``         ``optim.distributed = True``
 ``--calculate-per-token-loss``          ``mode = "per_token"``
 ``--tensor-model-parallel-size``        ``tp``
+``--expert-model-parallel-size``        ``ep`` (a mixture of experts; out of
+                                        dp, as megatron counts it)
 ``--sequence-parallel``                 ``sequence_parallel`` (megatron's rule:
                                         off at tp 1; with
                                         ``--tensor-model-parallel-size`` and
@@ -247,6 +249,7 @@ TRAIN_FLAGS: tuple[MappedFlag, ...] = (
     _mapped("optim", "--use-distributed-optimizer", "true", name="distributed"),
     _mapped("mode", "--calculate-per-token-loss", "true", name="mode"),
     _mapped("layout", "--sequence-parallel", "true"),
+    _mapped("layout", "--expert-model-parallel-size", positive_int, name="ep"),
 )
 
 
@@ -428,8 +431,11 @@ def train_config_from_slime_args(flags: Any, base: TrainConfig | None = None) ->
             given.get("sequence_parallel") is not None:
         # slime runs what megatron runs: sequence parallelism when asked for, off at tp 1
         sp = bool(given.get("sequence_parallel")) and tp > 1
+    ep = base.ep  # expert parallelism: carved out of dp, as megatron does (no extra GPUs)
+    if given.get("expert_model_parallel_size") is not None:
+        ep = int(given["expert_model_parallel_size"])
     try:
-        return replace(base, schedule=schedule, mode=mode, tp=tp, sequence_parallel=sp,
+        return replace(base, schedule=schedule, mode=mode, tp=tp, sequence_parallel=sp, ep=ep,
                        **sections)
     except ValueError as e:
         raise ValueError(f"slime flags: {e}") from None

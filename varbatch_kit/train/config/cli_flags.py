@@ -31,7 +31,7 @@ from varbatch_kit.train.config.train_config import SUB_CONFIGS, TrainConfig
 __all__ = ["add_config_flags", "config_kwargs", "flag_fields"]
 
 # TrainConfig's own fields that get a flag (the schedule has its own flags)
-TOP_LEVEL = ("mode", "tp", "sequence_parallel", "cp_impl", "precision")
+TOP_LEVEL = ("mode", "tp", "ep", "sequence_parallel", "cp_impl", "precision")
 
 
 def _dashed(name: str) -> str:

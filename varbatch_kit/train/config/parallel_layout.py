@@ -34,7 +34,8 @@ CP_IMPLS = ("allgather", "emulated")
 #: the layout's sizes and what each counts (the error of a size that is not a positive integer)
 _COUNTS = {"dp": "data-parallel replicas", "cp": "context-parallel ranks",
            "pp": "pipeline stages", "vpp": "model chunks per pipeline stage",
-           "tp": "tensor-parallel ranks", "mb_group": "micro-batches per virtual-stage group"}
+           "tp": "tensor-parallel ranks", "mb_group": "micro-batches per virtual-stage group",
+           "ep": "expert-parallel ranks"}
 
 
 @dataclass(frozen=True)
@@ -58,7 +59,9 @@ class ParallelLayout:
     along the sequence; packed rows padded to a multiple of ``tp``). A run builds it once
     (``TrainConfig.layout``) and hands it to the model builders, the step and the log-prob
     pass: the tensor-parallel size and rank they use are this object's, never read back from
-    megatron's parallel state.
+    megatron's parallel state. ``ep``: expert parallelism (a mixture of experts), carved out of
+    the data-parallel ranks as megatron does (no extra ranks): each group of ``ep``
+    consecutive pool ranks holds every expert once, ``1/ep`` of them per rank.
     """
 
     dp: int = 1
@@ -70,6 +73,7 @@ class ParallelLayout:
     cp_mode: str = "fixed"
     mb_group: int = 1
     sp: bool = False
+    ep: int = 1
 
     def __post_init__(self) -> None:
         from varbatch_kit.checks import positive_int
@@ -106,6 +110,11 @@ class ParallelLayout:
         """The world rank at ``(pool_rank, tp_rank, pp_rank)``."""
         return int(tp_rank) + self.tp * (int(pool_rank) + self.pool_size * int(pp_rank))
 
+    def ep_rank(self, world_rank: int) -> int:
+        """The expert-parallel rank of ``world_rank``: its place in its group of ``ep``
+        consecutive pool ranks (megatron's order, tensor-parallel size 1)."""
+        return self.coords(world_rank).pool_rank % self.ep
+
     @property
     def last_stage_world_rank(self) -> int:
         """The world rank of pool rank 0, TP rank 0 on the last pipeline stage (its losses)."""
@@ -119,12 +128,13 @@ class ParallelLayout:
         if self.cp > 1:
             cp += f"({self.cp_impl}{', dynamic' if self.cp_mode == 'dynamic' else ''})"
         pp = f"pp{self.pp}" + (f" vpp{self.vpp}" if self.vpp > 1 else "")
-        return f"dp{self.dp} {cp} {pp} tp{self.tp}" + (" sp" if self.sp else "")
+        return (f"dp{self.dp} {cp} {pp} tp{self.tp}" + (" sp" if self.sp else "")
+                + (f" ep{self.ep}" if self.ep > 1 else ""))
 
     def as_dict(self) -> dict:
         """The layout's fields plus ``world_size``, for step lines and summaries."""
         return {"dp": self.dp, "cp": self.cp, "pp": self.pp, "vpp": self.vpp, "tp": self.tp,
-                "sp": self.sp, "cp_impl": self.cp_impl if self.cp > 1 else None,
+                "sp": self.sp, "ep": self.ep, "cp_impl": self.cp_impl if self.cp > 1 else None,
                 "world_size": self.world_size}
 
     # ----------------------------------------------------------------- what runs
@@ -150,5 +160,12 @@ class ParallelLayout:
         if self.sp and self.tp == 1:
             out.append("sequence_parallel=True needs tp > 1 (it splits the sequence over the "
                        "tensor-parallel ranks); set tp >= 2 or sequence_parallel=False")
+        if self.ep > 1 and self.dp % self.ep:
+            out.append(f"ep={self.ep} does not divide dp={self.dp}: expert parallelism splits "
+                       "the experts over groups of ep data-parallel ranks; choose an ep that "
+                       "divides dp")
+        if self.ep > 1 and (self.tp > 1 or self.pp > 1 or self.cp > 1):
+            out.append(f"ep={self.ep} runs with tp=pp=cp=1 so far (expert parallelism over "
+                       "data-parallel ranks only)")
         # parts being built: each line goes when its engine path lands
         return out

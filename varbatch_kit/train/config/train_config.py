@@ -113,6 +113,9 @@ class TrainConfig:
         "help": "the layout: a ScheduleConfig"})
     mode: str = _f("per_rollout_mean", "loss/report mode (varbatch_kit.report.REPORT_MODES)")
     tp: int = _f(1, "tensor-parallel size: megatron's column/row parallel layers over tp ranks")
+    ep: int = _f(1, "expert-parallel size (a mixture of experts): each of ep ranks of the "
+                    "data-parallel pool holds 1/ep of every MoE layer's experts, tokens "
+                    "dispatched by all-to-all; divides dp")
     precision: str = _f("fp32", "fp32; bf16: megatron's bf16 (Float16Module) with fp32 main "
                                 "params and grads, grads reduced in fp32, loss and reports in "
                                 "fp32 or wider; fp64 (CPU only): everything in float64, the "
@@ -233,7 +236,7 @@ class TrainConfig:
         sp = self.tp > 1 if self.sequence_parallel is None else self.sequence_parallel
         return ParallelLayout(dp=s.dp, cp=s.cp, pp=s.pp, vpp=s.vpp, tp=self.tp,
                               cp_impl=self.cp_impl, cp_mode=s.cp_mode, mb_group=s.mb_group,
-                              sp=sp)
+                              sp=sp, ep=self.ep)
 
     @property
     def world_size(self) -> int:
@@ -265,8 +268,8 @@ class TrainConfig:
         s = self.schedule
         # a layout whose micro-batches may take several CP degrees says so ("cp2 dynamic")
         cp = f"cp{s.cp}" + ("" if len(s.cp_degrees) == 1 else f" {s.cp_mode}")
-        more = "".join(f" {k}{v}" for k, v in (("pp", s.pp), ("vpp", s.vpp), ("tp", self.tp))
-                       if v > 1)
+        more = "".join(f" {k}{v}" for k, v in (("pp", s.pp), ("vpp", s.vpp), ("tp", self.tp),
+                                               ("ep", self.ep)) if v > 1)
         more += " no-sp" if self.tp > 1 and not self.layout.sp else ""
         more += " dist-opt" if self.optim.distributed else ""
         more += "" if self.precision == "fp32" else f" {self.precision}"
@@ -320,7 +323,7 @@ class TrainConfig:
         s = self.schedule
         return {
             "label": self.name, "dp": s.dp, "cp": s.cp, "cp_mode": s.cp_mode, "pp": s.pp,
-            "vpp": s.vpp, "tp": self.tp, "sequence_parallel": self.layout.sp,
+            "vpp": s.vpp, "tp": self.tp, "ep": self.ep, "sequence_parallel": self.layout.sp,
             "cp_impl": self.cp_impl if s.cp > 1 else None,
             "world_size": self.world_size, "precision": self.precision,
             "packing": s.packing,

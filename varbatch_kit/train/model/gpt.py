@@ -146,12 +146,12 @@ def transformer_config(model: ResolvedModel, *, layout=None, per_token_loss: boo
         # marks its split parameters (tensor_model_parallel, partition_dim / stride: the grad
         # norm, the loader's and the gather's splits) only when it initialises them
         perform_initialization=tp > 1,
-        **_moe(spec, precision),
+        **_moe(spec, precision, 1 if layout is None else layout.ep),
         **_common(per_token_loss, precision, layout),
     )
 
 
-def _moe(spec, precision: str) -> dict:
+def _moe(spec, precision: str, ep: int = 1) -> dict:
     """The TransformerConfig fields of a mixture-of-experts checkpoint (none for a dense one):
     megatron's top-k router as transformers' Qwen3-MoE routes (softmax over the experts,
     the top k, renormalised to sum to 1 with ``norm_topk_prob``: megatron's softmax over the
@@ -165,6 +165,7 @@ def _moe(spec, precision: str) -> dict:
     if not spec.is_moe:
         return {}
     return dict(num_moe_experts=spec.num_experts, moe_router_topk=spec.moe_router_topk,
+                expert_model_parallel_size=ep,
                 moe_ffn_hidden_size=spec.moe_ffn_hidden_size,
                 moe_router_pre_softmax=not spec.moe_norm_topk_prob,
                 moe_router_score_function="softmax",
@@ -238,8 +239,13 @@ def build_gpt(model: ResolvedModel, *, max_seq_len: int, layout=None, world_rank
     rope.attach_position_ids_rope(gpt, spec)
     if not stage:
         tp_rank = 0 if layout is None else layout.coords(world_rank).tp_rank
+        experts = None
+        if spec.is_moe and layout is not None and layout.ep > 1:  # this rank's share
+            from varbatch_kit.train.parallel.expert_parallel import local_experts
+
+            experts = local_experts(spec.num_experts, layout, world_rank)
         hf_import.load_hf_weights(gpt, spec, model.num_layers, tp_rank=tp_rank,
-                                  tp_size=1 if layout is None else layout.tp)
+                                  tp_size=1 if layout is None else layout.tp, experts=experts)
     return gpt
 
 

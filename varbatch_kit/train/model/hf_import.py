@@ -81,7 +81,7 @@ def _fused_qkv(q, k, v, groups: int):
 
 
 def megatron_state_dict(spec: HFModelSpec, num_layers: int | None = None, *,
-                        layers=None) -> dict[str, Any]:
+                        layers=None, experts=None) -> dict[str, Any]:
     """The megatron-core (local spec) parameters of the first ``num_layers`` layers, float32.
 
     Keys are ``GPTModel.named_parameters()`` names; see the module docstring for the mapping.
@@ -89,6 +89,9 @@ def megatron_state_dict(spec: HFModelSpec, num_layers: int | None = None, *,
     layers (a pipeline stage's, :mod:`varbatch_kit.train.model.pipeline_stages`), keeping their
     global
     numbers in the keys; the embeddings, final norm and output layer always come.
+    ``experts`` (a mixture of experts; default all): the checkpoint's expert indices this rank
+    holds, in its local order (an expert-parallel rank's ``local_experts.{j}`` is expert
+    ``experts[j]``).
     """
     import torch
 
@@ -123,8 +126,8 @@ def megatron_state_dict(spec: HFModelSpec, num_layers: int | None = None, *,
         sd[dst + "self_attention.linear_proj.weight"] = hf[att + "o_proj.weight"]
         if spec.is_moe:  # the router, then each expert as a SwiGLU MLP of its own
             sd[dst + "mlp.router.weight"] = hf[spec.moe_tensor(i, "router")]
-            for e in range(spec.num_experts):
-                into = f"{dst}mlp.experts.local_experts.{e}."
+            for j, e in enumerate(range(spec.num_experts) if experts is None else experts):
+                into = f"{dst}mlp.experts.local_experts.{j}."
                 sd[into + "linear_fc1.weight"] = torch.cat(
                     [hf[spec.moe_tensor(i, "gate", e)], hf[spec.moe_tensor(i, "up", e)]], dim=0)
                 sd[into + "linear_fc2.weight"] = hf[spec.moe_tensor(i, "down", e)]
@@ -136,7 +139,7 @@ def megatron_state_dict(spec: HFModelSpec, num_layers: int | None = None, *,
 
 
 def load_hf_weights(gpt, spec: HFModelSpec, num_layers: int | None = None, *, tp_rank: int = 0,
-                    tp_size: int = 1) -> None:
+                    tp_size: int = 1, experts=None) -> None:
     """Copy the checkpoint's weights into ``gpt`` (a GPTModel built for ``spec``), in place.
 
     Every parameter of ``gpt`` must receive a tensor of its exact shape, and
@@ -144,13 +147,14 @@ def load_hf_weights(gpt, spec: HFModelSpec, num_layers: int | None = None, *, tp
     tensor parallelism (``tp_size`` ranks) each parameter receives TP rank ``tp_rank``'s shard
     of the full tensor (:func:`varbatch_kit.train.parallel.tensor_parallel.shard_of`, by the layer's
     own split: fused QKV by query group, ``[gate; up]`` per rank, row-parallel
-    input dimensions, vocab ranges).
+    input dimensions, vocab ranges). ``experts``: an expert-parallel rank's experts
+    (:func:`megatron_state_dict`).
     """
     import torch
 
     from varbatch_kit.train.parallel.tensor_parallel import tp_rank_shard
 
-    sd = megatron_state_dict(spec, num_layers)
+    sd = megatron_state_dict(spec, num_layers, experts=experts)
     params = dict(gpt.named_parameters())
     unfilled = sorted(set(params) - set(sd))
     unused = sorted(set(sd) - set(params))

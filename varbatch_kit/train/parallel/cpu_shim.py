@@ -14,8 +14,10 @@ of :mod:`varbatch_kit.train` goes through:
 - ``torch.cuda.synchronize()`` after the pipeline's p2p exchanges (a no-op here),
 - mixture-of-experts layers: the all-to-all token dispatcher's side stream for its
   device-to-host copies (``torch.cuda.Stream``, ``current_stream``, ``stream``: one
-  in-order stand-in here), the router's and the experts' tensors on ``current_device()``,
-  the auxiliary-loss tracker's on ``device="cuda"``,
+  in-order stand-in here) and the copies themselves (``maybe_move_tensor_to_cpu``, which
+  leaves a CPU tensor a tensor: expert parallelism's split sizes must be host arrays), the
+  router's and the experts' tensors on ``current_device()``, the auxiliary-loss tracker's
+  on ``device="cuda"``,
 - the grad norm of its local (no apex) L2-norm kernel, returned as a float32
   CUDA tensor whatever the gradients' dtype: on the CPU float64 gradients
   (``precision="fp64"``) keep a float64 norm; float32 ones go through
@@ -91,6 +93,9 @@ PATCHED_FUNCTIONS: tuple[tuple[str, str], ...] = (
     ("megatron.core.optimizer.clip_grads", "l2_norm_impl"),
     # the distributed optimizer sorts parameters by CUDA type names, as the bf16 one does
     ("megatron.core.optimizer", "DistributedOptimizer"),
+    # expert parallelism: the all-to-all's split sizes reach torch.distributed as host
+    # arrays only through this device-to-host copy, which skips CPU tensors
+    ("megatron.core.transformer.moe.token_dispatcher", "maybe_move_tensor_to_cpu"),
 )
 
 _FACTORIES = frozenset({
@@ -375,8 +380,20 @@ def _l2_norm_keeping_float64():
     return l2_norm
 
 
+def _host_copy(tensor: Any, as_numpy: bool = False, record_stream: bool = False) -> Any:
+    """megatron-core's ``maybe_move_tensor_to_cpu`` for a CPU run: a copy on the host, as the
+    device-to-host copy gives on CUDA (the original returns a CPU tensor itself, and the
+    all-to-all dispatcher's split sizes then reach ``all_to_all_single`` as a tensor, which it
+    refuses)."""
+    if not torch.is_tensor(tensor):
+        return tensor
+    copy = tensor.detach().to("cpu").clone()
+    return copy.numpy() if as_numpy else copy
+
+
 _REPLACEMENTS: dict[str, Callable] = {
     "clip_grad_by_total_norm_fp32": _clip_grad_by_total_norm_cpu,
+    "maybe_move_tensor_to_cpu": _host_copy,
 }
 #: replacements built when the shim activates (they subclass megatron-core's classes)
 _LAZY_REPLACEMENTS: dict[str, Callable[[], Any]] = {

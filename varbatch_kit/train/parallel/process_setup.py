@@ -80,7 +80,7 @@ def setup_process(device: str, threads: int = 1, layout=None) -> torch.device:
     return dev
 
 
-_current: list = [None]  # the (tp, pp, vpp) megatron's parallel state was initialised with
+_current: list = [None]  # the (tp, pp, vpp, ep) megatron's parallel state was initialised with
 
 
 def use_layout(layout=None) -> None:
@@ -89,19 +89,21 @@ def use_layout(layout=None) -> None:
     Runs of one launch share the world size but not always the layout (``tp2`` and
     ``pp2`` both need 2 ranks): every rank calls this before each run, and the state is
     rebuilt only when the sizes change. megatron's context-parallel size stays 1: its
-    data-parallel group at a ``(tp, pp)`` coordinate spans the dp * cp pool.
+    data-parallel group at a ``(tp, pp)`` coordinate spans the dp * cp pool; its expert-
+    parallel groups (``layout.ep``) are consecutive ranks of that pool.
     """
     from megatron.core import parallel_state
 
-    sizes = (1, 1, 1) if layout is None else (layout.tp, layout.pp, layout.vpp)
+    sizes = (1, 1, 1, 1) if layout is None else (layout.tp, layout.pp, layout.vpp, layout.ep)
     if parallel_state.model_parallel_is_initialized():
         if _current[0] == sizes:
             return
         parallel_state.destroy_model_parallel()
-    tp, pp, vpp = sizes
+    tp, pp, vpp, ep = sizes
     parallel_state.initialize_model_parallel(
         tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
-        virtual_pipeline_model_parallel_size=vpp if vpp > 1 else None)
+        virtual_pipeline_model_parallel_size=vpp if vpp > 1 else None,
+        expert_model_parallel_size=ep)
     _current[0] = sizes
 
 

@@ -80,13 +80,14 @@ def _check_interleaved(cfg: TrainConfig, steps) -> None:
 
 
 def _check_moe_layout(cfg: TrainConfig, model: ResolvedModel) -> None:
-    """A mixture-of-experts model trains under data parallelism only, so far: its experts
-    are not split over tensor-parallel ranks, pipeline stages or CP groups by the engine
-    (each rank holds every expert; no expert parallelism yet). A dense model refuses the
-    router's settings (loss coefficients, the injected per-row bug): nothing would use them."""
+    """A mixture-of-experts model trains under data and expert parallelism only, so far: its
+    experts are not split over tensor-parallel ranks, pipeline stages or CP groups by the
+    engine; ``ep`` divides the expert count. A dense model refuses the expert settings (ep,
+    the router's loss coefficients, the injected per-row bug): nothing would use them."""
     spec = model.hf
     if not model.is_moe:
-        moe_only = {k: v for k, v in (("loss.moe_aux_loss_coeff", cfg.loss.moe_aux_loss_coeff),
+        moe_only = {k: v for k, v in (("ep", cfg.ep if cfg.ep > 1 else 0),
+                                      ("loss.moe_aux_loss_coeff", cfg.loss.moe_aux_loss_coeff),
                                       ("loss.moe_z_loss_coeff", cfg.loss.moe_z_loss_coeff),
                                       ("faults.moe_aux_per_row", cfg.faults.moe_aux_per_row))
                     if v}
@@ -99,8 +100,15 @@ def _check_moe_layout(cfg: TrainConfig, model: ResolvedModel) -> None:
     if bad:
         shown = ", ".join(f"{k}={v}" for k, v in bad.items())
         raise ValueError(f"{shown}: the mixture-of-experts model {spec.name} trains under data "
-                         "parallelism only (every rank holds every expert); use dp with "
-                         "tp=pp=cp=1")
+                         "and expert parallelism only; use dp (and ep) with tp=pp=cp=1")
+    if cfg.ep > 1 and cfg.checkpoint.save_every:
+        raise ValueError(f"checkpoint.save_every={cfg.checkpoint.save_every} with ep={cfg.ep}: "
+                         "checkpoints of an expert-parallel run are not built yet (each rank "
+                         "holds other experts and their optimizer states); use ep=1 to "
+                         "checkpoint")
+    if spec.num_experts % cfg.ep:
+        raise ValueError(f"ep={cfg.ep} does not divide the {spec.num_experts} experts of "
+                         f"{spec.name}: each expert-parallel rank holds an equal share")
 
 
 def plan_runs(configs: Sequence[TrainConfig], rollouts: Rollouts) -> list[PlannedRun]:

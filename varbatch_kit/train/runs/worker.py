@@ -134,6 +134,7 @@ def train(cfg: TrainConfig, model_spec, steps: list, log_prob_steps: list, rollo
     from varbatch_kit.report import get_report_mode
     from varbatch_kit.train.data.rollout_data import make_training_data
     from varbatch_kit.train.model.gpt import build_gpt, wrap_precision
+    from varbatch_kit.train.parallel.expert_parallel import gather_all_experts
     from varbatch_kit.train.parallel.tensor_parallel import (
         full_parameter_count,
         gather_full_parameters,
@@ -185,7 +186,12 @@ def train(cfg: TrainConfig, model_spec, steps: list, log_prob_steps: list, rollo
                     mark_sequence_parallel(m, False)
     # saved parameters / gradients go to rank 0: without pipelining only its TP group (pool
     # rank 0) gathers them (each dp / cp replica's copy, the size of the model, was dropped)
-    saver = stage is not None or layout.coords(rank).pool_rank == 0
+    # (expert parallelism: every rank, each holding its experts; gather_all_experts below)
+    saver = stage is not None or layout.coords(rank).pool_rank == 0 or layout.ep > 1
+    experts = model_spec.hf.num_experts if model_spec.is_moe else 0
+
+    def whole(tensors):  # the whole model's tensors on rank 0 (ep > 1: a world collective)
+        return gather_all_experts(tensors, layout, rank, experts) if experts else tensors
     # bf16: megatron's Float16Module (bf16 parameters), gradients reduced in fp32 and an
     # optimizer with fp32 main parameters and gradients (train/model/gpt.py wrap_precision)
     bf16 = cfg.precision == "bf16"
@@ -265,7 +271,9 @@ def train(cfg: TrainConfig, model_spec, steps: list, log_prob_steps: list, rollo
             "cp_note": CP_NOTE if emulated else "",
             # the model, for `varbatch-kit export RUN_DIR` (train/runs/run_export.py)
             "model": {"path": model_spec.path, "num_layers": model_spec.num_layers},
-            "parameters": full_parameter_count(gpt, layout.tp),  # the whole model's, at any tp
+            # the whole model's, at any tp and ep
+            "parameters": full_parameter_count(gpt, layout.tp) + (layout.ep - 1) * sum(
+                p.numel() for n, p in gpt.named_parameters() if ".local_experts." in n),
             "max_seq_len": max_seq_len, "lr_increment": unit,
             # a fed job learns its batches one by one: no step count ahead
             "num_steps": None if feed is not None else len(steps),
@@ -339,10 +347,12 @@ def train(cfg: TrainConfig, model_spec, steps: list, log_prob_steps: list, rollo
             inputs = inputs_for(local)  # the rollout batch's log-prob pass, before the watch
             # and, for a mixture of experts, the tokens each expert received
             with memory_watch(device, cfg.run.track_memory, ddp, optimizer) as memory, \
-                    expert_load_watch(chunks) as load:
+                    expert_load_watch(chunks, layout.ep) as load:
                 record = train_step(layout, cfg.loss, faults, mode, model, optimizer, step,
                                     part_rollouts, data, inputs, device, run_name=cfg.name,
                                     grads_out=grads)
+            if grads is not None and stage is None:
+                grads = whole(grads)
             record.update(memory.gathered())
             record.update(load.gathered())
             # the rollout batch's log-prob pass (and advantages) ran before this step: its time
@@ -379,7 +389,7 @@ def train(cfg: TrainConfig, model_spec, steps: list, log_prob_steps: list, rollo
                     grads = gather_grads(grads, layout)
             elif number in save_params and saver:
                 # the full tensors under tp 1's names (a collective over rank 0's TP group)
-                params = gather_full_parameters(gpt, copy=False)  # saved before the update
+                params = whole(gather_full_parameters(gpt, copy=False))  # before the update
             if rank == 0:
                 if number in save_params:
                     save_tensors(params, out_dir / f"params_step{number}.pt")
@@ -420,7 +430,7 @@ def train(cfg: TrainConfig, model_spec, steps: list, log_prob_steps: list, rollo
 
                     params = gather_full_params(stage, layout)
                 elif saver:
-                    params = gather_full_parameters(gpt, copy=False)
+                    params = whole(gather_full_parameters(gpt, copy=False))
                 if rank == 0:
                     save_tensors(params, saved)
             dist.barrier()  # every rank done with the batch before it is marked done

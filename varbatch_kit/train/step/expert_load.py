@@ -12,7 +12,10 @@ each), so the step log's figures are the whole step's, whatever the layout:
 - ``expert_load_max_over_mean``: the busiest expert's tokens over the mean, the worst layer
   (1.0: perfectly even; an expert-parallel rank holding it waits for the others);
 - ``micro_batch_expert_max_over_mean``: per rank, per micro-batch, the same over the
-  micro-batch's own tokens (its worst layer).
+  micro-batch's own tokens (its worst layer);
+- ``expert_parallel_load_max_over_mean``: under expert parallelism (``ep`` ranks, each
+  holding ``1/ep`` of the experts, consecutive), the tokens an expert-parallel rank's experts
+  received, busiest rank over the mean, the worst layer (1.0 at ``ep = 1``).
 
 Dense models have no router: the watch records nothing.
 """
@@ -45,8 +48,9 @@ def _max_over_mean(counts: torch.Tensor) -> float:
 class ExpertLoadWatch:
     """Tokens per expert of one step on this rank (see the module docstring)."""
 
-    def __init__(self, routers: list) -> None:
+    def __init__(self, routers: list, ep: int = 1) -> None:
         self.routers = routers
+        self.ep = ep
         experts = routers[0].config.num_moe_experts if routers else 0
         self.counts = torch.zeros(len(routers), experts, dtype=torch.int64)
         self.micro_batches: list[float] = []
@@ -76,8 +80,9 @@ class ExpertLoadWatch:
 
     def gathered(self, group=None) -> dict:
         """The step's figures, summed over ``group``'s ranks (a collective over the group;
-        None: every rank: a mixture-of-experts model trains under data parallelism only, so
-        every rank holds other tokens); {} for a dense model (no collective)."""
+        None: every rank: a mixture-of-experts model trains under data (and expert)
+        parallelism only, so every rank routes other tokens); {} for a dense model (no
+        collective)."""
         import torch.distributed as dist
 
         if not self.routers:
@@ -86,17 +91,20 @@ class ExpertLoadWatch:
         total = self.counts.clone()
         if dist.is_initialized():
             dist.all_reduce(total, group=group)
+        per_rank = total.reshape(total.shape[0], self.ep, -1).sum(dim=-1)
         return {"expert_tokens": total.tolist(),
                 "expert_load_max_over_mean": _max_over_mean(total),
+                "expert_parallel_load_max_over_mean": _max_over_mean(per_rank),
                 "micro_batch_expert_max_over_mean": list(self.micro_batches)}
 
 
 @contextmanager
-def expert_load_watch(chunks):
+def expert_load_watch(chunks, ep: int = 1):
     """Within the block, count the tokens the routers of ``chunks`` (the rank's model
-    chunks) send to each expert; yields the :class:`ExpertLoadWatch`."""
+    chunks) send to each expert (``ep``: the run's expert-parallel size); yields the
+    :class:`ExpertLoadWatch`."""
     routers = routers_of(chunks)
-    watch = ExpertLoadWatch(routers)
+    watch = ExpertLoadWatch(routers, ep)
     handles = [r.register_forward_hook(watch._hook(i)) for i, r in enumerate(routers)]
     try:
         yield watch

@@ -50,3 +50,17 @@ def test_each_reason_is_listed():
     # context parallelism, fixed or dynamic, with tensor and pipeline parallelism runs: 4D
     assert ParallelLayout(dp=2, cp=2, pp=2, tp=2).unsupported() == []
     assert ParallelLayout(cp=2, tp=2, pp=2, cp_mode="dynamic").unsupported() == []
+
+
+def test_expert_parallelism_is_carved_out_of_dp():
+    """ep takes no ranks of its own: world = dp*cp*pp*tp; groups of ep consecutive pool ranks
+    (megatron's tp-cp-ep-dp-pp order at tp 1)."""
+    lay = ParallelLayout(dp=4, ep=2)
+    assert lay.world_size == 4 and [lay.ep_rank(w) for w in range(4)] == [0, 1, 0, 1]
+    assert lay.describe() == "dp4 cp1 pp1 tp1 ep2" and lay.as_dict()["ep"] == 2
+    assert ParallelLayout(dp=4, ep=4).unsupported() == []
+    assert ["ep=3 does not divide dp=4" in r for r in ParallelLayout(dp=4, ep=3).unsupported()
+            ] == [True]
+    assert ["tp=pp=cp=1" in r for r in ParallelLayout(dp=2, tp=2, ep=2).unsupported()] == [True]
+    with pytest.raises(ValueError, match="ep"):
+        ParallelLayout(ep=0)

@@ -327,7 +327,7 @@ def test_cli_flags_are_generated_from_the_config_fields_with_their_names():
     from varbatch_kit.train.config.cli_flags import flag_fields
 
     flags = {flag for _, flag, _, _ in flag_fields()}
-    expected = {"--mode", "--tp", "--sequence-parallel", "--cp-impl", "--precision"} | {
+    expected = {"--mode", "--tp", "--ep", "--sequence-parallel", "--cp-impl", "--precision"} | {
         f"--{g}.{f.replace('_', '-')}" for g, cls in SUB_CONFIGS.items()
         for f in cls.__dataclass_fields__}
     assert flags == expected

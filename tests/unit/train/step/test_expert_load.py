@@ -36,3 +36,22 @@ def test_an_even_load_is_one_and_a_dense_model_records_nothing():
     assert _max_over_mean(torch.tensor([[2, 2, 2]])) == 1.0
     assert _max_over_mean(torch.tensor([[0, 0, 0]])) == 1.0
     assert ExpertLoadWatch([]).gathered() == {}
+
+
+def test_the_expert_parallel_ranks_load_sums_their_experts():
+    """ep 2 over 4 experts: rank 0 holds experts 0-1, rank 1 experts 2-3."""
+    class _Four:
+        class config:  # noqa: N801 - a stand-in for megatron's TransformerConfig
+            num_moe_experts = 4
+
+    watch = ExpertLoadWatch([_Four()], ep=2)
+    with torch.enable_grad():
+        # 3 tokens, top 2: experts (0, 1), (0, 2), (1, 3) -> [2, 2, 1, 1]; ranks [4, 2]
+        watch._hook(0)(None, None, (None, torch.tensor(
+            [[1, 1, 0, 0], [1, 0, 1, 0], [0, 1, 0, 1]], dtype=torch.bool)))
+    got = watch.gathered()
+    assert got["expert_tokens"] == [[2, 2, 1, 1]]
+    assert got["expert_load_max_over_mean"] == 2 / 1.5
+    assert got["expert_parallel_load_max_over_mean"] == 4 / 3
+    # no token routed: even (1.0)
+    assert ExpertLoadWatch([_Four()], ep=2).gathered()["expert_parallel_load_max_over_mean"] == 1.0
