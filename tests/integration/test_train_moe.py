@@ -46,9 +46,22 @@ def moe_checkpoint(tmp_path_factory):
 
 #: the router's losses, weighted well above slime's usual 1e-3 so that they move the update
 ROUTER = dict(moe_aux_loss_coeff=0.1, moe_z_loss_coeff=0.01)
-#: the layouts: dp 1 at the reference cap, dp 1 re-packed under a smaller cap, dp 2
-LAYOUTS = {"dp1": dict(dp=1), "dp1 cap 24": dict(dp=1, max_tokens_per_gpu=24), "dp2": dict(dp=2)}
+#: the matrix: name -> what differs from dp 1 (the tiny model has 3 layers: pp 3)
+LAYOUTS = {
+    "dp1": {},
+    "dp1 cap 24": dict(max_tokens_per_gpu=24),  # the same samples re-packed
+    "dp2": dict(dp=2),
+    "dp2 ep2": dict(dp=2, ep=2),  # the experts over 2 ranks, megatron's all-to-all
+    "dp4 ep2": dict(dp=4, ep=2),  # two expert-parallel groups (each expert twice)
+    "cp2 allgather": dict(cp=2),
+    "cp2 emulated": dict(cp=2, cp_impl="emulated"),
+    "dp2 cp2 dynamic": dict(dp=2, cp=2, cp_mode="dynamic"),
+    "dp2 cp2 ep4": dict(dp=2, cp=2, ep=4),  # one expert per rank of the dp x cp pool
+    "pp3": dict(pp=3),
+    "pp3 cp2": dict(pp=3, cp=2),
+}
 SOUND = ("per_rollout_mean", "per_token")
+FP32_TOL = 1e-5  # fp32 against fp32 dp 1 (fp32 rounding: ~3e-7 measured)
 
 
 def _rel(a: pd.Series, b: pd.Series) -> float:
@@ -56,88 +69,13 @@ def _rel(a: pd.Series, b: pd.Series) -> float:
     return float(np.abs(a - b).max() / max(np.abs(b).max(), 1e-300))
 
 
-def test_a_moe_checkpoint_trains_the_same_under_every_packing(moe_checkpoint, tmp_path):
-    base = TrainConfig().with_(path=str(moe_checkpoint), lr=1e-3, min_lr=1e-3,
-                               lr_decay_style="constant", n_samples_per_prompt=3,
-                               global_batch_size=6, max_tokens_per_gpu=48,
-                               packing="first_fit", precision="fp64", entropy_coef=0.01,
-                               save_params_at=(1, 2), max_steps=2, **ROUTER)
-    configs = [base.with_(mode=mode, label=f"{name} {mode}", **layout)
-               for mode in SOUND for name, layout in LAYOUTS.items()]
-    configs += [base.with_(dp=dp, mode="naive_microbatch_mean", label=f"dp{dp} naive")
-                for dp in (1, 2)]
-    # the injected bug: megatron's per-row router losses, at dp 1 and re-packed
-    configs += [base.with_(mode="per_rollout_mean", label=f"bug: per-row aux, {name}",
-                           faults=FaultConfig(moe_aux_per_row=True), **LAYOUTS[name])
-                for name in ("dp1", "dp1 cap 24")]
-    # the router losses trained: the same run without them ends elsewhere
-    configs.append(base.with_(mode="per_rollout_mean", label="dp1 no router losses",
-                              moe_aux_loss_coeff=0.0, moe_z_loss_coeff=0.0))
-    runs: list = []
-    table = compare(configs, rollouts(), out_dir=tmp_path, progress=False, runs=runs)
-    runs = {r.config.name: r for r in runs}
-    cols = ["label", "step", "num_microbatches", "loss", "moe_aux_loss", "moe_z_loss",
-            "grad_norm", "grad_norm_rel_diff", "param_rel_diff"]
-    with pd.option_context("display.width", 250):
-        print(table[cols].to_string())
-    rows = {label: t.sort_values("step") for label, t in table.groupby("label")}
-
-    def worst(label: str, ref: str) -> dict[str, float]:
-        a, b = rows[label], rows[ref]
-        keys = [*report_keys(runs[ref].config.loss, False, moe=True), "grad_norm"]
-        d = {k: _rel(a[k], b[k]) for k in keys}
-        d["params"] = max(param_rel_diff(runs[label].params(s), runs[ref].params(s))
-                          for s in (1, 2))
-        return d
-
-    # the layouts pack differently (so the test can see a packing leak)
-    packs = {name: list(rows[f"{name} per_token"]["num_microbatches"].map(sum))
-             for name in LAYOUTS}
-    assert len({tuple(p) for p in packs.values()}) == 3, packs
-    for mode in SOUND:
-        for name in ("dp1 cap 24", "dp2"):
-            d = worst(f"{name} {mode}", f"dp1 {mode}")
-            print(mode, name, d)
-            assert max(d.values()) <= TOL, (mode, name, d)
-        aux = rows[f"dp1 {mode}"]["moe_aux_loss"]
-        assert (aux > 0.5).all(), aux  # E * sum f P >= 1 at perfect balance (top 2 of 4)
-    assert _rel(rows["dp2 naive"]["grad_norm"], rows["dp1 naive"]["grad_norm"]) > 1e3 * TOL
-    off = worst("dp1 no router losses", "dp1 per_rollout_mean")
-    assert off["params"] > 1e3 * TOL and off["grad_norm"] > 1e3 * TOL, off
-    first = rows["dp1 no router losses"]["moe_aux_loss"].iloc[0]
-    assert first == pytest.approx(rows["dp1 per_rollout_mean"]["moe_aux_loss"].iloc[0], rel=TOL)
-    # per-row router losses move with the packing: in the report and in the update
-    d = worst("bug: per-row aux, dp1 cap 24", "bug: per-row aux, dp1")
-    print("per-row", d)
-    assert d["moe_aux_loss"] > 1e3 * TOL and d["params"] > 1e3 * TOL, d
-    # the expert load: per layer, the tokens each of the 4 experts received (top 2: every
-    # token twice), the same whichever rank routed them
-    sound = table[table["mode"] == "per_rollout_mean"]
-    for _, row in sound.iterrows():
-        load = np.array(row["expert_tokens"])
-        assert load.shape == (3, 4), load.shape  # 3 layers x 4 experts
-        assert (load.sum(axis=1) == 2 * row["tokens"]).all(), (load, row["tokens"])
-        assert row["expert_load_max_over_mean"] >= 1.0
-        # rank 0's micro-batches, one figure each
-        assert len(row["micro_batch_expert_max_over_mean"]) == row["num_microbatches"][0]
-    assert (list(rows["dp1 per_rollout_mean"]["expert_tokens"])
-            == list(rows["dp2 per_rollout_mean"]["expert_tokens"]))
-
-
-#: expert parallelism, carved out of dp as megatron does: one group of 2 (world 2), two groups
-#: of 2 (world 4: each expert's gradient all-reduced over its 2 replicas), one group of 4 (an
-#: expert per rank); "cap 24" re-packs the same samples under ep
-EP_LAYOUTS = {"dp2 ep2": dict(dp=2, ep=2),
-              "dp2 ep2 cap 24": dict(dp=2, ep=2, max_tokens_per_gpu=24),
-              "dp4 ep2": dict(dp=4, ep=2), "dp4 ep4": dict(dp=4, ep=4)}
-FP32_TOL = 1e-5  # fp32 against fp32 dp 1 (fp32 rounding: ~1e-7 measured)
-
-
-def test_expert_parallel_layouts_train_like_dp1(moe_checkpoint, tmp_path):
-    """dp 1 against expert parallelism (the experts split over 2 or 4 ranks, tokens sent to
-    them by megatron's all-to-all over gloo), both sound modes, float64 within TOL; one fp32
-    row within FP32_TOL; the export of an ep 2 run loads in transformers with dp 1's logits
-    (in float32, within FP32_TOL)."""
+def test_the_moe_layout_matrix(moe_checkpoint, tmp_path):
+    """Every layout the engine runs a mixture of experts under, both sound modes, float64:
+    every report metric (the router losses included), the grad norm and the parameters
+    within TOL of dp 1, and the expert load the same. It can fail: the naive mode drifts,
+    megatron's per-row router losses (injected) drift with the packing, the router losses
+    move the update; one fp32 row within FP32_TOL; exports load in transformers with dp 1's
+    logits."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -147,15 +85,23 @@ def test_expert_parallel_layouts_train_like_dp1(moe_checkpoint, tmp_path):
                                packing="first_fit", precision="fp64", entropy_coef=0.01,
                                save_params_at=(1, 2), max_steps=2, **ROUTER)
     configs = [base.with_(mode=mode, label=f"{name} {mode}", **layout)
-               for mode in SOUND for name, layout in {"dp1": {}, **EP_LAYOUTS}.items()]
-    configs += [base.with_(precision="fp32", label=f"{name} fp32", **layout)
-                for name, layout in (("dp1", {}), ("dp2 ep2", EP_LAYOUTS["dp2 ep2"]))]
+               for mode in SOUND for name, layout in LAYOUTS.items()]
+    configs += [base.with_(mode="naive_microbatch_mean", label=f"{name} naive", **LAYOUTS[name])
+                for name in ("dp1", "dp2")]
+    # the injected bug: megatron's per-row router losses, at the reference cap and re-packed
+    configs += [base.with_(mode="per_rollout_mean", label=f"bug: per-row aux, {name}",
+                           faults=FaultConfig(moe_aux_per_row=True), **LAYOUTS[name])
+                for name in ("dp1", "dp1 cap 24")]
+    configs.append(base.with_(mode="per_rollout_mean", label="dp1 no router losses",
+                              moe_aux_loss_coeff=0.0, moe_z_loss_coeff=0.0))
+    configs += [base.with_(precision="fp32", label=f"{name} fp32", **LAYOUTS[name])
+                for name in ("dp1", "dp2 ep2")]
     runs: list = []
     table = compare(configs, rollouts(), out_dir=tmp_path, progress=False, runs=runs)
     runs = {r.config.name: r for r in runs}
-    cols = ["label", "step", "num_microbatches", "loss", "moe_aux_loss", "grad_norm",
-            "expert_parallel_load_max_over_mean", "grad_norm_rel_diff", "param_rel_diff"]
-    with pd.option_context("display.width", 250):
+    cols = ["label", "step", "num_microbatches", "loss", "moe_aux_loss", "moe_z_loss",
+            "grad_norm", "expert_parallel_load_max_over_mean", "param_rel_diff"]
+    with pd.option_context("display.width", 250, "display.max_rows", 200):
         print(table[cols].to_string())
     rows = {label: t.sort_values("step") for label, t in table.groupby("label")}
     keys = [*report_keys(base.loss, False, moe=True), "grad_norm"]
@@ -167,37 +113,69 @@ def test_expert_parallel_layouts_train_like_dp1(moe_checkpoint, tmp_path):
                           for s in (1, 2))
         return d
 
+    # the layouts pack differently (so the test can see a packing leak)
+    packs = {tuple(map(tuple, rows[f"{name} per_token"]["num_microbatches"]))
+             for name in LAYOUTS}
+    assert len(packs) >= 5, packs
+    summary = []
     for mode in SOUND:
-        for name in EP_LAYOUTS:
-            d = worst(f"{name} {mode}", f"dp1 {mode}")
-            print(mode, name, f"worst {max(d.values()):.1e}")
-            assert max(d.values()) <= TOL, (mode, name, d)
-            # every expert's tokens, counted wherever they were computed
-            assert (list(rows[f"{name} {mode}"]["expert_tokens"])
-                    == list(rows[f"dp1 {mode}"]["expert_tokens"]))
-            assert (rows[f"{name} {mode}"]["expert_parallel_load_max_over_mean"] >= 1).all()
+        for name in LAYOUTS:
+            label = f"{name} {mode}"
+            d = worst(label, f"dp1 {mode}")
+            summary.append((mode, name, max(d.values())))
+            assert max(d.values()) <= TOL, (label, d)
+            # every expert's tokens, counted once wherever they were routed
+            assert (list(rows[label]["expert_tokens"])
+                    == list(rows[f"dp1 {mode}"]["expert_tokens"])), label
+            assert (rows[label]["expert_parallel_load_max_over_mean"] >= 1).all()
+        assert (rows[f"dp1 {mode}"]["moe_aux_loss"] > 0.5).all()  # E sum f P >= 1 if even
+    print(pd.DataFrame(summary, columns=["mode", "layout", "worst"]).to_string())
+    # the naive mode drifts where the packing changes
+    assert _rel(rows["dp2 naive"]["grad_norm"], rows["dp1 naive"]["grad_norm"]) > 1e3 * TOL
+    # megatron's per-row router losses move with the packing: in the report and the update
+    d = worst("bug: per-row aux, dp1 cap 24", "bug: per-row aux, dp1")
+    print("per-row router losses, re-packed:", d)
+    assert d["moe_aux_loss"] > 1e3 * TOL and d["params"] > 1e3 * TOL, d
+    # the router losses are trained: without them the update differs, the first report not
+    off = worst("dp1 no router losses", "dp1 per_rollout_mean")
+    assert off["params"] > 1e3 * TOL and off["grad_norm"] > 1e3 * TOL, off
+    first = rows["dp1 no router losses"]["moe_aux_loss"].iloc[0]
+    assert first == pytest.approx(rows["dp1 per_rollout_mean"]["moe_aux_loss"].iloc[0], rel=TOL)
     d = worst("dp2 ep2 fp32", "dp1 fp32")
     print(f"fp32: worst {max(d.values()):.1e} (FP32_TOL {FP32_TOL:.0e})")
     assert max(d.values()) <= FP32_TOL, d
-    # the runs hold the same model: every expert once in the saved parameters, the same count
-    assert runs["dp4 ep4 per_token"].meta["parameters"] == runs["dp1 per_token"].meta["parameters"]
-    assert set(runs["dp4 ep4 per_token"].params(2)) == set(runs["dp1 per_token"].params(2))
+    # the runs hold the same model: every expert once in the saved parameters
+    ref = runs["dp1 per_token"]
+    for name in ("dp4 ep2", "dp2 cp2 ep4", "pp3"):
+        assert runs[f"{name} per_token"].meta["parameters"] == ref.meta["parameters"], name
+        assert set(runs[f"{name} per_token"].params(2)) == set(ref.params(2)), name
     logits = {}
-    for label in ("dp1 per_rollout_mean", "dp4 ep2 per_rollout_mean"):
+    for name in ("dp1", "dp4 ep2", "pp3"):
+        label = f"{name} per_rollout_mean"
         out = runs[label].export_hf(tmp_path / "export" / label.replace(" ", "_"))
         # float32: transformers' MoE experts (torch's grouped matmul) refuse float64
         hf = AutoModelForCausalLM.from_pretrained(str(out), dtype=torch.float32).eval()
         with torch.no_grad():
-            logits[label] = hf(torch.arange(3, 40)[None]).logits
-    a, b = logits["dp4 ep2 per_rollout_mean"], logits["dp1 per_rollout_mean"]
-    assert float((a - b).norm() / b.norm()) < FP32_TOL
+            logits[name] = hf(torch.arange(3, 40)[None]).logits
+    for name in ("dp4 ep2", "pp3"):
+        a, b = logits[name], logits["dp1"]
+        assert float((a - b).norm() / b.norm()) < FP32_TOL, name
+    # the step log's expert load: per layer, the tokens each of the 4 experts received (top
+    # 2: every token twice); rank 0's micro-batches, one figure each
+    for _, row in table[table["label"] == "dp2 per_rollout_mean"].iterrows():
+        load = np.array(row["expert_tokens"])
+        assert load.shape == (3, 4), load.shape  # 3 layers x 4 experts
+        assert (load.sum(axis=1) == 2 * row["tokens"]).all(), (load, row["tokens"])
+        assert len(row["micro_batch_expert_max_over_mean"]) == row["num_microbatches"][0]
 
 
 def test_moe_layouts_the_engine_does_not_build_are_refused(moe_checkpoint):
     base = TrainConfig().with_(path=str(moe_checkpoint), global_batch_size=6,
                                max_tokens_per_gpu=48)
-    for layout in (dict(tp=2), dict(cp=2), dict(pp=2)):
-        with pytest.raises(ValueError, match=r"mixture-of-experts .* data and expert parallelism"):
+    with pytest.raises(ValueError, match=r"tp=2: the mixture-of-experts .* use tp=1"):
+        run(base.with_(tp=2), rollouts(), progress=False)
+    for layout in (dict(dp=2, pp=3, ep=2), dict(dp=2, cp=2, cp_mode="dynamic", ep=2)):
+        with pytest.raises(ValueError, match=r"ep=2 runs with tp=pp=1 and fixed CP"):
             run(base.with_(**layout), rollouts(), progress=False)
     with pytest.raises(ValueError, match="ep=3 does not divide the 4 experts"):
         run(base.with_(dp=3, ep=3), rollouts(), progress=False)

@@ -213,7 +213,7 @@ def test_expert_parallelism_from_the_flags_is_carved_out_of_dp():
                                        "--actor-num-gpus-per-node 4", base=BASE)
     assert (cfg.ep, cfg.dp, cfg.world_size) == (2, 4, 4)
     assert train_config_from_slime_args("--global-batch-size 4", base=BASE).ep == 1
-    with pytest.raises(ValueError, match="ep=3 does not divide dp=4"):
+    with pytest.raises(ValueError, match="ep=3 does not divide dp\\*cp=4"):
         train_config_from_slime_args("--global-batch-size 4 --expert-model-parallel-size 3 "
                                      "--actor-num-gpus-per-node 4", base=BASE)
 

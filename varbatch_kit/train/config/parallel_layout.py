@@ -60,8 +60,9 @@ class ParallelLayout:
     (``TrainConfig.layout``) and hands it to the model builders, the step and the log-prob
     pass: the tensor-parallel size and rank they use are this object's, never read back from
     megatron's parallel state. ``ep``: expert parallelism (a mixture of experts), carved out of
-    the data-parallel ranks as megatron does (no extra ranks): each group of ``ep``
-    consecutive pool ranks holds every expert once, ``1/ep`` of them per rank.
+    the dp * cp pool as megatron carves it out of its data- and context-parallel ranks (no
+    extra ranks): each group of ``ep`` consecutive pool ranks holds every expert once,
+    ``1/ep`` of them per rank.
     """
 
     dp: int = 1
@@ -160,12 +161,12 @@ class ParallelLayout:
         if self.sp and self.tp == 1:
             out.append("sequence_parallel=True needs tp > 1 (it splits the sequence over the "
                        "tensor-parallel ranks); set tp >= 2 or sequence_parallel=False")
-        if self.ep > 1 and self.dp % self.ep:
-            out.append(f"ep={self.ep} does not divide dp={self.dp}: expert parallelism splits "
-                       "the experts over groups of ep data-parallel ranks; choose an ep that "
-                       "divides dp")
-        if self.ep > 1 and (self.tp > 1 or self.pp > 1 or self.cp > 1):
-            out.append(f"ep={self.ep} runs with tp=pp=cp=1 so far (expert parallelism over "
-                       "data-parallel ranks only)")
+        if self.ep > 1 and self.pool_size % self.ep:
+            out.append(f"ep={self.ep} does not divide dp*cp={self.pool_size}: expert "
+                       "parallelism splits the experts over groups of ep consecutive ranks of "
+                       "the data- and context-parallel pool; choose an ep that divides it")
+        if self.ep > 1 and (self.tp > 1 or self.pp > 1 or self.cp_mode == "dynamic"):
+            out.append(f"ep={self.ep} runs with tp=pp=1 and fixed CP so far (expert "
+                       "parallelism over the data- and context-parallel pool of one stage)")
         # parts being built: each line goes when its engine path lands
         return out

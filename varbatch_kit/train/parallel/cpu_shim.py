@@ -18,6 +18,8 @@ of :mod:`varbatch_kit.train` goes through:
   leaves a CPU tensor a tensor: expert parallelism's split sizes must be host arrays), the
   router's and the experts' tensors on ``current_device()``, the auxiliary-loss tracker's
   on ``device="cuda"``,
+- the router's float32 softmax (``torch.softmax(..., dtype=torch.float32)``): a float64
+  input stays float64 (``precision="fp64"``), else unchanged,
 - the grad norm of its local (no apex) L2-norm kernel, returned as a float32
   CUDA tensor whatever the gradients' dtype: on the CPU float64 gradients
   (``precision="fp64"``) keep a float64 norm; float32 ones go through
@@ -175,6 +177,17 @@ class _CudaOnCpu:
         return getattr(torch.cuda, name)
 
 
+def _softmax_keeping_float64(input, dim=None, dtype=None, **kwargs):  # noqa: A002 - torch's name
+    """``torch.softmax`` in which a float64 input stays float64: megatron-core's router takes
+    its softmax in float32 (``dtype=torch.float32``, then back to the logits' dtype), so under
+    ``precision="fp64"`` the routing probabilities and their gradients would carry float32
+    rounding, which moves with the layout where a token's gradient is summed from several
+    ranks (emulated CP: ~1e-9). Any other input: torch's softmax as asked."""
+    if dtype == torch.float32 and input.dtype == torch.float64:
+        dtype = None
+    return torch.softmax(input, dim, dtype=dtype, **kwargs)
+
+
 class _TorchOnCpu:
     """``torch`` as seen by a patched module; everything else is the real module.
 
@@ -187,6 +200,7 @@ class _TorchOnCpu:
         self.cuda = _CudaOnCpu()
         for name in _FACTORIES:
             setattr(self, name, _factory_on_cpu(getattr(torch, name)))
+        self.softmax = _softmax_keeping_float64
 
     def __getattr__(self, name: str) -> Any:
         value = getattr(torch, name)

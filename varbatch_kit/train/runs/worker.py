@@ -262,6 +262,16 @@ def train(cfg: TrainConfig, model_spec, steps: list, log_prob_steps: list, rollo
                                   seed=cfg.data.seed, data=cfg.data, loss=cfg.loss)
 
     first_data = training_data(rollouts)  # the first (without a feed: the only) part's
+    # the whole model's parameter count, at any tp, ep and pp: a stage counts its own (the
+    # last stage's copy of tied embeddings, megatron's `shared`, not), a TP shard counts tp
+    # times, an expert-parallel rank's experts ep times; summed over the stages
+    parameters = torch.tensor(full_parameter_count(gpt, layout.tp) - sum(
+        p.numel() for p in gpt.parameters() if getattr(p, "shared", False)) + (layout.ep - 1) * sum(
+        p.numel() for n, p in gpt.named_parameters() if ".local_experts." in n))
+    if stage is not None:
+        from megatron.core import parallel_state
+
+        dist.all_reduce(parameters, group=parallel_state.get_pipeline_model_parallel_group())
     if rank == 0:
         out_dir.mkdir(parents=True, exist_ok=True)
         meta = {
@@ -271,9 +281,7 @@ def train(cfg: TrainConfig, model_spec, steps: list, log_prob_steps: list, rollo
             "cp_note": CP_NOTE if emulated else "",
             # the model, for `varbatch-kit export RUN_DIR` (train/runs/run_export.py)
             "model": {"path": model_spec.path, "num_layers": model_spec.num_layers},
-            # the whole model's, at any tp and ep
-            "parameters": full_parameter_count(gpt, layout.tp) + (layout.ep - 1) * sum(
-                p.numel() for n, p in gpt.named_parameters() if ".local_experts." in n),
+            "parameters": int(parameters),
             "max_seq_len": max_seq_len, "lr_increment": unit,
             # a fed job learns its batches one by one: no step count ahead
             "num_steps": None if feed is not None else len(steps),
@@ -347,10 +355,12 @@ def train(cfg: TrainConfig, model_spec, steps: list, log_prob_steps: list, rollo
             inputs = inputs_for(local)  # the rollout batch's log-prob pass, before the watch
             # and, for a mixture of experts, the tokens each expert received
             with memory_watch(device, cfg.run.track_memory, ddp, optimizer) as memory, \
-                    expert_load_watch(chunks, layout.ep) as load:
+                    expert_load_watch(chunks, layout.ep, model_spec.num_layers if experts else 0,
+                                      layout.cp if layout.cp_impl == "emulated" else 1) as load:
                 record = train_step(layout, cfg.loss, faults, mode, model, optimizer, step,
                                     part_rollouts, data, inputs, device, run_name=cfg.name,
-                                    grads_out=grads)
+                                    grads_out=grads,
+                                    num_moe_layers=model_spec.num_layers if experts else 0)
             if grads is not None and stage is None:
                 grads = whole(grads)
             record.update(memory.gathered())

@@ -45,14 +45,26 @@ def _max_over_mean(counts: torch.Tensor) -> float:
     return float(ratio.max()) if ratio.numel() else 1.0
 
 
+def _row(router, index: int) -> int:
+    """The router's layer in the whole model (megatron's global 1-based ``layer_number``;
+    ``index`` for a stand-in without one)."""
+    number = getattr(router, "layer_number", None)
+    return index if number is None else int(number) - 1
+
+
 class ExpertLoadWatch:
     """Tokens per expert of one step on this rank (see the module docstring)."""
 
-    def __init__(self, routers: list, ep: int = 1) -> None:
+    def __init__(self, routers: list, ep: int = 1, num_moe_layers: int = 0,
+                 copies: int = 1) -> None:
         self.routers = routers
         self.ep = ep
+        self.copies = copies  # emulated CP: every CP rank routes the whole micro-batch
         experts = routers[0].config.num_moe_experts if routers else 0
-        self.counts = torch.zeros(len(routers), experts, dtype=torch.int64)
+        # one row per MoE layer of the whole model (a pipeline stage fills its own layers')
+        layers = max(num_moe_layers, len(routers))
+        self.rows = [_row(r, i) for i, r in enumerate(routers)]
+        self.counts = torch.zeros(layers, experts, dtype=torch.int64)
         self.micro_batches: list[float] = []
         self._current: torch.Tensor | None = None
         self._seen: set[int] = set()
@@ -67,9 +79,10 @@ class ExpertLoadWatch:
                 self._close_micro_batch()
                 self._current = torch.zeros_like(self.counts)
                 self._seen = set()
-            self._seen.add(index)
-            self._current[index] += tokens
-            self.counts[index] += tokens
+            row = self.rows[index]
+            self._seen.add(row)
+            self._current[row] += tokens
+            self.counts[row] += tokens
         return hook
 
     def _close_micro_batch(self) -> None:
@@ -91,6 +104,7 @@ class ExpertLoadWatch:
         total = self.counts.clone()
         if dist.is_initialized():
             dist.all_reduce(total, group=group)
+        total //= self.copies
         per_rank = total.reshape(total.shape[0], self.ep, -1).sum(dim=-1)
         return {"expert_tokens": total.tolist(),
                 "expert_load_max_over_mean": _max_over_mean(total),
@@ -99,12 +113,13 @@ class ExpertLoadWatch:
 
 
 @contextmanager
-def expert_load_watch(chunks, ep: int = 1):
+def expert_load_watch(chunks, ep: int = 1, num_moe_layers: int = 0, copies: int = 1):
     """Within the block, count the tokens the routers of ``chunks`` (the rank's model
-    chunks) send to each expert (``ep``: the run's expert-parallel size); yields the
-    :class:`ExpertLoadWatch`."""
+    chunks) send to each expert (``ep``: the run's expert-parallel size; ``num_moe_layers``:
+    the whole model's, of which a pipeline stage holds some; ``copies``: how many ranks route
+    each token, the CP size under emulated CP, else 1); yields the :class:`ExpertLoadWatch`."""
     routers = routers_of(chunks)
-    watch = ExpertLoadWatch(routers, ep)
+    watch = ExpertLoadWatch(routers, ep, num_moe_layers, copies)
     handles = [r.register_forward_hook(watch._hook(i)) for i, r in enumerate(routers)]
     try:
         yield watch

@@ -26,11 +26,15 @@ metric that is the same at each of its loss tokens (:func:`per_token_values`), s
 ``per_rollout_mean`` a rollout's samples are weighted by their loss tokens and the rollouts
 averaged, under ``per_token`` every loss token counts once: nothing depends on the packing.
 
-:class:`RouterLogits` records the router logits of each training forward (a hook on every
-megatron-core ``TopKRouter``: the router's own ``gating`` applied again to its input,
-differentiable, so the losses' gradients reach the router and the hidden states as
-megatron's would). ``FaultConfig.moe_aux_per_row`` (an injected bug) computes both over the
-packed row instead: megatron's per-micro-batch loss.
+:class:`RouterLosses` computes them in each training forward, layer by layer (a hook on
+every megatron-core ``TopKRouter``: the router's own ``gating`` applied again to its input,
+differentiable) and trains them as megatron trains its own: attached to the router's output,
+so that the backward differentiates them where the router runs, on whichever pipeline stage
+holds the layer. Under all-gather context parallelism a rank's router sees its share of the
+row: the whole row's logits are all-gathered over the micro-batch's CP group first (a
+reduce-scatter in the backward), every CP rank computes each sample's losses whole and the
+report mode's sum keeps its slice, as for the policy loss. ``FaultConfig.moe_aux_per_row``
+(an injected bug) computes both over the packed row instead: megatron's per-micro-batch loss.
 """
 
 from __future__ import annotations
@@ -39,7 +43,9 @@ from contextlib import contextmanager
 
 import torch
 
-__all__ = ["ROUTER_LOSS_KEYS", "RouterLogits", "per_token_values", "sample_router_losses"]
+from varbatch_kit.train.parallel.cp_attention import all_gather_rows, current_share
+
+__all__ = ["ROUTER_LOSS_KEYS", "RouterLosses", "per_token_values", "sample_router_losses"]
 
 #: the reported keys of a mixture-of-experts run, after the policy loss's
 ROUTER_LOSS_KEYS = ("moe_aux_loss", "moe_z_loss")
@@ -91,37 +97,98 @@ def per_token_values(per_sample: torch.Tensor, response_lengths) -> torch.Tensor
         per_sample, torch.tensor([int(n) for n in response_lengths], device=per_sample.device))
 
 
-class RouterLogits:
-    """The router logits of the training forwards since the last :meth:`take`, per MoE layer
-    in order (a forward-only pass, no gradient, records nothing)."""
+class _AttachLoss(torch.autograd.Function):
+    """Identity on ``output``; its backward also differentiates ``loss`` with the gradient
+    ``scale`` (what megatron-core's schedule gives the micro-batch's main loss), so a loss
+    computed inside a layer trains without passing through the loss function (megatron's
+    ``MoEAuxLossAutoScaler``, with the scale a float64 number instead of a float32
+    tensor)."""
 
-    def __init__(self, routers: list) -> None:
+    @staticmethod
+    def forward(ctx, output, loss, scale):
+        ctx.save_for_backward(loss)
+        ctx.scale = scale
+        return output.view_as(output)
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        (loss,) = ctx.saved_tensors
+        return grad_output, torch.full_like(loss, ctx.scale), None
+
+
+class RouterLosses:
+    """The router losses of one rank's training forwards (see the module docstring).
+
+    Before each micro-batch's forward, :meth:`micro_batch` says what it holds: the samples'
+    token counts in the packed row, their response lengths, ``loss_sum`` (the report mode's
+    sum of per-token values over the micro-batch, differentiable: the same function the
+    policy loss goes through), ``weight`` (what the micro-batch's loss is multiplied by:
+    the loss prescale, 0 for an idle round) and ``scale`` (the gradient megatron's schedule
+    gives that loss: 1 / micro-batches, or 1 under its per-token path). A forward hook on each
+    router then computes its layer's per-sample losses, reduces them with ``loss_sum``, adds
+    the reduced values to :attr:`sums` (detached, for the report) and, when a coefficient is
+    set, attaches ``weight * (aux_coeff * aux + z_coeff * z)`` to the router's output so
+    that the backward trains it. Each pipeline stage's routers do this for their own layers;
+    :meth:`report` divides by the model's MoE layer count.
+    """
+
+    def __init__(self, routers: list, *, num_moe_layers: int = 0, aux_coeff: float = 0.0,
+                 z_coeff: float = 0.0, per_row: bool = False) -> None:
         self.routers = routers
+        self.num_moe_layers = num_moe_layers or len(routers)
         self.topk = routers[0].topk if routers else 0
-        self._layers: list[torch.Tensor] = []
+        self.aux_coeff, self.z_coeff, self.per_row = aux_coeff, z_coeff, per_row
+        #: the reduced per-layer losses summed over layers and micro-batches (aux, z)
+        self.sums = torch.zeros(2, dtype=torch.float64)
+        self._current: dict | None = None
 
     @property
     def active(self) -> bool:
         return bool(self.routers)
 
-    def _hook(self, module, args, _output) -> None:
-        if not torch.is_grad_enabled():
-            return
+    def micro_batch(self, lengths, response_lengths, *, loss_sum, weight: float,
+                    scale: float, counted: bool = True) -> None:
+        """What the next forward holds (module docstring); ``counted=False``: an idle round
+        (zero weight), not reported."""
+        self._current = dict(lengths=[int(n) for n in lengths],
+                             response=[int(n) for n in response_lengths], loss_sum=loss_sum,
+                             weight=float(weight), scale=float(scale), counted=bool(counted))
+
+    def _hook(self, module, args, output):
+        cur = self._current
+        if not torch.is_grad_enabled() or cur is None:
+            return None  # a forward-only pass (log-probs), or no micro-batch announced
         logits = module.gating(args[0])
-        self._layers.append(logits.reshape(-1, logits.shape[-1]))
+        logits = logits.reshape(-1, logits.shape[-1])
+        share = current_share()
+        if share is not None:  # all-gather CP: this rank's share of the row; the whole row's
+            # logits gathered from the group (backward: each rank's gradient to its rows)
+            logits = all_gather_rows(logits, share, share.max_local, share.kv_index)
+        lengths = [sum(cur["lengths"])] if self.per_row else cur["lengths"]
+        aux, z = sample_router_losses([logits], lengths, self.topk)
+        if self.per_row:  # the injected bug: the row's value for each of its samples
+            aux, z = aux.expand(len(cur["lengths"])), z.expand(len(cur["lengths"]))
+        reduced = [cur["loss_sum"](per_token_values(v, cur["response"])) for v in (aux, z)]
+        if cur["counted"]:
+            self.sums += torch.stack([r.detach().to("cpu", torch.float64) for r in reduced])
+        if not (self.aux_coeff or self.z_coeff) or not cur["weight"]:
+            return None
+        term = cur["weight"] * (self.aux_coeff * reduced[0] + self.z_coeff * reduced[1])
+        probs, routing_map = output
+        return _AttachLoss.apply(probs, term, cur["scale"]), routing_map
 
     @contextmanager
     def attached(self):
-        """Within the block, the routers' training forwards are recorded."""
+        """Within the block, the routers' training forwards compute and train the losses."""
         handles = [r.register_forward_hook(self._hook) for r in self.routers]
         try:
             yield self
         finally:
             for h in handles:
                 h.remove()
-            self._layers = []
+            self._current = None
 
-    def take(self) -> list[torch.Tensor]:
-        """The recorded layers' logits (``[T, E]`` each), forgotten here."""
-        layers, self._layers = self._layers, []
-        return layers
+    def report(self) -> torch.Tensor:
+        """``(moe_aux_loss, moe_z_loss)`` sums of this rank, the mean over the model's MoE
+        layers (to be summed over the ranks and divided like every reported sum)."""
+        return self.sums / self.num_moe_layers

@@ -118,7 +118,7 @@ def report_keys(loss, has_rollout_log_probs: bool, moe: bool = False) -> tuple[s
 
 def train_step(layout, loss, faults, mode, model, optimizer, step, rollouts, data,
                inputs: PolicyInputs, device, *, run_name: str,
-               grads_out: dict | None = None) -> dict:
+               grads_out: dict | None = None, num_moe_layers: int = 0) -> dict:
     """Forward/backward over this rank's micro-batches, optimizer step, reduced report.
 
     ``layout``: the run's :class:`~varbatch_kit.train.config.parallel_layout.ParallelLayout`
@@ -127,7 +127,8 @@ def train_step(layout, loss, faults, mode, model, optimizer, step, rollouts, dat
     ``run_name``: its label (an injected stale count is kept per run).
 
     ``grads_out`` (a dict): receives the gradients (name -> CPU tensor) after the backward,
-    reduced over the ranks, before clipping and the optimiser step.
+    reduced over the ranks, before clipping and the optimiser step. ``num_moe_layers``: a
+    mixture of experts' MoE layers, the whole model's (the router losses are their mean).
     """
     from megatron.core.pipeline_parallel import get_forward_backward_func
     from megatron.core.utils import get_model_config
@@ -143,11 +144,7 @@ def train_step(layout, loss, faults, mode, model, optimizer, step, rollouts, dat
         gather_timings,
     )
     from varbatch_kit.train.step.packed_batch import pack
-    from varbatch_kit.train.step.router_losses import (
-        RouterLogits,
-        per_token_values,
-        sample_router_losses,
-    )
+    from varbatch_kit.train.step.router_losses import ROUTER_LOSS_KEYS, RouterLosses
 
     t0 = time.perf_counter()
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -204,9 +201,34 @@ def train_step(layout, loss, faults, mode, model, optimizer, step, rollouts, dat
         batches.append((b, w.cp_size, w.cp_rank, share))
 
     models = model if isinstance(model, list) else [model]
-    # a mixture of experts: the router logits of each training forward, for the per-sample
-    # load-balancing and z losses (train/step/router_losses.py)
-    routers = RouterLogits(routers_of(models))
+    # a mixture of experts: the router's load-balancing and z losses, per sample, computed and
+    # trained where each router runs (train/step/router_losses.py)
+    routers = RouterLosses(routers_of(models), num_moe_layers=num_moe_layers,
+                           aux_coeff=loss.moe_aux_loss_coeff, z_coeff=loss.moe_z_loss_coeff,
+                           per_row=faults.moe_aux_per_row)
+    def sum_kwargs(batch, cp_size, cp_rank) -> dict:
+        """The report mode's sum over a micro-batch: its samples, their denominators and the
+        rank's CP slice (every per-token term and the router losses go through it)."""
+        idx = [int(g) for g in batch.sample_indices]
+        return {
+            "total_lengths": list(batch.lengths),
+            "response_lengths": list(batch.response_lens),
+            "loss_masks": [masks[g].to(device) for g in idx],
+            "sample_denominators": (
+                norm.denominators_for([local_of[g] for g in idx])
+                if not faults.microbatch_denominators  # injected bug: over this micro-batch
+                else mode.step_normalizers(rollouts.rollout_id[idx], [masks[g] for g in idx],
+                                           dp_size=layout.dp).sample_denominators),
+            "cp_rank": cp_rank,
+            "cp_size": cp_size,
+        }
+
+    def mode_sum(kw: dict, values: torch.Tensor) -> torch.Tensor:
+        local = slice_flat_responses_for_cp(values, kw["total_lengths"],
+                                            kw["response_lengths"], cp_rank=kw["cp_rank"],
+                                            cp_size=kw["cp_size"])
+        return mode.microbatch_loss_sum(local, **kw)
+
     options = loss.objective_options()
     keys = report_keys(loss, inputs.rollout_log_probs is not None, moe=routers.active)
 
@@ -236,44 +258,19 @@ def train_step(layout, loss, faults, mode, model, optimizer, step, rollouts, dat
         per_token["nll"] = -stats["logprob"].detach()
         per_token["token_acc"] = stats["correct"]
         per_token["advantage"] = torch.cat(adv)
-        trained = per_token["loss"]
-        if routers.active:  # each sample's router losses at each of its response tokens
-            layers = routers.take()
-            lengths = ([sum(batch.lengths)] if faults.moe_aux_per_row  # injected: the row's
-                       else list(batch.lengths))
-            aux, z = sample_router_losses(layers, lengths, routers.topk)
-            if faults.moe_aux_per_row:
-                aux, z = aux.expand(len(splits)), z.expand(len(splits))
-            per_token["moe_aux_loss"] = per_token_values(aux, splits)
-            per_token["moe_z_loss"] = per_token_values(z, splits)
-            # trained as megatron does: the coefficient times the sum over the MoE layers
-            trained = trained + len(layers) * (loss.moe_aux_loss_coeff * per_token["moe_aux_loss"]
-                                               + loss.moe_z_loss_coeff * per_token["moe_z_loss"])
-        per_token["trained"] = trained
-        kw = {
-            "total_lengths": list(batch.lengths),
-            "response_lengths": list(batch.response_lens),
-            "loss_masks": [masks[g].to(device) for g in idx],
-            "sample_denominators": (
-                norm.denominators_for([local_of[g] for g in idx])
-                if not faults.microbatch_denominators  # injected bug: over this micro-batch
-                else mode.step_normalizers(rollouts.rollout_id[idx], [masks[g] for g in idx],
-                                           dp_size=layout.dp).sample_denominators),
-            "cp_rank": cp_rank,
-            "cp_size": cp_size,
-        }
+        kw = sum_kwargs(batch, cp_size, cp_rank)
         sums = {}
-        for key in (*keys, "trained"):
-            local = slice_flat_responses_for_cp(
-                per_token[key], kw["total_lengths"], kw["response_lengths"],
-                cp_rank=cp_rank, cp_size=cp_size)
-            sums[key] = mode.microbatch_loss_sum(local, **kw)
+        for key in keys:
+            if key in ROUTER_LOSS_KEYS:  # summed by the routers (RouterLosses), added below
+                sums[key] = torch.zeros((), dtype=torch.float64)
+                continue
+            sums[key] = mode_sum(kw, per_token[key])
         # per_token: each of a sample's c ranks counts n * K / c tokens (K = norm.reference_cp)
         count = {"cp_size": cp_size, "reference_cp": norm.reference_cp} if dynamic else {}
         num_tokens = mode.megatron_num_tokens(kw["loss_masks"], **count) if weight else 0
         values = torch.stack([torch.tensor(float(mode.count_slot(kw["loss_masks"], **count)))]
                              + [sums[k].detach().cpu().double() for k in keys]) * weight
-        return (weight * prescale * sums["trained"],
+        return (weight * prescale * sums["loss"],
                 torch.tensor(num_tokens, dtype=torch.int, device=device),
                 {"values": values})
 
@@ -285,10 +282,19 @@ def train_step(layout, loss, faults, mode, model, optimizer, step, rollouts, dat
     # fwd/bwd wall time per micro-batch (and chunk), the schedule's span and idle time
     timer = MicroBatchTimer(cuda=device.type == "cuda")
 
+    # megatron's schedule gives each micro-batch's loss the gradient 1 / (its micro-batches)
+    # (1 on its per-token path, which divides by the token count later): the routers' too
+    router_scale = 1.0 if mode.megatron_per_token_loss else 1.0 / len(batches)
+
     def forward_step(data_iterator, model):
         batch, cp_size, cp_rank, share = next(data_iterator)
         timer.lengths = list(batch.lengths)
         loss = partial(loss_func, batch, cp_size, cp_rank, share)
+        if routers.active:  # what the routers of this forward see (a mixture of experts)
+            routers.micro_batch(batch.lengths, batch.response_lens,
+                                loss_sum=partial(mode_sum, sum_kwargs(batch, cp_size, cp_rank)),
+                                weight=weight * prescale, scale=router_scale,
+                                counted=bool(weight))
         # the output layer on response rows only, or a pipeline stage's hidden states (all-
         # gather CP: of this rank's share)
         last = not staged or pipeline_schedule.is_post_process(model)
@@ -342,9 +348,20 @@ def train_step(layout, loss, faults, mode, model, optimizer, step, rollouts, dat
     wall = time.perf_counter() - t0
 
     # 5. report: sum micro-batch vectors, all-reduce over DP x CP, divide by the step divisor
+    values = [o["values"] for o in outputs] if outputs else []
+    if routers.active:  # the router losses: summed by the routers of every stage
+        router = routers.report()
+        if staged:  # this pool rank's layers live on its stages: summed on the last one
+            from megatron.core import parallel_state
+
+            dist.all_reduce(router, group=parallel_state.get_pipeline_model_parallel_group())
+        extra = torch.zeros(1 + len(keys), dtype=torch.float64)
+        for i, key in enumerate(ROUTER_LOSS_KEYS):
+            extra[1 + keys.index(key)] = router[i]
+        values.append(extra)
     if layout.coords(rank).pp_rank == layout.pp - 1:  # the losses are on the last stage
-        report = reduce_step_report([o["values"] for o in outputs], keys=keys, mode=mode,
-                                    norm=norm, cp_size=report_cp)
+        report = reduce_step_report(values, keys=keys, mode=mode, norm=norm,
+                                    cp_size=report_cp)
     else:
         report = None
     if staged:  # reduced on the last stage, as slime does, then handed to rank 0

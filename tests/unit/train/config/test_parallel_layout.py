@@ -59,8 +59,11 @@ def test_expert_parallelism_is_carved_out_of_dp():
     assert lay.world_size == 4 and [lay.ep_rank(w) for w in range(4)] == [0, 1, 0, 1]
     assert lay.describe() == "dp4 cp1 pp1 tp1 ep2" and lay.as_dict()["ep"] == 2
     assert ParallelLayout(dp=4, ep=4).unsupported() == []
-    assert ["ep=3 does not divide dp=4" in r for r in ParallelLayout(dp=4, ep=3).unsupported()
-            ] == [True]
-    assert ["tp=pp=cp=1" in r for r in ParallelLayout(dp=2, tp=2, ep=2).unsupported()] == [True]
+    assert ["ep=3 does not divide dp*cp=4" in r
+            for r in ParallelLayout(dp=4, ep=3).unsupported()] == [True]
+    assert ParallelLayout(dp=2, cp=2, ep=4).unsupported() == []  # out of the dp * cp pool
+    for bad in (dict(tp=2), dict(pp=2), dict(cp=2, cp_mode="dynamic")):
+        assert ["tp=pp=1 and fixed CP" in r
+                for r in ParallelLayout(dp=2, ep=2, **bad).unsupported()] == [True], bad
     with pytest.raises(ValueError, match="ep"):
         ParallelLayout(ep=0)

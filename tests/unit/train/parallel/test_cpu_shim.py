@@ -135,3 +135,23 @@ def test_shim_bf16_optimizer_keeps_fp32_main_copies_of_bf16_params(clean_shim):
     with pytest.raises(TypeError, match="dtype torch.float64"):
         cls(torch.optim.Adam([bad], lr=0.1), OptimizerConfig(bf16=True), None,
             lambda o, config=None: None)
+
+
+def test_shim_router_softmax_keeps_float64_and_the_split_sizes_become_host_arrays(clean_shim):
+    """megatron's router asks for a float32 softmax: a float64 input stays float64 (fp64 runs
+    route in float64); float32 stays as asked. The all-to-all's split sizes: a host copy."""
+    import numpy as np
+
+    cpu_shim.activate("cpu")
+    from megatron.core.transformer.moe import moe_utils, token_dispatcher
+
+    x = torch.tensor([[0.1, 0.2, 0.3]], dtype=torch.float64)
+    got = moe_utils.torch.softmax(x, dim=-1, dtype=torch.float32)
+    assert got.dtype == torch.float64 and torch.equal(got, torch.softmax(x, dim=-1))
+    assert moe_utils.torch.softmax(x.float(), dim=-1, dtype=torch.float32).dtype == torch.float32
+    assert torch is not moe_utils.torch and torch.softmax is not moe_utils.torch.softmax
+    sizes = torch.tensor([3, 4])
+    host = token_dispatcher.maybe_move_tensor_to_cpu(sizes, as_numpy=True)
+    assert isinstance(host, np.ndarray) and host.tolist() == [3, 4]
+    sizes[0] = 9  # a copy, as the device-to-host copy is
+    assert host.tolist() == [3, 4]

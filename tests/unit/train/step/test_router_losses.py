@@ -126,8 +126,9 @@ def _router(layer_number: int, aux_type: str):
 
 def test_one_sample_rows_agree_with_megatrons_router_and_its_packed_row_does_not():
     """megatron-core's TopKRouter, run for real (its aux_loss and z-loss, the values its
-    tracker logs): on a row that holds one sample its losses are ours; on a packed row of two
-    samples its seq_aux_loss is the row's (Megatron-LM #5996), ours the samples' own."""
+    tracker logs), against RouterLosses' hook on the same router: on a row that holds one
+    sample the two agree; on a packed row of two samples megatron's seq_aux_loss is the row's
+    (Megatron-LM #5996, what RouterLosses(per_row=True) injects), ours the samples' own."""
     from _megatron import single_process_megatron
     from megatron.core.transformer.moe.moe_utils import (
         clear_aux_losses_tracker,
@@ -135,7 +136,10 @@ def test_one_sample_rows_agree_with_megatrons_router_and_its_packed_row_does_not
     )
 
     from varbatch_kit.train.parallel.megatron_import import moe_without_transformer_engine
-    from varbatch_kit.train.step.router_losses import RouterLogits
+    from varbatch_kit.train.step.router_losses import RouterLosses
+
+    def token_mean(values):  # every token a loss token, one rollout: the mean over tokens
+        return values.sum() / values.numel()
 
     moe_without_transformer_engine()  # as the engine's MoE models (no TransformerEngine here)
     with single_process_megatron("cpu"):
@@ -144,21 +148,69 @@ def test_one_sample_rows_agree_with_megatrons_router_and_its_packed_row_does_not
         for aux_type, key in (("aux_loss", "load_balancing_loss"),
                               ("seq_aux_loss", "seq_load_balancing_loss")):
             router = _router(1, aux_type)
-            recorder = RouterLogits([router])
             for row, lengths in ((one, [7]), (torch.cat([one, two]), [7, 5])):
-                clear_aux_losses_tracker()
-                with recorder.attached():
-                    router(row)
-                    layers = recorder.take()
+                got = {}
+                for per_row in (False, True):
+                    clear_aux_losses_tracker()
+                    losses = RouterLosses([router], per_row=per_row)
+                    with losses.attached():
+                        losses.micro_batch(lengths, lengths, loss_sum=token_mean, weight=1.0,
+                                           scale=1.0)
+                        router(row)
+                    got[per_row] = losses.report().tolist()
                 tracker = get_moe_layer_wise_logging_tracker()
                 theirs = float(tracker[key]["values"][0])
                 theirs_z = float(tracker["z_loss"]["values"][0])
-                ours, ours_z = sample_router_losses(layers, lengths, router.topk)
-                row_aux, row_z = sample_router_losses(layers, [sum(lengths)], router.topk)
-                assert theirs == pytest.approx(row_aux.item(), rel=1e-5), aux_type
-                assert theirs_z == pytest.approx(row_z.item(), rel=1e-5)
+                assert got[True][0] == pytest.approx(theirs, rel=1e-5), aux_type
+                assert got[True][1] == pytest.approx(theirs_z, rel=1e-5)
                 if len(lengths) == 1:
-                    assert theirs == pytest.approx(ours.item(), rel=1e-5)
-                else:  # the packed row is not the samples' mean
-                    assert abs(theirs - ours.mean().item()) > 1e-3 * theirs
+                    assert got[False] == pytest.approx(got[True], rel=1e-12)
+                else:  # the packed row is not the samples' (token-weighted) mean
+                    assert abs(got[False][0] - theirs) > 1e-3 * theirs
         clear_aux_losses_tracker()
+
+
+def test_the_attached_loss_trains_with_the_schedules_scale():
+    """The router's output carries weight * (aux_coeff * aux + z_coeff * z): its gradient is
+    that term's, times ``scale``; an idle round (weight 0) neither trains nor reports."""
+    from varbatch_kit.train.step.router_losses import RouterLosses
+
+    class _Gate(torch.nn.Module):
+        topk = 1
+
+        def __init__(self):
+            super().__init__()
+            self.weight = torch.nn.Parameter(torch.tensor([[1.0, -1.0], [0.5, 2.0]],
+                                                          dtype=torch.float64))
+
+        def gating(self, x):
+            return x @ self.weight.T
+
+        def forward(self, x):
+            logits = self.gating(x)
+            return torch.softmax(logits, -1), logits > 0
+
+    x = torch.tensor([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]], dtype=torch.float64)
+    for weight, counted in ((0.5, True), (0.0, False)):
+        gate = _Gate()
+        losses = RouterLosses([gate], aux_coeff=0.3, z_coeff=0.2)
+        with losses.attached():
+            losses.micro_batch([2, 1], [2, 1], loss_sum=torch.sum, weight=weight, scale=0.25,
+                               counted=counted)
+            probs, _ = gate(x)
+            probs.sum().backward()  # the main loss: its gradient on the probs is 1
+        got = gate.weight.grad.clone()
+        ref = _Gate()
+        probs, _ = ref(x)
+        aux, z = sample_router_losses([ref.gating(x)], [2, 1], topk=1)
+        main = probs.sum()
+        term = weight * (0.3 * per_token_values(aux, [2, 1]).sum()
+                         + 0.2 * per_token_values(z, [2, 1]).sum())
+        (main + 0.25 * term).backward()
+        assert torch.allclose(got, ref.weight.grad, rtol=1e-13, atol=1e-15), weight
+        reported = losses.report()
+        if counted:
+            assert reported[0].item() == pytest.approx(per_token_values(aux, [2, 1]).sum()
+                                                       .item(), rel=1e-13)
+        else:
+            assert reported.tolist() == [0.0, 0.0]
