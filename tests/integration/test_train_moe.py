@@ -10,9 +10,10 @@ included), gradient norms and parameters in float64 under both sound modes; the 
 micro-batch means, which depends on the packing, drifts, and so do megatron's per-row router
 losses when injected (FaultConfig.moe_aux_per_row): the test can fail. The step log's expert
 load (tokens per expert and layer, summed over the ranks) is the same under every layout.
-Expert parallelism (the experts split over 2 or 4 ranks, megatron's all-to-all over gloo)
-gives dp 1's numbers; tensor, pipeline and context parallelism with MoE, and checkpoints of
-an expert-parallel run, are refused before any worker starts (not built yet).
+One matrix trains every layout the engine builds for a mixture of experts (dp, ep, cp
+all-gather / emulated / dynamic, pp, tp with sequence parallelism, and their combinations)
+to dp 1's numbers; expert parallelism with tp, pp or dynamic CP, tp without sequence
+parallelism and checkpoints of an expert-parallel run are refused before any worker starts.
 """
 
 from __future__ import annotations
@@ -59,6 +60,9 @@ LAYOUTS = {
     "dp2 cp2 ep4": dict(dp=2, cp=2, ep=4),  # one expert per rank of the dp x cp pool
     "pp3": dict(pp=3),
     "pp3 cp2": dict(pp=3, cp=2),
+    "tp2": dict(tp=2),  # sequence parallelism on (tp's default; megatron's MoE needs it)
+    "tp2 cp2": dict(tp=2, cp=2),
+    "tp2 pp3": dict(tp=2, pp=3),
 }
 SOUND = ("per_rollout_mean", "per_token")
 FP32_TOL = 1e-5  # fp32 against fp32 dp 1 (fp32 rounding: ~3e-7 measured)
@@ -146,18 +150,18 @@ def test_the_moe_layout_matrix(moe_checkpoint, tmp_path):
     assert max(d.values()) <= FP32_TOL, d
     # the runs hold the same model: every expert once in the saved parameters
     ref = runs["dp1 per_token"]
-    for name in ("dp4 ep2", "dp2 cp2 ep4", "pp3"):
+    for name in ("dp4 ep2", "dp2 cp2 ep4", "pp3", "tp2", "tp2 pp3"):
         assert runs[f"{name} per_token"].meta["parameters"] == ref.meta["parameters"], name
         assert set(runs[f"{name} per_token"].params(2)) == set(ref.params(2)), name
     logits = {}
-    for name in ("dp1", "dp4 ep2", "pp3"):
+    for name in ("dp1", "dp4 ep2", "tp2 pp3"):
         label = f"{name} per_rollout_mean"
         out = runs[label].export_hf(tmp_path / "export" / label.replace(" ", "_"))
         # float32: transformers' MoE experts (torch's grouped matmul) refuse float64
         hf = AutoModelForCausalLM.from_pretrained(str(out), dtype=torch.float32).eval()
         with torch.no_grad():
             logits[name] = hf(torch.arange(3, 40)[None]).logits
-    for name in ("dp4 ep2", "pp3"):
+    for name in ("dp4 ep2", "tp2 pp3"):
         a, b = logits[name], logits["dp1"]
         assert float((a - b).norm() / b.norm()) < FP32_TOL, name
     # the step log's expert load: per layer, the tokens each of the 4 experts received (top
@@ -172,9 +176,10 @@ def test_the_moe_layout_matrix(moe_checkpoint, tmp_path):
 def test_moe_layouts_the_engine_does_not_build_are_refused(moe_checkpoint):
     base = TrainConfig().with_(path=str(moe_checkpoint), global_batch_size=6,
                                max_tokens_per_gpu=48)
-    with pytest.raises(ValueError, match=r"tp=2: the mixture-of-experts .* use tp=1"):
-        run(base.with_(tp=2), rollouts(), progress=False)
-    for layout in (dict(dp=2, pp=3, ep=2), dict(dp=2, cp=2, cp_mode="dynamic", ep=2)):
+    with pytest.raises(ValueError, match=r"tp=2 without sequence parallelism"):
+        run(base.with_(tp=2, sequence_parallel=False), rollouts(), progress=False)
+    for layout in (dict(dp=2, pp=3, ep=2), dict(dp=2, cp=2, cp_mode="dynamic", ep=2),
+                   dict(dp=2, tp=2, ep=2)):
         with pytest.raises(ValueError, match=r"ep=2 runs with tp=pp=1 and fixed CP"):
             run(base.with_(**layout), rollouts(), progress=False)
     with pytest.raises(ValueError, match="ep=3 does not divide the 4 experts"):

@@ -167,6 +167,8 @@ class ParallelLayout:
                        "the data- and context-parallel pool; choose an ep that divides it")
         if self.ep > 1 and (self.tp > 1 or self.pp > 1 or self.cp_mode == "dynamic"):
             out.append(f"ep={self.ep} runs with tp=pp=1 and fixed CP so far (expert "
-                       "parallelism over the data- and context-parallel pool of one stage)")
+                       "parallelism over the data- and context-parallel pool of one stage; "
+                       "with tp, megatron's dispatcher all-gathers uneven token counts over "
+                       "the tp x ep ranks, which gloo cannot)")
         # parts being built: each line goes when its engine path lands
         return out

@@ -80,10 +80,10 @@ def _check_interleaved(cfg: TrainConfig, steps) -> None:
 
 
 def _check_moe_layout(cfg: TrainConfig, model: ResolvedModel) -> None:
-    """A mixture-of-experts model trains under data, expert, pipeline and context parallelism,
-    not tensor parallelism (its experts are not split over tensor-parallel ranks); ``ep``
-    divides the expert count. A dense model refuses the expert settings (ep,
-    the router's loss coefficients, the injected per-row bug): nothing would use them."""
+    """A mixture-of-experts model trains under every layout the engine builds (dp, cp, pp, tp
+    with sequence parallelism, ep); ``ep`` divides the expert count. A dense model refuses the
+    expert settings (ep, the router's loss coefficients, the injected per-row bug): nothing
+    would use them."""
     spec = model.hf
     if not model.is_moe:
         moe_only = {k: v for k, v in (("ep", cfg.ep if cfg.ep > 1 else 0),
@@ -96,10 +96,11 @@ def _check_moe_layout(cfg: TrainConfig, model: ResolvedModel) -> None:
             raise ValueError(f"{shown}: {model.path or 'the toy GPT'} is a dense model (no "
                              "router); these apply to a mixture-of-experts checkpoint only")
         return
-    if cfg.tp > 1:
-        raise ValueError(f"tp={cfg.tp}: the mixture-of-experts model {spec.name} trains under "
-                         "data, expert, pipeline and context parallelism (tensor-parallel "
-                         "experts are not built); use tp=1")
+    if cfg.tp > 1 and not cfg.layout.sp:
+        raise ValueError(f"tp={cfg.tp} without sequence parallelism: megatron-core's MoE "
+                         "layers under tensor parallelism need it (the router and the token "
+                         "dispatcher run on each TP rank's slice of the sequence); set "
+                         "sequence_parallel=True (the default with tp > 1)")
     if cfg.ep > 1 and cfg.checkpoint.save_every:
         raise ValueError(f"checkpoint.save_every={cfg.checkpoint.save_every} with ep={cfg.ep}: "
                          "checkpoints of an expert-parallel run are not built yet (each rank "

@@ -26,6 +26,8 @@ from contextlib import contextmanager
 
 import torch
 
+from varbatch_kit.train.step.router_losses import current_row_tokens
+
 __all__ = ["ExpertLoadWatch", "expert_load_watch", "routers_of"]
 
 
@@ -74,6 +76,12 @@ class ExpertLoadWatch:
             if not torch.is_grad_enabled():
                 return  # a forward-only pass (log-probs), not the step's training
             routing_map = output[1]
+            if getattr(getattr(_module, "config", None), "sequence_parallel", False):
+                # this TP rank's slice of the padded row: its real rows only
+                real = current_row_tokens()
+                if real is not None:
+                    first = _module.tp_group.rank() * routing_map.shape[0]
+                    routing_map = routing_map[:max(0, min(routing_map.shape[0], real - first))]
             tokens = routing_map.sum(dim=0).to("cpu", torch.int64)
             if index == 0 or self._current is None:  # the first layer: a new micro-batch
                 self._close_micro_batch()

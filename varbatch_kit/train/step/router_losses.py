@@ -39,6 +39,7 @@ report mode's sum keeps its slice, as for the policy loss. ``FaultConfig.moe_aux
 
 from __future__ import annotations
 
+import contextvars
 from contextlib import contextmanager
 
 import torch
@@ -88,6 +89,23 @@ def sample_router_losses(layers: list[torch.Tensor], lengths, topk: int
         lse2 = torch.logsumexp(logits.double(), dim=-1).square()
         z = z + torch.zeros_like(aux).index_add_(0, segment, lse2) / size
     return aux / len(layers), z / len(layers)
+
+
+def _row_tokens(lengths, share) -> int:
+    """The real tokens of the row a router runs on: the micro-batch's, or under all-gather CP
+    this rank's share of it (the rest of a sequence-parallel row is padding)."""
+    return sum(share.local_lengths()) if share is not None else sum(lengths)
+
+
+#: the real tokens of the row the current forward runs on (RouterLosses.micro_batch sets it),
+#: for the expert-load count, which must skip a sequence-parallel row's padding
+_row_length: contextvars.ContextVar[int | None] = contextvars.ContextVar("moe_row_tokens",
+                                                                         default=None)
+
+
+def current_row_tokens() -> int | None:
+    """The real tokens of the micro-batch row whose forward runs (None: none announced)."""
+    return _row_length.get()
 
 
 def per_token_values(per_sample: torch.Tensor, response_lengths) -> torch.Tensor:
@@ -147,12 +165,14 @@ class RouterLosses:
         return bool(self.routers)
 
     def micro_batch(self, lengths, response_lengths, *, loss_sum, weight: float,
-                    scale: float, counted: bool = True) -> None:
+                    scale: float, counted: bool = True, share=None) -> None:
         """What the next forward holds (module docstring); ``counted=False``: an idle round
-        (zero weight), not reported."""
+        (zero weight), not reported; ``share``: this rank's all-gather CP share of the row
+        (None: the whole row)."""
         self._current = dict(lengths=[int(n) for n in lengths],
                              response=[int(n) for n in response_lengths], loss_sum=loss_sum,
                              weight=float(weight), scale=float(scale), counted=bool(counted))
+        _row_length.set(_row_tokens(self._current["lengths"], share))
 
     def _hook(self, module, args, output):
         cur = self._current
@@ -161,6 +181,16 @@ class RouterLosses:
         logits = module.gating(args[0])
         logits = logits.reshape(-1, logits.shape[-1])
         share = current_share()
+        if module.config.sequence_parallel:  # this TP rank's slice of the (padded) row: the
+            # row gathered over the TP group (backward: each rank keeps its slice's gradient,
+            # every rank computing the same losses), the padding dropped
+            from megatron.core.tensor_parallel.mappings import (
+                gather_from_sequence_parallel_region,
+            )
+
+            logits = gather_from_sequence_parallel_region(
+                logits, tensor_parallel_output_grad=False, group=module.tp_group)
+            logits = logits[:_row_tokens(cur["lengths"], share)]
         if share is not None:  # all-gather CP: this rank's share of the row; the whole row's
             # logits gathered from the group (backward: each rank's gradient to its rows)
             logits = all_gather_rows(logits, share, share.max_local, share.kv_index)
@@ -187,6 +217,7 @@ class RouterLosses:
             for h in handles:
                 h.remove()
             self._current = None
+            _row_length.set(None)
 
     def report(self) -> torch.Tensor:
         """``(moe_aux_loss, moe_z_loss)`` sums of this rank, the mean over the model's MoE

@@ -294,7 +294,7 @@ def train_step(layout, loss, faults, mode, model, optimizer, step, rollouts, dat
             routers.micro_batch(batch.lengths, batch.response_lens,
                                 loss_sum=partial(mode_sum, sum_kwargs(batch, cp_size, cp_rank)),
                                 weight=weight * prescale, scale=router_scale,
-                                counted=bool(weight))
+                                counted=bool(weight), share=share)
         # the output layer on response rows only, or a pipeline stage's hidden states (all-
         # gather CP: of this rank's share)
         last = not staged or pipeline_schedule.is_post_process(model)
