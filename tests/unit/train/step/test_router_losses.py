@@ -178,6 +178,9 @@ def test_the_attached_loss_trains_with_the_schedules_scale():
     class _Gate(torch.nn.Module):
         topk = 1
 
+        class config:  # noqa: N801 - megatron's TransformerConfig, as far as it is read
+            sequence_parallel = False
+
         def __init__(self):
             super().__init__()
             self.weight = torch.nn.Parameter(torch.tensor([[1.0, -1.0], [0.5, 2.0]],
