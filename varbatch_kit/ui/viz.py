@@ -50,6 +50,9 @@ Pictures
 - :func:`memory_figure` (data from :func:`~varbatch_kit.core.memory.predict_memory` or a
   run's ``memory_table``): one step's predicted peak per GPU stacked by kind, the device's
   memory as a line, measured peaks as markers.
+- :func:`expert_load_figure` (data from :func:`varbatch_kit.train.compare` on a mixture of
+  experts): one step's tokens per expert and layer under each layout, and each micro-batch's
+  busiest expert over the mean.
 - :func:`run_quality_figure` (data from
   :func:`~varbatch_kit.analysis.run_quality.run_quality_table`): a whole run's
   rollout steps, simulated time and FLOPs imbalance per step, one line per
@@ -57,6 +60,7 @@ Pictures
 """
 
 from varbatch_kit.ui.figures.cp import cp_plan_figure, cp_plan_table
+from varbatch_kit.ui.figures.experts import expert_load_figure
 from varbatch_kit.ui.figures.memory import memory_figure
 from varbatch_kit.ui.figures.policies import policy_figure, sweep_heatmap
 from varbatch_kit.ui.figures.reports import (
@@ -95,6 +99,7 @@ __all__ = [
     "cp_plan_table",
     "empty_balance_figure",
     "empty_packing_figure",
+    "expert_load_figure",
     "length_figure",
     "measured_vs_predicted_figure",
     "memory_figure",
