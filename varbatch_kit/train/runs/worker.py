@@ -394,9 +394,9 @@ def train(cfg: TrainConfig, model_spec, steps: list, log_prob_steps: list, rollo
                 )
 
                 if number in save_params:
-                    params = gather_full_params(stage, layout)
+                    params = gather_full_params(stage, layout, experts)
                 if grads is not None:
-                    grads = gather_grads(grads, layout)
+                    grads = gather_grads(grads, layout, experts)
             elif number in save_params and saver:
                 # the full tensors under tp 1's names (a collective over rank 0's TP group)
                 params = whole(gather_full_parameters(gpt, copy=False))  # before the update
@@ -438,7 +438,7 @@ def train(cfg: TrainConfig, model_spec, steps: list, log_prob_steps: list, rollo
                 if stage is not None:
                     from varbatch_kit.train.model.pipeline_stages import gather_full_params
 
-                    params = gather_full_params(stage, layout)
+                    params = gather_full_params(stage, layout, experts)
                 elif saver:
                     params = whole(gather_full_parameters(gpt, copy=False))
                 if rank == 0:
