@@ -165,10 +165,9 @@ class ParallelLayout:
             out.append(f"ep={self.ep} does not divide dp*cp={self.pool_size}: expert "
                        "parallelism splits the experts over groups of ep consecutive ranks of "
                        "the data- and context-parallel pool; choose an ep that divides it")
-        if self.ep > 1 and (self.tp > 1 or self.cp_mode == "dynamic"):
-            out.append(f"ep={self.ep} runs with tp=1 and fixed CP so far (with tp, megatron's "
-                       "dispatcher all-gathers uneven token counts over the tp x ep ranks, "
-                       "which gloo cannot; under dynamic CP the ranks of an expert-parallel "
-                       "group run different micro-batch counts)")
+        if self.ep > 1 and self.cp_mode == "dynamic":
+            out.append(f"ep={self.ep} runs with fixed CP only (under dynamic CP the ranks of "
+                       "an expert-parallel group run different micro-batch counts, and each "
+                       "all-to-all needs all of them)")
         # parts being built: each line goes when its engine path lands
         return out

@@ -20,6 +20,9 @@ of :mod:`varbatch_kit.train` goes through:
   on ``device="cuda"``,
 - the router's float32 softmax (``torch.softmax(..., dtype=torch.float32)``): a float64
   input stays float64 (``precision="fp64"``), else unchanged,
+- ``torch.distributed.all_gather`` / ``reduce_scatter`` with pieces of different sizes
+  (megatron's dispatcher under tensor x expert parallelism), which gloo refuses: padded to
+  one size, or each piece all-reduced,
 - the grad norm of its local (no apex) L2-norm kernel, returned as a float32
   CUDA tensor whatever the gradients' dtype: on the CPU float64 gradients
   (``precision="fp64"``) keep a float64 norm; float32 ones go through
@@ -188,6 +191,49 @@ def _softmax_keeping_float64(input, dim=None, dtype=None, **kwargs):  # noqa: A0
     return torch.softmax(input, dim, dtype=dtype, **kwargs)
 
 
+class _DistributedOnCpu:
+    """``torch.distributed`` as seen by a patched module: its list collectives with pieces of
+    different sizes, which gloo refuses (megatron's token dispatcher all-gathers and
+    reduce-scatters uneven token counts over the tensor x expert parallel ranks), run as
+    equal-size gloo collectives; everything else is the real module."""
+
+    def __getattr__(self, name: str) -> Any:
+        value = getattr(torch.distributed, name)
+        self.__dict__[name] = value
+        return value
+
+    @staticmethod
+    def all_gather(tensor_list, tensor, group=None, async_op=False):
+        dist = torch.distributed
+        sizes = [t.shape[0] for t in tensor_list]
+        if len(set(sizes)) == 1 and sizes[0] == tensor.shape[0]:
+            return dist.all_gather(tensor_list, tensor, group=group, async_op=async_op)
+        if async_op:
+            raise NotImplementedError("an asynchronous uneven all-gather (not used on CPU)")
+        width = max(sizes)
+        padded = tensor.new_zeros((width, *tensor.shape[1:]))
+        padded[:tensor.shape[0]] = tensor
+        received = [tensor.new_empty((width, *tensor.shape[1:])) for _ in sizes]
+        dist.all_gather(received, padded.contiguous(), group=group)
+        for out, got, n in zip(tensor_list, received, sizes):
+            out.copy_(got[:n])
+        return None
+
+    @staticmethod
+    def reduce_scatter(output, input_list, op=None, group=None, async_op=False):
+        dist = torch.distributed
+        if async_op:
+            raise NotImplementedError("an asynchronous list reduce-scatter (not used on CPU)")
+        op = dist.ReduceOp.SUM if op is None else op
+        rank = dist.get_rank(group) if group is not None else dist.get_rank()
+        for i, piece in enumerate(input_list):  # each piece summed, this rank's kept
+            summed = piece.detach().clone().contiguous()
+            dist.all_reduce(summed, op=op, group=group)
+            if i == rank:
+                output.copy_(summed)
+        return None
+
+
 class _TorchOnCpu:
     """``torch`` as seen by a patched module; everything else is the real module.
 
@@ -201,6 +247,7 @@ class _TorchOnCpu:
         for name in _FACTORIES:
             setattr(self, name, _factory_on_cpu(getattr(torch, name)))
         self.softmax = _softmax_keeping_float64
+        self.distributed = _DistributedOnCpu()
 
     def __getattr__(self, name: str) -> Any:
         value = getattr(torch, name)

@@ -53,7 +53,8 @@ def gather_all_experts(tensors: dict[str, torch.Tensor] | None, layout, world_ra
     from varbatch_kit.train.parallel.object_gather import gather_to_rank0
 
     first = local_experts(num_experts, layout, world_rank)[0]
-    in_first_group = layout.coords(world_rank).pool_rank < layout.ep
+    here = layout.coords(world_rank)  # tp rank 0 of the first group: its full tensors
+    in_first_group = here.pool_rank < layout.ep and here.tp_rank == 0
     mine = {global_expert_name(n, first): t for n, t in (tensors or {}).items()
             if _LOCAL.search(n)} if in_first_group else {}
     gathered = gather_to_rank0(mine)

@@ -40,8 +40,9 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:  # torch is imported when a function runs (planning a run needs none)
     import torch
 
-__all__ = ["check_tp_split", "full_from_shards", "full_parameter_count", "gather_full_parameters",
-           "shard_of", "tp_rank_shard", "tp_split_problems", "vocab_shard"]
+__all__ = ["check_tp_split", "full_from_shards", "full_numel", "full_parameter_count",
+           "gather_full_parameters", "shard_of", "tp_rank_shard", "tp_split_problems",
+           "vocab_shard"]
 
 
 # --------------------------------------------------------------------------- what splits
@@ -150,10 +151,15 @@ def gather_full_parameters(module, tensors: Mapping[str, torch.Tensor] | None = 
     return out
 
 
+def full_numel(param, tp_size: int = 1) -> int:
+    """``param``'s elements at tp 1: a split parameter counts ``tp_size`` times its shard."""
+    return param.numel() * (tp_size if _split_attrs(param) else 1)
+
+
 def full_parameter_count(module, tp_size: int = 1) -> int:
     """The parameters of ``module`` counted at tp 1 (a split parameter counts ``tp_size`` times
     its shard); no communication."""
-    return sum(p.numel() * (tp_size if _split_attrs(p) else 1) for p in module.parameters())
+    return sum(full_numel(p, tp_size) for p in module.parameters())
 
 
 def vocab_shard(logits: torch.Tensor, *, tp_rank: int = 0, tp_size: int = 1) -> dict:

@@ -136,6 +136,7 @@ def train(cfg: TrainConfig, model_spec, steps: list, log_prob_steps: list, rollo
     from varbatch_kit.train.model.gpt import build_gpt, wrap_precision
     from varbatch_kit.train.parallel.expert_parallel import gather_all_experts
     from varbatch_kit.train.parallel.tensor_parallel import (
+        full_numel,
         full_parameter_count,
         gather_full_parameters,
     )
@@ -267,7 +268,7 @@ def train(cfg: TrainConfig, model_spec, steps: list, log_prob_steps: list, rollo
     # times, an expert-parallel rank's experts ep times; summed over the stages
     parameters = torch.tensor(full_parameter_count(gpt, layout.tp) - sum(
         p.numel() for p in gpt.parameters() if getattr(p, "shared", False)) + (layout.ep - 1) * sum(
-        p.numel() for n, p in gpt.named_parameters() if ".local_experts." in n))
+        full_numel(p, layout.tp) for n, p in gpt.named_parameters() if ".local_experts." in n))
     if stage is not None:
         from megatron.core import parallel_state
 

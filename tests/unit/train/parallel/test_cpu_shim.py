@@ -44,7 +44,10 @@ def test_shim_patches_exactly_the_listed_names_and_not_global_torch(clean_shim, 
     assert view.zeros(2, device="cuda").device.type == "cpu"
     assert view.empty(3, device=0).device.type == "cpu"
     assert view.tensor([1.0], device=torch.device("cuda")).device.type == "cpu"
-    assert view.Tensor is torch.Tensor and view.distributed is torch.distributed
+    assert view.Tensor is torch.Tensor
+    # torch.distributed as it is, but for the two list collectives gloo refuses uneven
+    assert view.distributed.all_reduce is torch.distributed.all_reduce
+    assert view.distributed.all_gather is not torch.distributed.all_gather
     # pipeline p2p: its buffers on current_device() and its torch.cuda.synchronize()
     p2p = importlib.import_module("megatron.core.pipeline_parallel.p2p_communication").torch
     assert p2p.cuda.current_device() == torch.device("cpu")
@@ -155,3 +158,41 @@ def test_shim_router_softmax_keeps_float64_and_the_split_sizes_become_host_array
     assert isinstance(host, np.ndarray) and host.tolist() == [3, 4]
     sizes[0] = 9  # a copy, as the device-to-host copy is
     assert host.tolist() == [3, 4]
+
+
+def _uneven_worker(rank, size, port, queue):
+    import os
+    import pickle
+
+    import torch.distributed as dist
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=size)
+    try:
+        view = cpu_shim._DistributedOnCpu()
+        sizes = [2, 3, 1]
+        mine = torch.full((sizes[rank], 2), float(rank + 1))
+        out = [torch.empty(n, 2) for n in sizes]
+        view.all_gather(out, mine)  # gloo alone refuses pieces of different sizes
+        pieces = [torch.full((n, 2), float(10 * rank + i)) for i, n in enumerate(sizes)]
+        scattered = torch.empty(sizes[rank], 2)
+        view.reduce_scatter(scattered, pieces)
+        queue.put((rank, pickle.dumps(([t.tolist() for t in out], scattered.tolist()))))
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.multiprocess
+def test_uneven_list_collectives_run_on_gloo():
+    """megatron's dispatcher under tensor x expert parallelism all-gathers and reduce-scatters
+    pieces of different sizes; the shim's view runs them on gloo (3 real ranks)."""
+    import pickle
+
+    from _gloo_group import run_forked_group
+
+    got = {r: pickle.loads(b) for r, b in run_forked_group(_uneven_worker, 3).items()}
+    for rank, (gathered, scattered) in got.items():
+        assert gathered == [[[1.0, 1.0]] * 2, [[2.0, 2.0]] * 3, [[3.0, 3.0]] * 1], rank
+        # piece `rank` of every rank summed: (0 + 10 + 20) + 3 * rank
+        want = 30.0 + 3 * rank
+        assert scattered == [[want, want]] * [2, 3, 1][rank], rank
