@@ -56,6 +56,15 @@ A micro-batch of one sample attends through views of the QKV output, so a rotary
 keeps the rotated query and key beside it (``+ (q + kv) / tp``); QK-norm keeps the QKV
 output, the query norm's input and normalised copy and the key's normalised copy. Each
 stage also keeps its last layer's output (the final norm's input, or what it sends on).
+A mixture-of-experts layer (every layer, no shared experts, tp 1: Qwen3-MoE, Mixtral) keeps
+instead of the MLP's list: per token the router's top-k indices and probabilities and its
+``[E]`` routing map and probabilities, the dispatcher's permutation, the engine's router
+losses' float64 softmax; per routed copy (``k`` per token) the permuted token and its
+expert's gated MLP (:func:`_moe_bytes_per_token`); its parameters are the router and this
+rank's ``E / ep`` experts. Under expert parallelism a rank's experts hold the copies of its
+group's micro-batches of the round, predicted for balanced routing (a random router sends one
+rank ~10 % more: ``tests/integration/test_train_memory.py`` judges each step's busiest rank
+there).
 Recomputation: ``full`` keeps only each layer's input and one layer's list at a time;
 ``selective`` drops the attention's terms, recomputed in the backward (neither is run by
 the engine, so neither is checked against it). :func:`activation_bytes_per_token` is the
@@ -119,10 +128,13 @@ class MemoryLayout:
     logprobs: str = "chunked"
     mb_group: int | None = None
     embedding_grad_rows: bool = False
+    ep: int = 1
 
     def __post_init__(self) -> None:
-        for name in ("dp", "cp", "tp", "pp", "vpp"):
+        for name in ("dp", "cp", "tp", "pp", "vpp", "ep"):
             positive_int(f"MemoryLayout.{name}", getattr(self, name))
+        if self.pool % self.ep:
+            raise ValueError(f"MemoryLayout.ep={self.ep} does not divide dp * cp = {self.pool}")
         for name, allowed in (("precision", tuple(PRECISION_BYTES)), ("recompute", RECOMPUTE),
                               ("cp_impl", CP_IMPLS), ("logprobs", LOGPROBS)):
             if getattr(self, name) not in allowed:
@@ -155,38 +167,63 @@ class MemoryLayout:
 
 
 # ------------------------------------------------------------------------------ coverage
-def not_modelled(model: ModelShape) -> str | None:
-    """Why this model's memory cannot be predicted here, or None. The terms above are a dense
-    transformer's with grouped-query attention: a mixture-of-experts layer (its experts'
-    parameters, the router, the dispatched tokens) and multi-latent attention (its low-rank
-    projections) would be counted as a dense MLP and plain attention (DeepSeek-V3: 39 billion
-    parameters instead of 671), so they are refused rather than under-predicted."""
+def _is_moe(model: ModelShape) -> bool:
+    return bool(model.num_experts)
+
+
+def not_modelled(model: ModelShape, layout: MemoryLayout | None = None) -> str | None:
+    """Why this model's memory cannot be predicted here, or None. The terms above are a
+    transformer's with grouped-query attention and either dense MLPs or, in every layer, a
+    mixture of experts without shared experts (Qwen3-MoE, Mixtral: the router, the routed
+    experts, the dispatched tokens; below). Multi-latent attention (its low-rank projections),
+    shared experts, layers that mix dense and MoE MLPs, and a mixture of experts under tensor
+    parallelism (megatron's dispatcher gathers the tokens over the TP ranks) would be
+    mis-counted (DeepSeek-V3 as a dense model: 39 billion parameters instead of 671), so they
+    are refused rather than under-predicted."""
     kinds = []
-    if model.num_experts:
-        kinds.append(f"mixture of experts (num_experts={model.num_experts})")
+    if _is_moe(model):
+        freq = model.moe_layer_freq
+        if model.moe_shared_expert_intermediate_size:
+            kinds.append("shared experts")
+        if freq not in (None, 1) and not (isinstance(freq, tuple) and all(freq)):
+            kinds.append("layers mixing dense and mixture-of-experts MLPs")
+        if layout is not None and layout.tp > 1:
+            kinds.append(f"a mixture of experts under tensor parallelism (tp={layout.tp})")
     if model.multi_latent_attention:
         kinds.append("multi-latent attention")
     if not kinds:
         return None
-    return (f"the memory model covers dense transformers; {model.name!r} has "
-            f"{' and '.join(kinds)}, which it would count as a dense MLP and plain attention "
-            "(far too few bytes): no memory prediction for it yet")
+    return (f"the memory model covers dense transformers and mixtures of experts in every "
+            f"layer without shared experts; {model.name!r} has {' and '.join(kinds)}, which it "
+            "would mis-count: no memory prediction for it yet")
 
 
-def check_modelled(model: ModelShape) -> None:
+def check_modelled(model: ModelShape, layout: MemoryLayout | None = None) -> None:
     """``ValueError`` when :func:`not_modelled` gives a reason."""
-    why = not_modelled(model)
+    why = not_modelled(model, layout)
     if why is not None:
         raise ValueError(why)
 
 
 # ------------------------------------------------------------------------------ static
-def _layer_params(m: ModelShape, tp: int) -> float:
+def _expert_params(m: ModelShape, ep: int) -> float:
+    """One MoE layer's routed experts on an expert-parallel rank: ``E / ep`` MLPs of
+    ``moe_ffn_hidden_size`` (gated: ``[gate; up]`` and down)."""
+    if not _is_moe(m):
+        return 0.0
+    up = 2 if m.gated_mlp else 1
+    f = m.moe_ffn_hidden_size
+    return m.num_experts / ep * (m.hidden_size * up * f + f * m.hidden_size)
+
+
+def _layer_params(m: ModelShape, tp: int, ep: int = 1) -> float:
     h, q, kv, f = m.hidden_size, m.num_attention_heads * m.kv_channels, \
         m.num_query_groups * m.kv_channels, m.ffn_hidden_size
     up = 2 if m.gated_mlp else 1
     norm = 2 * h if m.norm == "layernorm" else h  # weight (and bias)
-    n = (h * (q + 2 * kv) + q * h + h * up * f + f * h) / tp
+    # the MLP: dense, or (a mixture of experts) the router's [E, h] and this rank's experts
+    mlp = (m.num_experts * h + _expert_params(m, ep)) if _is_moe(m) else h * up * f + f * h
+    n = (h * (q + 2 * kv) + q * h + mlp) / tp
     if m.linear_bias or m.qkv_bias:
         n += (q + 2 * kv) / tp
     if m.linear_bias:
@@ -199,9 +236,9 @@ def _layer_params(m: ModelShape, tp: int) -> float:
 
 def parameter_count(model: ModelShape, layout: MemoryLayout, pp_rank: int = 0) -> int:
     """Parameters one rank of pipeline stage ``pp_rank`` holds (its tensor-parallel shard)."""
-    check_modelled(model)
+    check_modelled(model, layout)
     m, tp = model, layout.tp
-    n = _layer_params(m, tp) * layout.stage_layers(m)[pp_rank]
+    n = _layer_params(m, tp, layout.ep) * layout.stage_layers(m)[pp_rank]
     h, v = m.hidden_size, m.vocab_size / tp
     first, last = pp_rank == 0, pp_rank == layout.pp - 1
     if first:
@@ -219,9 +256,21 @@ def static_memory(model: ModelShape, layout: MemoryLayout, pp_rank: int = 0) -> 
     the ``dp * cp`` pool under the distributed optimizer)."""
     n = parameter_count(model, layout, pp_rank)
     b = layout.bytes
-    share = layout.pool if layout.distributed_optimizer else 1
     return {"params": n * b["param"], "grads": n * b["grad"],
-            "optimizer": int(np.ceil(n / share)) * (b["main"] + 2 * b["state"])}
+            "optimizer": _optimizer_elements(model, layout, pp_rank) * (b["main"] + 2 * b["state"])}
+
+
+def _optimizer_elements(model: ModelShape, layout: MemoryLayout, pp_rank: int) -> int:
+    """The parameters whose optimizer state a rank holds: all of its own, or under the
+    distributed optimizer its shard, the dense ones over the ``dp * cp`` pool and the experts
+    over their ``dp * cp / ep`` replicas (megatron's expert-data-parallel group)."""
+    n = parameter_count(model, layout, pp_rank)
+    if not layout.distributed_optimizer:
+        return n
+    experts = int(round(_expert_params(model, layout.ep) / layout.tp
+                        * layout.stage_layers(model)[pp_rank]))
+    return (int(np.ceil((n - experts) / layout.pool))
+            + int(np.ceil(experts / (layout.pool // layout.ep))))
 
 
 # ------------------------------------------------------------------------- activations
@@ -233,7 +282,7 @@ def activation_bytes_per_token(model: ModelShape, layout: MemoryLayout, *,
     is one sample (core attention then reads views of the QKV output instead of per-sample
     copies, and a rotary model keeps the rotated query and key beside it). The terms are
     those autograd saves in the engine's layer (the module docstring's table)."""
-    check_modelled(model)
+    check_modelled(model, layout)
     m = model
     act = layout.bytes["act"]
     s = layout.tp if layout.sequence_parallel and layout.tp > 1 else 1
@@ -261,7 +310,42 @@ def activation_bytes_per_token(model: ModelShape, layout: MemoryLayout, *,
     if rope:
         attention += 4 * d * act  # cos and sin of the positions, for the query and the key
     mlp = (5 if m.gated_mlp else 2) * f / tp * act
+    if _is_moe(m):
+        mlp = _moe_bytes_per_token(m, layout)
     return {"residual": 2 * norm, "attention": attention, "mlp": mlp}
+
+
+def _moe_bytes_per_token(m: ModelShape, layout: MemoryLayout) -> float:
+    """A mixture-of-experts MLP's saved bytes per token (tp 1; listed with
+    ``saved_tensors_hooks`` on a Qwen3-MoE layer of the engine, megatron's top-k router,
+    all-to-all dispatcher and SequentialMLP). Each token goes to ``k`` experts: its ``k``
+    copies, permuted, are kept by the experts' first linear (``k h``); each copy's gated
+    MLP keeps ``[gate; up]`` (2 f), the activation, the up half, their product and the
+    product scaled by the routing probability (6 f; 3 f ungated). The router keeps the
+    top-k indices (int64) and probabilities, the ``[E]`` routing map (bool) and
+    probabilities; the dispatcher the permutation (int64) and the permuted probabilities.
+    The engine's router losses (train/step/router_losses.py) recompute the logits and keep
+    their float64 softmax, a float64 copy for the log-sum-exp and its result, and each
+    token's sample index. Under expert parallelism the experts of a rank receive ``k`` copies
+    per token on average (balanced routing: a skewed router sends more to the busiest)."""
+    act = layout.bytes["act"]
+    router = 4 if layout.precision == "bf16" else act  # megatron's fp32 router under bf16
+    k, e = m.moe_router_topk, m.num_experts
+    routing = k * (8 + router + 8 + router) + e * (1 + router)
+    losses = e * 16 + 8 + 8 + 8
+    return _routed_bytes_per_token(m, layout) + routing + losses
+
+
+def _routed_bytes_per_token(m: ModelShape, layout: MemoryLayout) -> float:
+    """The experts' share of :func:`_moe_bytes_per_token`: ``k`` routed copies of a token,
+    each kept by its expert's first linear and gated MLP. Under expert parallelism these are
+    held by whichever rank holds the expert: a rank's experts receive the copies of its
+    expert-parallel group's micro-batches of the same round, ``k`` per token of their mean
+    (:func:`micro_batch_memory`'s ``routed_tokens``)."""
+    if not _is_moe(m):
+        return 0.0
+    k, h, f = m.moe_router_topk, m.hidden_size, m.moe_ffn_hidden_size
+    return k * (h + (6 if m.gated_mlp else 3) * f) * layout.bytes["act"]
 
 
 @dataclass(frozen=True)
@@ -322,8 +406,12 @@ def _cp_shares(total: np.ndarray, prompt: np.ndarray, cp_size: int, cp_impl: str
 
 
 def micro_batch_memory(model: ModelShape, layout: MemoryLayout, mb: MicroBatchShare, *,
-                       layers: int, last: bool, first: bool = False) -> dict[str, float]:
-    """Bytes of one micro-batch on one rank of a pipeline stage with ``layers`` layers:
+                       layers: int, last: bool, first: bool = False,
+                       routed_tokens: float | None = None) -> dict[str, float]:
+    """Bytes of one micro-batch on one rank of a pipeline stage with ``layers`` layers
+    (``routed_tokens``: a mixture of experts under expert parallelism, the mean tokens of the
+    expert-parallel group's micro-batches of this round, whose routed copies this rank's
+    experts hold; default this micro-batch's own):
 
     - ``activations``: kept from its forward to its backward (:func:`activation_bytes_per_token`
       per layer, and the last layer's output: the final norm's input or the tensor sent to
@@ -350,7 +438,8 @@ def micro_batch_memory(model: ModelShape, layout: MemoryLayout, mb: MicroBatchSh
     logits = 0.0
     if last:
         logits = c["logits_r"] * r + c["logits_chunk"] * min(r, c["chunk"])
-    return {"activations": c["acts_t"] * t,
+    routed = t if routed_tokens is None else routed_tokens
+    return {"activations": c["acts_t"] * t + c["routed_t"] * routed,
             "cp_kv": c["kv_row"] * mb.row_tokens if gathered else 0.0,
             "logits": logits,
             "backward": max(c["mlp_t"] * t + c["mlp_0"], c["glu_t"] * t) + c["bw_t"] * t,
@@ -368,7 +457,7 @@ def _coefficients(m: ModelShape, layout: MemoryLayout, layers: int, last: bool, 
     sp = layout.sequence_parallel and layout.tp > 1
     s = layout.tp if sp else 1
     tp = layout.tp
-    h, f = m.hidden_size, m.ffn_hidden_size
+    h = m.hidden_size
     per = activation_bytes_per_token(m, layout, one_sample=one_sample)
     full_layer = sum(per.values())
     if layout.recompute == "full":
@@ -378,6 +467,9 @@ def _coefficients(m: ModelShape, layout: MemoryLayout, layers: int, last: bool, 
     else:
         acts = layers * full_layer
     acts += h / s * act  # the last layer's output: the final norm's input, or sent on
+    # a mixture of experts: the experts' part, held per routed token (micro_batch_memory)
+    routed_t = (1 if layout.recompute == "full" else layers) * _routed_bytes_per_token(m, layout)
+    acts -= routed_t
     kv = m.num_query_groups * m.kv_channels
     kv_row = (1 if layout.recompute == "full" else layers) * 2 * kv / tp * act
     v = m.vocab_size / tp
@@ -401,19 +493,35 @@ def _coefficients(m: ModelShape, layout: MemoryLayout, layers: int, last: bool, 
     # gradient, then (gated) the two gradients of the product's factors while the first
     # is still live (the product itself freed); under sequence parallelism the re-gathered
     # [T, h] input; a stage before the last one also holds the received output gradient
-    up = 2 if m.gated_mlp else 1
+    # (_mlp_backward)
     # the word embedding's backward (first stage, without embedding_grad_rows): its dense
     # [V / tp, h] gradient in the parameters' dtype beside the gradient of its output
     dense = first and not layout.embedding_grad_rows
-    return {"acts_t": acts, "kv_row": kv_row, "logits_r": logits_r,
+    return {"acts_t": acts, "routed_t": routed_t, "kv_row": kv_row, "logits_r": logits_r,
             "logits_chunk": logits_chunk, "chunk": chunk,
-            "mlp_t": f / tp * act, "mlp_0": up * f * h / tp * act,
-            "glu_t": 2 * f / tp * act if m.gated_mlp else 0.0,
+            **_mlp_backward(m, layout),
             "bw_t": ((h if sp else 0) + (0 if last else h / s)) * act,
             "output_r": output_r, "output_0": output_0,
             "embedding_0": v * h * layout.bytes["param"] if dense else 0.0,
             "embedding_t": h / s * act if dense else 0.0,
             "buffer_t": h * act if sp else 0.0}
+
+
+def _mlp_backward(m: ModelShape, layout: MemoryLayout) -> dict[str, float]:
+    """The last layer's MLP backward working set as coefficients: ``mlp_t`` per token and
+    ``mlp_0`` fixed (``linear_fc2``'s input gradient and its weight gradient), ``glu_t`` per
+    token (gated: the two factors' gradients). A mixture of experts: the gradient of the
+    ``k`` permuted copies ``[T k, h]`` beside one expert's at a time (its fc2 input gradient,
+    on average ``T k / E`` rows, and its weight gradient)."""
+    act, tp = layout.bytes["act"], layout.tp
+    up = 2 if m.gated_mlp else 1
+    if _is_moe(m):
+        k, e, f, h = m.moe_router_topk, m.num_experts, m.moe_ffn_hidden_size, m.hidden_size
+        return {"mlp_t": (k * h + k * f / e) * act, "mlp_0": up * f * h * act,
+                "glu_t": (k * h + 2 * k * f / e) * act if m.gated_mlp else 0.0}
+    f, h = m.ffn_hidden_size, m.hidden_size
+    return {"mlp_t": f / tp * act, "mlp_0": up * f * h / tp * act,
+            "glu_t": 2 * f / tp * act if m.gated_mlp else 0.0}
 
 
 # ------------------------------------------------------------------------ the schedule
@@ -456,6 +564,19 @@ def pipeline_in_flight(n_mb: int, layout: MemoryLayout, pp_rank: int
     return windows
 
 
+def _routed_tokens(held_by: list, pool_rank: int, ep: int) -> list:
+    """Per micro-batch of ``pool_rank``: the tokens whose routed copies its experts hold (the
+    mean over its expert-parallel group's micro-batches of the same round, balanced
+    routing); None (its own) without expert parallelism."""
+    shares = held_by[pool_rank][0]
+    if ep == 1:
+        return [None] * len(shares)
+    first = pool_rank - pool_rank % ep
+    group = [held_by[r][0] for r in range(first, first + ep)]
+    return [float(np.mean([g[i].tokens for g in group if i < len(g)]))
+            for i in range(len(shares))]
+
+
 def predict_memory(schedule, model: ModelShape, layout: MemoryLayout, *,
                    hardware_memory_gib: float | None = None,
                    steps: Sequence[int] | None = None) -> pd.DataFrame:
@@ -481,6 +602,7 @@ def predict_memory(schedule, model: ModelShape, layout: MemoryLayout, *,
         raise ValueError(f"model must be a ModelShape, got {type(model).__name__}")
     if not isinstance(layout, MemoryLayout):
         raise ValueError(f"layout must be a MemoryLayout, got {type(layout).__name__}")
+    check_modelled(model, layout)
     cfg = schedule.config
     if (cfg.dp, cfg.cp) != (layout.dp, layout.cp):
         raise ValueError(f"the schedule is dp {cfg.dp} x cp {cfg.cp}, the layout dp "
@@ -492,7 +614,6 @@ def predict_memory(schedule, model: ModelShape, layout: MemoryLayout, *,
     limit = None if hardware_memory_gib is None else hardware_memory_gib * 2**30
     wanted = None if steps is None else {int(k) for k in steps}
     chunk_layers = [n // layout.vpp for n in layout.stage_layers(model)]
-    share = layout.pool if layout.distributed_optimizer else 1
     rows = []
     for k, step in enumerate(schedule.steps):
         if wanted is not None and k not in wanted:
@@ -515,13 +636,15 @@ def predict_memory(schedule, model: ModelShape, layout: MemoryLayout, *,
         for pp_rank in range(layout.pp):
             static = static_memory(model, layout, pp_rank)
             # before the first update only bf16's fp32 main parameters exist
-            main = -(-parameter_count(model, layout, pp_rank) // share) * layout.bytes["main"]
+            main = _optimizer_elements(model, layout, pp_rank) * layout.bytes["main"]
             for pool_rank, (shares, ids) in enumerate(held_by):
+                routed = _routed_tokens(held_by, pool_rank, layout.ep if _is_moe(model) else 1)
                 # per model chunk and micro-batch (the loss on the last stage's last chunk)
                 per = [[micro_batch_memory(model, layout, sh, layers=chunk_layers[pp_rank],
                                            last=pp_rank == layout.pp - 1
                                            and c == layout.vpp - 1,
-                                           first=pp_rank == 0 and c == 0) for sh in shares]
+                                           first=pp_rank == 0 and c == 0, routed_tokens=rt)
+                        for sh, rt in zip(shares, routed)]
                        for c in range(layout.vpp)]
                 buffers = max(x["gather_buffer"] for x in per[0])
                 best = None

@@ -257,9 +257,10 @@ def test_policy_tables_by_trace_pass_the_memory_layout_at_their_dp():
 
 
 def test_shapes_the_model_does_not_cover_are_refused_not_under_predicted():
-    """A mixture-of-experts layer or multi-latent attention would be counted as a dense MLP
-    and plain attention (DeepSeek-V3: 39 billion parameters instead of 671): every entry
-    point refuses them, naming what is missing; dense shapes pass."""
+    """Multi-latent attention, shared experts, layers mixing dense and MoE MLPs and a mixture
+    of experts under tensor parallelism would be mis-counted (DeepSeek-V3 as a dense model:
+    39 billion parameters instead of 671): every entry point refuses them, naming what is
+    missing; dense shapes and a mixture of experts in every layer pass."""
     from dataclasses import replace
 
     from varbatch_kit.core.memory import (
@@ -272,11 +273,40 @@ def test_shapes_the_model_does_not_cover_are_refused_not_under_predicted():
     dense = ModelShape.preset("qwen3-8b")
     assert not_modelled(dense) is None
     moe = replace(dense, num_experts=8, moe_ffn_hidden_size=512, name="tiny-moe")
+    assert not_modelled(moe) is None and not_modelled(moe, MemoryLayout(dp=2, ep=2)) is None
+    assert "tensor parallelism (tp=2)" in not_modelled(moe, MemoryLayout(tp=2))
+    shared = replace(moe, moe_shared_expert_intermediate_size=256)
+    mixed = replace(moe, moe_layer_freq=tuple([0] + [1] * (moe.num_layers - 1)))
+    assert "shared experts" in not_modelled(shared)
+    assert "layers mixing dense and mixture-of-experts MLPs" in not_modelled(mixed)
     mla = ModelShape.preset("deepseek-v3")
-    assert "mixture of experts (num_experts=8)" in not_modelled(moe)
-    assert "multi-latent attention" not in not_modelled(moe)
     assert "multi-latent attention" in not_modelled(mla)
     one = MemoryLayout()
     for fn in (parameter_count, static_memory, activation_bytes_per_token):
-        with pytest.raises(ValueError, match=r"'tiny-moe' has mixture of experts"):
-            fn(moe, one)
+        with pytest.raises(ValueError, match=r"'tiny-moe' has shared experts"):
+            fn(replace(shared, name="tiny-moe"), one)
+
+
+def test_a_mixture_of_experts_counts_its_router_and_this_ranks_experts():
+    """Parameters by hand: per layer the router [E, h] and E / ep experts of 3 f h (gated),
+    no dense MLP; the distributed optimizer shards the experts over dp * cp / ep ranks."""
+    from dataclasses import replace
+
+    from varbatch_kit.core.memory import _layer_params, parameter_count, static_memory
+
+    moe = replace(ModelShape.preset("qwen3-8b"), num_experts=8, moe_ffn_hidden_size=512,
+                  name="tiny-moe")
+    h, f, e = moe.hidden_size, 512, 8
+    dense = replace(moe, num_experts=None, ffn_hidden_size=1)
+    attention_and_norms = _layer_params(dense, 1) - 3 * h  # less its [gate; up] and down of f=1
+    assert _layer_params(moe, 1, 1) == attention_and_norms + e * h + e * 3 * f * h
+    assert _layer_params(moe, 1, 4) == attention_and_norms + e * h + 2 * 3 * f * h
+    one, four = parameter_count(moe, MemoryLayout(dp=4)), parameter_count(moe, MemoryLayout(
+        dp=4, ep=4))
+    assert one - four == moe.num_layers * 6 * 3 * f * h
+    # the distributed optimizer: the experts over their dp*cp/ep = 1 replica (no sharding),
+    # the rest over the 4 ranks
+    dist = MemoryLayout(dp=4, ep=4, distributed_optimizer=True)
+    experts = moe.num_layers * 2 * 3 * f * h
+    want = (-(-(four - experts) // 4) + experts) * 8  # fp32: two Adam moments of 4 bytes
+    assert static_memory(moe, dist)["optimizer"] == want

@@ -35,7 +35,8 @@ def memory_layout(cfg: TrainConfig, device: str = "cpu") -> MemoryLayout:
                         vpp=layout.vpp, sequence_parallel=layout.sp, cp_impl=layout.cp_impl,
                         precision=cfg.precision, distributed_optimizer=cfg.optim.distributed,
                         mb_group=cfg.schedule.mb_group if layout.vpp > 1 else None,
-                        embedding_grad_rows=device == "cpu" and cfg.precision != "bf16")
+                        embedding_grad_rows=device == "cpu" and cfg.precision != "bf16",
+                        ep=layout.ep)
 
 
 def predicted_memory(cfg: TrainConfig, rollouts: Rollouts, *, device: str = "cpu",
