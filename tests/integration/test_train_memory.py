@@ -137,7 +137,6 @@ def test_a_wrong_term_breaks_the_matrix(memory_runs, monkeypatch):
     same comparison fails on the tensor-parallel layouts, and only there."""
     from varbatch_kit.core import memory
 
-    configs, runs, rollouts, _ = memory_runs
     right = memory.activation_bytes_per_token
 
     def undivided(model, layout, **kw):
@@ -145,7 +144,17 @@ def test_a_wrong_term_breaks_the_matrix(memory_runs, monkeypatch):
 
         return right(model, replace(layout, tp=1, sequence_parallel=False), **kw)
 
-    monkeypatch.setattr(memory, "activation_bytes_per_token", undivided)
+    wrong = _outside_with(memory_runs, monkeypatch, "activation_bytes_per_token", undivided)
+    assert all("tp2" in name for name in wrong["layout"])
+
+
+def _outside_with(memory_runs, monkeypatch, name: str, wrong_term) -> pd.DataFrame:
+    """The rows outside the 10 % with ``core.memory.<name>`` replaced by ``wrong_term`` (an
+    injected bug); asserts there are some."""
+    from varbatch_kit.core import memory
+
+    configs, runs, rollouts, _ = memory_runs
+    monkeypatch.setattr(memory, name, wrong_term)
     memory._coefficients.cache_clear()  # the per-token terms are cached per layout
     try:
         wrong = _outside(_tables(runs, configs, rollouts))
@@ -154,7 +163,7 @@ def test_a_wrong_term_breaks_the_matrix(memory_runs, monkeypatch):
         memory._coefficients.cache_clear()
     print(wrong[["layout", "step", "rank", "ratio"]].to_string(index=False))
     assert not wrong.empty
-    assert all("tp2" in name for name in wrong["layout"])
+    return wrong
 
 
 def test_routed_copies_counted_once_break_the_moe_rows(memory_runs, monkeypatch):
@@ -164,19 +173,10 @@ def test_routed_copies_counted_once_break_the_moe_rows(memory_runs, monkeypatch)
 
     from varbatch_kit.core import memory
 
-    configs, runs, rollouts, _ = memory_runs
     right = memory._moe_bytes_per_token
 
     def once(model, layout):
         return right(replace(model, moe_router_topk=1), layout)
 
-    monkeypatch.setattr(memory, "_moe_bytes_per_token", once)
-    memory._coefficients.cache_clear()
-    try:
-        wrong = _outside(_tables(runs, configs, rollouts))
-    finally:
-        monkeypatch.undo()
-        memory._coefficients.cache_clear()
-    print(wrong[["layout", "step", "rank", "ratio"]].to_string(index=False))
-    assert not wrong.empty
+    wrong = _outside_with(memory_runs, monkeypatch, "_moe_bytes_per_token", once)
     assert all(name.startswith("moe") for name in wrong["layout"])
