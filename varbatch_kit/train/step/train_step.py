@@ -206,6 +206,7 @@ def train_step(layout, loss, faults, mode, model, optimizer, step, rollouts, dat
     routers = RouterLosses(routers_of(models), num_moe_layers=num_moe_layers,
                            aux_coeff=loss.moe_aux_loss_coeff, z_coeff=loss.moe_z_loss_coeff,
                            per_row=faults.moe_aux_per_row)
+
     def sum_kwargs(batch, cp_size, cp_rank) -> dict:
         """The report mode's sum over a micro-batch: its samples, their denominators and the
         rank's CP slice (every per-token term and the router losses go through it)."""
