@@ -108,13 +108,20 @@ def import_megatron(modules: tuple[str, ...] = WORKER_MODULES) -> None:
 
 def moe_without_transformer_engine() -> bool:
     """Make megatron-core's MoE router run without TransformerEngine; True when it had to.
+    Also: its expert-bias update runs uncompiled (below).
 
     megatron-core 0.16.1's ``router_gating_linear`` tests ``te_general_gemm is not None``, a
     name its ``moe_utils`` defines only when TransformerEngine imports: without it every MoE
     forward raises ``NameError`` (on a GPU too). Defined as None here, the router takes its
     own torch path (``torch.matmul`` in the router's dtype)."""
     from megatron.core.transformer.moe import moe_utils
+    from megatron.core.transformer.moe.router import TopKRouter
 
+    # the router's expert-bias update (megatron's @jit_fuser: torch.compile on its first call,
+    # ~0.8 s of CPU in every worker) does nothing without an expert bias, which the engine
+    # never enables: its plain function, uncompiled
+    update = TopKRouter._apply_expert_bias
+    TopKRouter._apply_expert_bias = getattr(update, "__wrapped__", update)
     if hasattr(moe_utils, "te_general_gemm"):
         return False
     moe_utils.te_general_gemm = None

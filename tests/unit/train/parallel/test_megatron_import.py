@@ -125,3 +125,23 @@ def test_import_megatron_loads_no_compiler_and_leaves_the_process_as_it_was():
     assert out == {"loaded": sorted(WORKER_MODULES), "compilers": [],
                    "jit_fuser_deferred": True, "torch_compile_restored": True, "gc": True,
                    "frozen": True, "quiet": True}
+
+
+def test_the_routers_expert_bias_update_is_not_compiled():
+    """megatron's @jit_fuser compiles the router's expert-bias update on its first call (~0.8 s
+    of CPU per worker) though without an expert bias it does nothing: the MoE setup hands the
+    router the plain function, which behaves the same."""
+    import torch
+
+    from varbatch_kit.train.parallel.megatron_import import moe_without_transformer_engine
+
+    moe_without_transformer_engine()
+    from megatron.core.transformer.moe.router import TopKRouter
+
+    update = TopKRouter._apply_expert_bias
+    assert not hasattr(update, "__wrapped__"), update
+
+    class _Router:
+        enable_expert_bias = False
+
+    assert update(_Router(), torch.ones(3, 4, dtype=torch.bool)) is None  # nothing to update
