@@ -326,8 +326,8 @@ def _moe_bytes_per_token(m: ModelShape, layout: MemoryLayout) -> float:
     probabilities; the dispatcher the permutation (int64) and the permuted probabilities.
     The engine's router losses (train/step/router_losses.py) recompute the logits and keep
     their float64 softmax, a float64 copy for the log-sum-exp and its result, and each
-    token's sample index. Under expert parallelism the experts of a rank receive ``k`` copies
-    per token on average (balanced routing: a skewed router sends more to the busiest)."""
+    token's sample index. The routed copies are :func:`_routed_bytes_per_token` (under
+    expert parallelism held per token of the expert-parallel group's round)."""
     act = layout.bytes["act"]
     router = 4 if layout.precision == "bf16" else act  # megatron's fp32 router under bf16
     k, e = m.moe_router_topk, m.num_experts

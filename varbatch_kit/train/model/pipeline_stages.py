@@ -270,33 +270,22 @@ def _merged_on_rank0(mine: dict) -> dict | None:
     return None if parts is None else {k: v for part in parts for k, v in part.items()}
 
 
-def _sent(tensors: dict, layout, num_experts: int) -> dict:
-    """What this rank sends to world rank 0 of its stage's tensors (full model names): pool
-    rank 0 / tp rank 0 all of them; under expert parallelism the other ranks of the first
-    expert-parallel group their experts, renamed to the global expert numbers."""
-    import torch.distributed as dist
-
-    from varbatch_kit.train.parallel.expert_parallel import global_expert_name, local_experts
-
-    rank = dist.get_rank()
-    c = layout.coords(rank)
-    if c.tp_rank != 0 or c.pool_rank >= max(layout.ep, 1):
-        return {}
-    if c.pool_rank == 0:
-        return tensors
-    first = local_experts(num_experts, layout, rank)[0]
-    return {global_expert_name(n, first): t for n, t in tensors.items()
-            if ".local_experts." in n}
-
-
 def gather_full_params(chunks: Chunks, layout, num_experts: int = 0) -> dict | None:
     """Every stage's parameters under the full model's names, on world rank 0 (None
     elsewhere); the stages' pool rank 0 / tp rank 0 copies, and under expert parallelism
     (``num_experts``: the model's) every expert once (a collective)."""
+    import torch.distributed as dist
+
+    from varbatch_kit.train.parallel.expert_parallel import sent_to_rank0
+
     full = chunks.full_params()  # every TP rank of the stage takes part in the gather
-    return _merged_on_rank0(_sent(full, layout, num_experts))
+    return _merged_on_rank0(sent_to_rank0(full, layout, dist.get_rank(), num_experts))
 
 
 def gather_grads(grads: dict, layout, num_experts: int = 0) -> dict | None:
     """Every stage's gradients (full model names, :func:`full_name`) on world rank 0."""
-    return _merged_on_rank0(_sent(grads, layout, num_experts))
+    import torch.distributed as dist
+
+    from varbatch_kit.train.parallel.expert_parallel import sent_to_rank0
+
+    return _merged_on_rank0(sent_to_rank0(grads, layout, dist.get_rank(), num_experts))

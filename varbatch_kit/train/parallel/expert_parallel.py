@@ -21,7 +21,7 @@ import re
 
 import torch
 
-__all__ = ["gather_all_experts", "global_expert_name", "local_experts"]
+__all__ = ["gather_all_experts", "global_expert_name", "local_experts", "sent_to_rank0"]
 
 _LOCAL = re.compile(r"(\.local_experts\.)(\d+)(\.)")
 
@@ -41,31 +41,31 @@ def global_expert_name(name: str, first: int) -> str:
     return _LOCAL.sub(lambda m: f"{m.group(1)}{first + int(m.group(2))}{m.group(3)}", name)
 
 
+def sent_to_rank0(tensors: dict[str, torch.Tensor], layout, world_rank: int,
+                  num_experts: int) -> dict[str, torch.Tensor]:
+    """What ``world_rank`` contributes when the whole model's tensors are gathered to world
+    rank 0 (one pipeline stage's, or all): pool rank 0 / tp rank 0 all of ``tensors`` (its
+    experts are experts ``0 .. E/ep - 1``); under expert parallelism the other ranks of the
+    first expert-parallel group (tp rank 0) their experts, renamed to the global numbers;
+    every other rank nothing."""
+    here = layout.coords(world_rank)
+    if here.tp_rank != 0 or here.pool_rank >= layout.ep:
+        return {}
+    if here.pool_rank == 0:
+        return tensors
+    first = local_experts(num_experts, layout, world_rank)[0]
+    return {global_expert_name(n, first): t for n, t in tensors.items() if _LOCAL.search(n)}
+
+
 def gather_all_experts(tensors: dict[str, torch.Tensor] | None, layout, world_rank: int,
                        num_experts: int) -> dict[str, torch.Tensor] | None:
     """The whole model's tensors on world rank 0 (None elsewhere), from each rank's own
-    (``tensors``: names of its local experts, e.g. ``named_parameters``). The expert tensors
-    of the first expert-parallel group's ranks are renamed to their global numbers and
-    gathered; every other tensor is rank 0's. A collective over the world: every rank calls
-    it (with ``ep == 1`` it returns ``tensors`` unchanged, no collective)."""
+    (``tensors``: names of its local experts, e.g. ``named_parameters``; :func:`sent_to_rank0`
+    says who sends what). A collective over the world: every rank calls it (with ``ep == 1``
+    it returns ``tensors`` unchanged, no collective)."""
     if layout.ep == 1:
         return tensors
     from varbatch_kit.train.parallel.object_gather import gather_to_rank0
 
-    first = local_experts(num_experts, layout, world_rank)[0]
-    here = layout.coords(world_rank)  # tp rank 0 of the first group: its full tensors
-    in_first_group = here.pool_rank < layout.ep and here.tp_rank == 0
-    mine = {global_expert_name(n, first): t for n, t in (tensors or {}).items()
-            if _LOCAL.search(n)} if in_first_group else {}
-    gathered = gather_to_rank0(mine)
-    if gathered is None:
-        return None
-    out = {n: t for n, t in tensors.items() if not _LOCAL.search(n)}
-    for part in gathered:
-        out.update(part)
-    return dict(sorted(out.items(), key=lambda kv: _order(kv[0])))
-
-
-def _order(name: str) -> tuple:
-    """Sort key: names with their numbers compared as numbers (expert 10 after expert 9)."""
-    return tuple(int(p) if p.isdigit() else p for p in re.split(r"(\d+)", name))
+    parts = gather_to_rank0(sent_to_rank0(tensors or {}, layout, world_rank, num_experts))
+    return None if parts is None else {k: v for part in parts for k, v in part.items()}
