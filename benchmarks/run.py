@@ -47,6 +47,8 @@ each writing ``build/bench/<name>.json``):
   micro-batch order, each stage's measured idle time next to the calibrated simulation's.
 - ``w`` **Worker allocations** (``benchmarks/worker_malloc.py``): a float64 SmolLM2 launch with
   the CPU workers' large allocations kept in glibc's heap against glibc's defaults.
+- ``x`` **File writes** (``benchmarks/file_writes.py``): a 336 MB float64 parameter file saved
+  with ``torch.save`` written whole against ``save_tensors`` in 1 MiB pieces, wall and CPU.
 - ``i`` **Worker start** (``benchmarks/worker_import.py``): a worker's imports and first
   optimizer step in a fresh interpreter, CPU seconds with ``import_megatron`` against plain.
 - ``e`` **Engine speed** (``benchmarks/engine_speed.py``): the engine's log-prob pass and
@@ -341,7 +343,7 @@ def section_gap(count: int, time_limit_s: float) -> None:
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="small sizes, 30 gap instances")
-    ap.add_argument("--sections", default="12345mpdoklcbwieuayfr",
+    ap.add_argument("--sections", default="12345mpdoklcbwxieuayfr",
                     help="which sections to run, e.g. 12 or mp (see the module docstring)")
     ap.add_argument("--peer-packages", default=None, metavar="DIR",
                     help="section p: folder holding verl / areal / openrlhf (pip --target)")
@@ -375,7 +377,7 @@ def main(argv=None) -> None:
     quick = ["--quick"] if args.quick else []
     for key, name in (("m", "measured"), ("p", "peers"), ("d", "dynamic_cp"), ("o", "pp_order"),
                       ("k", "checkpoint"), ("l", "logprob_memory"), ("c", "cp_memory"),
-                      ("b", "pp_measured"), ("w", "worker_malloc"),
+                      ("b", "pp_measured"), ("w", "worker_malloc"), ("x", "file_writes"),
                       ("i", "worker_import"), ("e", "engine_speed"), ("u", "dump_loading"),
                       ("a", "launch_overhead"), ("y", "planning"), ("f", "balanced_cost"),
                       ("r", "rl_learning")):

@@ -1,7 +1,8 @@
 """Durable step logs: one JSON line per step, written whole, fsynced; truncated on resume.
 
 ``steps.jsonl`` is appended by rank 0 after every step. :func:`append_record`
-writes the whole line with one ``write`` on an ``O_APPEND`` descriptor, then
+writes the whole line with one ``write`` on an ``O_APPEND`` descriptor (a line is far below
+the 1 MiB of a write), then
 ``fsync`` s it, so a kill leaves either the full line or none of it (a torn
 line can only come from a crash of the machine or an older writer).
 :func:`read_records` drops a torn last line with a warning;
@@ -15,6 +16,8 @@ import json
 import os
 import warnings
 from pathlib import Path
+
+from varbatch_kit.train.step.tensor_files import write_all
 
 __all__ = ["TornLogWarning", "append_record", "fsync_dir", "read_records", "truncate_to_step",
            "write_atomic", "write_synced"]
@@ -40,13 +43,12 @@ def fsync_dir(path: Path) -> None:
 
 def write_synced(path: Path, data: bytes | memoryview, *, append: bool = False) -> None:
     """Write all of ``data`` to ``path`` (created 0o644; truncated, or appended to), then fsync:
-    plain writes, so a full disk is an ``OSError`` naming it."""
+    plain writes (:func:`~varbatch_kit.train.step.tensor_files.write_all`: pieces of at most
+    1 MiB), so a full disk is an ``OSError`` naming it."""
     flags = os.O_APPEND if append else os.O_TRUNC
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | flags, 0o644)
     try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view):]
+        write_all(fd, data)
         os.fsync(fd)
     finally:
         os.close(fd)
