@@ -155,9 +155,11 @@ def built(base: TrainConfig, extra: dict | None = None) -> dict[str, TrainConfig
 
 
 def matrix(base: TrainConfig, rollouts: Rollouts, out_dir, *, cap: int, bugs: dict,
-           extra: dict | None = None, one_mode: dict | None = None):
+           extra: dict | None = None, one_mode: dict | None = None, keep_params=False):
     """Every run of one matrix in one ``compare`` (launches shared by world size);
-    ``one_mode``: layouts trained in the first mode only (labelled ``"NAME MODE"``)."""
+    ``one_mode``: layouts trained in the first mode only (labelled ``"NAME MODE"``);
+    ``keep_params``: the runs that keep their parameter files besides the references (the
+    others compare theirs with their reference's in their workers: compare's numbers)."""
     common = base.with_(global_batch_size=6, max_tokens_per_gpu=cap, packing="first_fit",
                         precision="fp64")
     layouts = built(common, extra)
@@ -177,7 +179,8 @@ def matrix(base: TrainConfig, rollouts: Rollouts, out_dir, *, cap: int, bugs: di
     configs += [c.with_(precision="fp32", mode=MODES[0], label=f"{name} {MODES[0]}")
                 for name, c in fp32.items()]
     runs: list = []
-    table = compare(configs, rollouts, out_dir=out_dir, progress=False, runs=runs)
+    table = compare(configs, rollouts, out_dir=out_dir, progress=False, runs=runs,
+                    keep_params=keep_params)
     return layouts, table, {r.config.name: r for r in runs}
 
 
@@ -327,7 +330,9 @@ def test_smollm2_layout_matrix(smollm2_path, tmp_path):
                                lr_decay_style="constant", n_samples_per_prompt=3,
                                save_params_at=(1, 2), max_steps=2, entropy_coef=0.01,
                                clip_grad=1.0, timeout_s=600)
-    layouts, table, runs = matrix(base, rollouts, tmp_path, cap=64, bugs={})
+    # the export below reads the files of dp 1 (a reference) and pp 2 x vpp 2 (kept)
+    layouts, table, runs = matrix(base, rollouts, tmp_path, cap=64, bugs={},
+                                  keep_params={"pp2 vpp2 per_token"})
     # only the tensor-parallel layouts are left out (9 heads, 3 key/value groups)
     assert set(LAYOUTS) - set(layouts) == {"tp2", "tp2 pp2", "tp2 cp2"}
     check(layouts, table, runs, rollouts, {})

@@ -132,6 +132,70 @@ def test_reports_gradients_and_parameters_do_not_move_with_the_layout(tmp_path):
     assert row.time_s == pytest.approx(row.fwd_s + row.bwd_s)
 
 
+def test_keep_params_false_compares_in_the_workers_with_the_same_numbers(tmp_path):
+    """``compare(..., keep_params=False)``: only the references write parameter files, every
+    other run computes ``||p - p_ref||`` in its worker against the reference's file; the
+    table is the one of ``keep_params=True``, bitwise. A run whose reference trains in a
+    later launch writes its file as before; a run named in ``keep_params`` keeps its."""
+    base = TrainConfig().with_(lr=1e-3, min_lr=1e-3, lr_decay_style="constant",
+                               n_samples_per_prompt=3, save_params_at=(1, 3), global_batch_size=4,
+                               max_tokens_per_gpu=24, packing="first_fit", **TINY)
+    configs = [base.with_(mode="per_token", label="ref token"),               # world 1
+               base.with_(dp=2, mode="per_rollout_mean", label="ref rollout"),  # world 2
+               base.with_(dp=2, mode="per_token", label="dp2 token"),        # in its worker
+               base.with_(cp=2, mode="per_token", label="cp2 token"),        # kept (named)
+               # its reference (world 2) trains in the second launch: it writes its file
+               base.with_(mode="per_rollout_mean", label="dp1 rollout")]
+    rollouts = _invariance_rollouts()
+    tables, runs = {}, {}
+    for keep in (True, False):
+        got: list = []
+        tables[keep] = compare(configs, rollouts, out_dir=tmp_path / str(keep), progress=False,
+                               runs=got, keep_params=True if keep else {"cp2 token"})
+        runs[keep] = {r.config.name: r for r in got}
+    cols = ["label", "step", "reference", "loss", "param_rel_diff"]
+    print(tables[False][cols].to_string())
+    timings = ["step_time_s", "wall_s", "busy_s", "straggler_s", "micro_batch_timing",
+               "log_prob_pass_s"]  # the only columns two launches may differ in
+    pd.testing.assert_frame_equal(tables[True].drop(columns=timings),
+                                  tables[False].drop(columns=timings), check_exact=True)
+    moved = tables[False][tables[False].step.isin([1, 3])
+                          & (tables[False].config != tables[False].reference)]
+    assert len(moved) == 6 and (moved["param_rel_diff"] > 0).all()  # not 0: p != p_ref
+    assert (moved["param_rel_diff"] < 1e-5).all()
+
+    def files(r):
+        return sorted(p.name for p in r.out_dir.glob("params_step*.pt"))
+
+    both = ["params_step1.pt", "params_step3.pt"]
+    kept = runs[False]
+    for name in ("ref token", "ref rollout", "cp2 token", "dp1 rollout"):
+        assert files(kept[name]) == both, name
+        assert not kept[name].compared_in_worker(1)
+    worker = kept["dp2 token"]
+    assert files(worker) == [] and worker.compared_in_worker(1) and worker.compared_in_worker(3)
+    assert not worker.compared_in_worker(2)  # no parameters saved at step 2
+    assert {"param_sq_diff", "param_sq_ref"} <= set(worker.steps.columns)
+    with pytest.raises(ValueError, match=r"kept no parameters of step 1.*keep_params"):
+        worker.params(1)
+    assert all(files(r) == both for r in runs[True].values())
+
+
+def test_keep_params_and_params_against_are_checked_before_any_worker_starts():
+    base = TrainConfig().with_(max_steps=1, **TINY)
+    configs = [base.with_(label="a"), base.with_(dp=2, label="b")]
+    rollouts = _invariance_rollouts()
+    for bad, match in (("a", "give True, False or a collection"),
+                       ({"a", "c"}, r"not compared: \['c'\]")):
+        with pytest.raises(ValueError, match=match):
+            compare(configs, rollouts, progress=False, keep_params=bad)
+    with pytest.raises(ValueError, match="reference=5"):
+        compare(configs, rollouts, progress=False, reference=5)
+    for bad in ([None], [1, 1], [None, True], [None, 2]):
+        with pytest.raises(ValueError, match="params_against="):
+            run_many(configs, rollouts, progress=False, params_against=bad)
+
+
 def test_variable_batch_lr_schedule_and_loss_curve(tmp_path):
     """One launch: 30 steps on the toy task (one rollout batch per step: on-policy, the model
     learns the rule), and a per-token run whose LR schedule advances by each step's sample

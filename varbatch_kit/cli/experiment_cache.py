@@ -116,7 +116,7 @@ def cache_key(kind: str, **inputs: Any) -> str:
 
 def cached_compare(configs: Sequence, rollouts, *, cache_dir: str | os.PathLike | None = None,
                    reference: int | None = None, progress: bool = True, out_dir=None,
-                   runs: list | None = None):
+                   runs: list | None = None, keep_params=True):
     """:func:`varbatch_kit.train.compare` of ``configs`` on ``rollouts``, computed once per cache.
 
     The table is read back from the cache when the same configurations (every field), the
@@ -124,8 +124,10 @@ def cached_compare(configs: Sequence, rollouts, *, cache_dir: str | os.PathLike 
     else computed and stored. ``runs`` (a list) receives the :class:`Run` objects when the
     table is computed here, nothing when it is read back. Without ``out_dir`` and ``runs``
     the runs' folders (steps, saved parameters) are removed once the table is made; the
-    table is the result. Caching off (no ``cache_dir``, no ``$VARBATCH_KIT_CACHE``): plain
-    :func:`compare`.
+    table is the result, so only the references write parameter files
+    (``keep_params=False``, the same table). ``keep_params`` otherwise as in :func:`compare`
+    (files only: not part of the key). Caching off (no ``cache_dir``, no
+    ``$VARBATCH_KIT_CACHE``): plain :func:`compare`.
     """
     import pandas as pd
 
@@ -134,7 +136,7 @@ def cached_compare(configs: Sequence, rollouts, *, cache_dir: str | os.PathLike 
     configs = list(configs)
     where = _resolve(cache_dir)
     if where is None:
-        return _compare(configs, rollouts, reference, progress, out_dir, runs)
+        return _compare(configs, rollouts, reference, progress, out_dir, runs, keep_params)
     key = cache_key("compare", configs=[repr(c) for c in configs],
                     models=[_checkpoint_key(c.model.path) for c in configs],
                     rollouts=rollouts_hash(rollouts), reference=reference)
@@ -142,7 +144,7 @@ def cached_compare(configs: Sequence, rollouts, *, cache_dir: str | os.PathLike 
     with _lock(where / ".compare.lock"):
         if path.is_file():
             return pd.read_pickle(path)
-        table = _compare(configs, rollouts, reference, progress, out_dir, runs)
+        table = _compare(configs, rollouts, reference, progress, out_dir, runs, keep_params)
         tmp = path.with_suffix(f".{os.getpid()}.tmp")
         table.to_pickle(tmp)
         tmp.replace(path)
@@ -214,15 +216,16 @@ def cached_rl_loop(config, prompts, *, cache_dir: str | os.PathLike | None = Non
                        progress=progress, **kwargs)
 
 
-def _compare(configs, rollouts, reference, progress, out_dir, runs):
+def _compare(configs, rollouts, reference, progress, out_dir, runs, keep_params):
     from varbatch_kit.train.runs import comparison
 
     compare = _unwrapped(comparison.compare)
     if out_dir is not None or runs is not None:
         return compare(configs, rollouts, reference=reference, out_dir=out_dir,
-                       progress=progress, runs=runs)
-    with tempfile.TemporaryDirectory(prefix="varbatch_compare_") as tmp:
-        return compare(configs, rollouts, reference=reference, out_dir=tmp, progress=progress)
+                       progress=progress, runs=runs, keep_params=keep_params)
+    with tempfile.TemporaryDirectory(prefix="varbatch_compare_") as tmp:  # files: none kept
+        return compare(configs, rollouts, reference=reference, out_dir=tmp, progress=progress,
+                       keep_params=False)
 
 
 # ------------------------------------------------------------------ the notebooks' harness
@@ -254,9 +257,9 @@ def _twin(original, cached):
 
 
 def _compare_twin(original, configs, rollouts, *, reference=None, out_dir=None, progress=True,
-                  runs=None):
+                  runs=None, keep_params=True):
     return cached_compare(configs, rollouts, reference=reference, out_dir=out_dir,
-                          progress=progress, runs=runs)
+                          progress=progress, runs=runs, keep_params=keep_params)
 
 
 def _rl_loop_twin(original, config, prompts, *, out_dir=None, resume=False, progress=True,

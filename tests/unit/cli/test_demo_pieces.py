@@ -113,7 +113,8 @@ def test_cached_twins_make_the_tests_cache_calls(monkeypatch, tmp_path):
     train.rl_loop("cfg", prompts=2, out_dir=tmp_path / "loop", iterations=2, max_new_tokens=6)
     generate.generate_rollouts(tmp_path / "ckpt", n_prompts=3, seed=0, stats=None)
     assert calls == [
-        ("compare", (["c"], "r"), dict(reference=None, out_dir=None, progress=False, runs=None)),
+        ("compare", (["c"], "r"), dict(reference=None, out_dir=None, progress=False, runs=None,
+                                       keep_params=True)),
         ("rl_loop", ("cfg", 2), dict(progress=True, iterations=2, max_new_tokens=6)),
         ("rollouts", (tmp_path / "ckpt",), dict(n_prompts=3, seed=0, stats=None))]
     # a loaded model, or a trace file to write: the real call (the RL loop passes a model)

@@ -23,9 +23,12 @@ def _configs(lr=1e-3):
 def fake_compare(monkeypatch):
     calls = []
 
-    def compare(configs, rollouts, *, reference=None, out_dir=None, progress=True, runs=None):
-        # a folder cached_compare removes, unless the runs are asked for
+    def compare(configs, rollouts, *, reference=None, out_dir=None, progress=True, runs=None,
+                keep_params=True):
+        # a folder cached_compare removes, unless the runs are asked for; only the references
+        # write parameter files into a folder that is removed
         assert (out_dir is not None) != (runs is not None)
+        assert keep_params is (runs is not None)
         calls.append(len(configs))
         if runs is not None:
             runs.append("a run")

@@ -10,20 +10,21 @@ relative differences of loss, grad norm, parameters and gradients to the referen
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
 import numpy as np
 
 from varbatch_kit.core.rollouts import Rollouts
 from varbatch_kit.train.config.train_config import TrainConfig
 from varbatch_kit.train.runs.launch import run_many
-from varbatch_kit.train.runs.results import grad_cosine, param_rel_diff
+from varbatch_kit.train.runs.results import grad_cosine, param_rel_diff, rel_diff_of
 
 __all__ = ["compare"]
 
 
 def compare(configs: Sequence[TrainConfig], rollouts: Rollouts, *, reference: int | None = None,
-            out_dir=None, progress: bool = True, runs: list | None = None):
+            out_dir=None, progress: bool = True, runs: list | None = None,
+            keep_params: bool | Collection[str] = True):
     """Run ``configs`` on the same rollouts and seed; one table, one row per (config, step).
 
     Columns: ``config`` (index into ``configs``), ``reference`` (the index it is
@@ -39,10 +40,22 @@ def compare(configs: Sequence[TrainConfig], rollouts: Rollouts, *, reference: in
     ``reference``: an index into ``configs``; ``None`` (default) compares each
     configuration with the first one of the same report mode. Pass a list as
     ``runs`` to receive the :class:`Run` objects too.
+
+    ``keep_params``: ``True`` (default): every run writes its parameter files (a float64
+    135M model: 1 GB a run for two saved steps) and they are compared here. ``False``: only
+    the references write theirs; every other run compares its parameters with its
+    reference's file in its own worker and keeps none (``Run.params`` then says so); the
+    same ``param_rel_diff``, the same arithmetic. A collection of run names
+    (``TrainConfig.name``, e.g. the labels): those runs keep their files too. A run whose
+    reference has not saved that step yet (its launch comes later: ``compare`` launches the
+    world sizes in the order they first appear) writes its file as before.
     """
     import pandas as pd
 
-    results = run_many(configs, rollouts, out_dir=out_dir, progress=progress)
+    configs = list(configs)
+    against = _params_against(configs, reference, keep_params)
+    results = run_many(configs, rollouts, out_dir=out_dir, progress=progress,
+                       params_against=against)
     if runs is not None:
         runs.extend(results)
     first_of_mode: dict[str, int] = {}
@@ -67,12 +80,16 @@ def compare(configs: Sequence[TrainConfig], rollouts: Rollouts, *, reference: in
             df["grad_norm_rel_diff"] = np.abs(df["grad_norm"].to_numpy() - ref_gn) / np.abs(ref_gn)
         diffs = []
         for s in df["step"]:
-            if s in r.config.run.save_params_at and s in ref.config.run.save_params_at:
+            if s in r.config.run.save_params_at and r.compared_in_worker(s):
+                row = r.steps[r.steps["step"] == s].iloc[0]
+                diffs.append(rel_diff_of(float(row["param_sq_diff"]), float(row["param_sq_ref"])))
+            elif s in r.config.run.save_params_at and s in ref.config.run.save_params_at:
                 if (ref_k, s) not in ref_params:
                     ref_params[(ref_k, s)] = ref.params(s)
                 diffs.append(param_rel_diff(r.params(s), ref_params[(ref_k, s)]))
             else:
                 diffs.append(float("nan"))
+        df = df.drop(columns=[c for c in ("param_sq_diff", "param_sq_ref") if c in df])
         df["param_rel_diff"] = diffs
         grad_diffs, cosines = [], []
         for s in df["step"]:
@@ -88,3 +105,32 @@ def compare(configs: Sequence[TrainConfig], rollouts: Rollouts, *, reference: in
         df["grad_rel_diff"], df["grad_cosine"] = grad_diffs, cosines
         frames.append(df)
     return pd.concat(frames, ignore_index=True)
+
+
+def _params_against(configs: list, reference: int | None,
+                    keep_params: bool | Collection[str]) -> list[int | None]:
+    """Per configuration, the index whose parameter files it is compared with in its worker
+    (``keep_params``), or None: it writes its own."""
+    names = [c.name for c in configs]
+    if isinstance(keep_params, bool):
+        kept = set(names) if keep_params else set()
+    elif isinstance(keep_params, str) or not isinstance(keep_params, Collection):
+        raise ValueError(f"keep_params={keep_params!r}: give True, False or a collection of "
+                         "run names (TrainConfig.name) that keep their parameter files")
+    else:
+        kept = set(keep_params)
+        unknown = sorted(kept - set(names))
+        if unknown:
+            raise ValueError(f"keep_params names runs that are not compared: {unknown}; the "
+                             f"runs are {names}")
+    if reference is not None and not 0 <= reference < len(configs):
+        raise ValueError(f"reference={reference}: give an index into the {len(configs)} "
+                         "configurations")
+    first_of_mode: dict[str, int] = {}
+    for k, c in enumerate(configs):
+        first_of_mode.setdefault(c.mode, k)
+    against: list[int | None] = []
+    for k, c in enumerate(configs):
+        ref_k = first_of_mode[c.mode] if reference is None else reference
+        against.append(None if ref_k == k or c.name in kept else ref_k)
+    return against

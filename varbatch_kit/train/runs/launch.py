@@ -283,11 +283,13 @@ def _torchrun_failure(cfg: TrainConfig, log_text: str, *, traceback: bool = Fals
 
 def write_job(job_dir: Path, plans: list[PlannedRun], rollouts: Rollouts, device: str,
               out_dirs: list[Path], *, resume_from: list | None = None,
-              fingerprints: list | None = None, feed=None) -> Path:
+              fingerprints: list | None = None, feed=None,
+              params_refs: list | None = None) -> Path:
     """``job_dir/job.pkl`` for the workers: the configs, their resolved models and the
     steps of their schedules (built once, by :func:`~varbatch_kit.train.runs.plan.plan_runs`);
     ``feed``: the :class:`~varbatch_kit.train.runs.rollout_feed.RolloutFeed` of a job that
-    stays up across rollout batches."""
+    stays up across rollout batches; ``params_refs``: per plan, the folder of the run whose
+    saved parameters it compares its own with instead of saving them (or None)."""
     from varbatch_kit.train.runs.worker import Job
 
     if job_dir.exists():  # pids and errors of an earlier (killed) launch must not count
@@ -295,7 +297,9 @@ def write_job(job_dir: Path, plans: list[PlannedRun], rollouts: Rollouts, device
     job_dir.mkdir(parents=True, exist_ok=True)
     job = Job([p.config for p in plans], [p.model for p in plans], [p.steps for p in plans],
               [p.log_prob_steps for p in plans], rollouts, [str(d) for d in out_dirs], device,
-              resume_from=resume_from, fingerprints=fingerprints, feed=feed)
+              resume_from=resume_from, fingerprints=fingerprints, feed=feed,
+              params_refs=None if params_refs is None else [
+                  None if r is None else str(r) for r in params_refs])
     with open(job_dir / "job.pkl", "wb") as f:
         pickle.dump(job, f)
     return job_dir / "job.pkl"
@@ -369,7 +373,8 @@ def _start_agent(cmd: list[str], env: dict, job_dir: Path, log_path: Path, devic
 def _launch(plans: list[PlannedRun], rollouts: Rollouts, device: str, job_dir: Path,
             out_dirs: list[Path], progress: bool, *,
             resume_from: list | None = None, fingerprints: list | None = None,
-            done_steps: list[int] | None = None, feed=None, abort=None) -> float:
+            done_steps: list[int] | None = None, feed=None, abort=None,
+            params_refs: list | None = None) -> float:
     """One torchrun for ``plans`` (same world size); returns its wall time. ``feed``: see
     :func:`write_job`; ``abort``: a ``threading.Event`` that, once set, kills the job (a
     launch in a thread of its own) and raises :class:`TrainingError`."""
@@ -377,7 +382,7 @@ def _launch(plans: list[PlannedRun], rollouts: Rollouts, device: str, job_dir: P
     planned = [p.num_steps for p in plans]
     c0 = configs[0]
     write_job(job_dir, plans, rollouts, device, out_dirs, resume_from=resume_from,
-              fingerprints=fingerprints, feed=feed)
+              fingerprints=fingerprints, feed=feed, params_refs=params_refs)
     cmd, env = _torchrun_command(c0, job_dir, fingerprints, device)
     timeout = sum(c.run.timeout_s for c in configs) + (
         c0.nodes.rdzv_timeout_s if c0.nodes.nnodes > 1 else 0)
@@ -532,7 +537,8 @@ def _prepare_resume(cfg: TrainConfig, out: Path, fp: dict, planned: int
 
 # ----------------------------------------------------------------------------- public API
 def run_many(configs: Sequence[TrainConfig], rollouts: Rollouts, *, out_dir=None,
-             progress: bool = True, resume: bool = False) -> list[Run]:
+             progress: bool = True, resume: bool = False,
+             params_against: Sequence[int | None] | None = None) -> list[Run]:
     """Train every configuration on ``rollouts``; one :class:`Run` per configuration, in order.
 
     Every model is resolved and every schedule built once, here, before any worker starts
@@ -552,6 +558,13 @@ def run_many(configs: Sequence[TrainConfig], rollouts: Rollouts, *, out_dir=None
     (only ``nodes.node_rank`` differs); ``out_dir`` must be a folder every node sees (a shared
     filesystem). Rank 0 — wherever the rendezvous put it — writes reports and checkpoints
     there; each node's launcher keeps its torchrun log in ``out_dir/jobG-...-nodeR``.
+
+    ``params_against`` (what ``compare(..., keep_params=False)`` passes): per configuration,
+    the index of another whose parameter files it compares its own with, or None. At each
+    step of its ``run.save_params_at`` such a run's rank 0 computes ``||p - p_ref||^2`` and
+    ``||p_ref||^2`` against that run's file of the step, when it exists already (an earlier
+    launch, or earlier in the same one), and records them in its step log (``param_sq_diff``,
+    ``param_sq_ref``) instead of writing its own file; otherwise it writes its file.
     """
     configs = list(configs)
     if not configs:
@@ -561,6 +574,13 @@ def run_many(configs: Sequence[TrainConfig], rollouts: Rollouts, *, out_dir=None
             f"rollouts must be a varbatch_kit.Rollouts, got {type(rollouts).__name__}")
     if resume and out_dir is None:
         raise ValueError("resume=True needs out_dir: the folder of the run to continue")
+    against = [None] * len(configs) if params_against is None else list(params_against)
+    if len(against) != len(configs) or any(
+            r is not None and (isinstance(r, bool) or not isinstance(r, int)
+                               or not 0 <= r < len(configs) or r == k)
+            for k, r in enumerate(against)):
+        raise ValueError(f"params_against={params_against!r}: give one entry per configuration "
+                         f"({len(configs)}), each None or the index of another configuration")
     plans = plan_runs(configs, rollouts)  # each model resolved, each schedule built: once
     # the device of each run, before any worker starts (ValueError when "cuda" cannot serve
     # the layout; "auto" falls back to the CPU with the reason, in each Run's meta)
@@ -592,7 +612,9 @@ def run_many(configs: Sequence[TrainConfig], rollouts: Rollouts, *, out_dir=None
                        [out_dirs[k] for k in members], progress,
                        resume_from=[resume_from[k] for k in members],
                        fingerprints=[prints[k] for k in members],
-                       done_steps=[done_steps[k] for k in members])
+                       done_steps=[done_steps[k] for k in members],
+                       params_refs=[None if against[k] is None else out_dirs[against[k]]
+                                    for k in members])
         for k in members:
             walls[k] = wall
     runs = [load_run(c, d, w) for c, d, w in zip(configs, out_dirs, walls)]

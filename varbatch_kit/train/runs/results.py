@@ -10,7 +10,7 @@ import numpy as np
 
 from varbatch_kit.train.config.train_config import TrainConfig
 
-__all__ = ["Run", "grad_cosine", "load_run", "param_rel_diff"]
+__all__ = ["Run", "grad_cosine", "load_run", "param_rel_diff", "param_sq_sums", "rel_diff_of"]
 
 
 @dataclass
@@ -65,6 +65,16 @@ class Run:
     def losses(self) -> np.ndarray:
         return self.steps["loss"].to_numpy()
 
+    def compared_in_worker(self, step: int) -> bool:
+        """Whether the worker compared this run's parameters after ``step`` with its
+        reference's file instead of saving them (``compare(..., keep_params=False)``): the
+        step log then holds ``param_sq_diff`` and ``param_sq_ref``, ``||p - p_ref||^2`` and
+        ``||p_ref||^2``."""
+        if "param_sq_diff" not in self.steps:
+            return False
+        row = self.steps[self.steps["step"] == step]
+        return len(row) == 1 and bool(np.isfinite(row["param_sq_diff"].iloc[0]))
+
     def params(self, step: int) -> dict:
         """Parameters (name -> CPU tensor) saved after ``step`` (see ``save_params_at``)."""
         return self._saved("params", "save_params_at", step)
@@ -78,6 +88,11 @@ class Run:
         import torch
 
         path = self.out_dir / f"{what}_step{step}.pt"
+        if not path.is_file() and what == "params" and self.compared_in_worker(step):
+            raise ValueError(
+                f"run {self.config.name!r} kept no parameters of step {step}: it compared "
+                "them with its reference's in its worker (compare(..., keep_params=False)); "
+                "pass keep_params=True, or name this run in keep_params, to keep its files")
         if not path.is_file():
             raise ValueError(
                 f"no {what} saved at step {step}; set RunConfig({field}=({step},)) "
@@ -129,8 +144,11 @@ def grad_cosine(a: dict, b: dict) -> float:
     return dot / (na * nb) if na and nb else float("nan")
 
 
-def param_rel_diff(a: dict, b: dict) -> float:
-    """``||a - b|| / ||b||`` over all parameters (flattened together)."""
+def param_sq_sums(a: dict, b: dict) -> tuple[float, float]:
+    """``(||a - b||^2, ||b||^2)`` over all parameters (flattened together), float64, summed
+    tensor by tensor in ``b``'s order: what :func:`param_rel_diff` divides (a worker that
+    compares its parameters with its reference's file records the two, ``compare``'s
+    ``keep_params``)."""
     import torch
 
     if set(a) != set(b):
@@ -139,4 +157,14 @@ def param_rel_diff(a: dict, b: dict) -> float:
     # float64 parameters of a 135M model than squaring into new tensors
     num = sum(float(torch.linalg.vector_norm(a[k].double() - b[k].double())) ** 2 for k in b)
     den = sum(float(torch.linalg.vector_norm(b[k].double())) ** 2 for k in b)
+    return num, den
+
+
+def rel_diff_of(num: float, den: float) -> float:
+    """``sqrt(num / den)``; with ``den`` 0: 1.0 when ``num`` > 0, else 0.0."""
     return (num / den) ** 0.5 if den else float(num > 0)
+
+
+def param_rel_diff(a: dict, b: dict) -> float:
+    """``||a - b|| / ||b||`` over all parameters (flattened together)."""
+    return rel_diff_of(*param_sq_sums(a, b))

@@ -33,6 +33,7 @@ import torch.distributed as dist
 
 from varbatch_kit.core.rollouts import Rollouts
 from varbatch_kit.train.config.train_config import TrainConfig
+from varbatch_kit.train.runs.results import param_sq_sums
 from varbatch_kit.train.runs.step_log import append_record, write_atomic
 from varbatch_kit.train.step.tensor_files import save_tensors
 
@@ -69,6 +70,10 @@ class Job:
     # a training job kept up across rollout batches (one config): where its batches arrive
     # (train/runs/rollout_feed.py; None: the rollouts above are all it trains)
     feed: object | None = None
+    # per config: the folder of the run whose saved parameters it compares its own with at
+    # each step of run.save_params_at instead of saving them (None: it saves them; compare's
+    # keep_params=False)
+    params_refs: list | None = None
 
 
 # --------------------------------------------------------------------------- one run
@@ -101,7 +106,7 @@ def _segments(steps, log_prob_steps, rollouts, feed, rank: int, out_dir: Path):
 
 def train(cfg: TrainConfig, model_spec, steps: list, log_prob_steps: list, rollouts: Rollouts,
           out_dir: Path, device: torch.device, *, resume_from: str | None = None,
-          fingerprint: dict | None = None, feed=None) -> None:
+          fingerprint: dict | None = None, feed=None, params_ref: str | None = None) -> None:
     """Train ``cfg`` on ``rollouts`` over ``steps``; rank 0 writes ``out_dir/steps.jsonl``.
 
     ``model_spec``: the :class:`~varbatch_kit.train.config.model_config.ResolvedModel`;
@@ -403,7 +408,12 @@ def train(cfg: TrainConfig, model_spec, steps: list, log_prob_steps: list, rollo
                 params = whole(gather_full_parameters(gpt, copy=False))  # before the update
             if rank == 0:
                 if number in save_params:
-                    save_tensors(params, out_dir / f"params_step{number}.pt")
+                    sums = (compared_with(params, Path(params_ref) / f"params_step{number}.pt")
+                            if params_ref is not None and feed is None else None)
+                    if sums is None:
+                        save_tensors(params, out_dir / f"params_step{number}.pt")
+                    else:  # compare reads ||p - p_ref|| / ||p_ref|| from the step log
+                        record["param_sq_diff"], record["param_sq_ref"] = sums
                 if grads is not None:
                     save_tensors(grads, out_dir / f"grads_step{number}.pt")
                 # one whole line per step, one write + fsync (train/runs/step_log.py)
@@ -472,6 +482,19 @@ def fuse_cpu_adam(optimizer) -> int:
             group.update(fused=True, foreach=False)
             switched += 1
     return switched
+
+
+def compared_with(params: dict, ref_file: Path) -> tuple[float, float] | None:
+    """``(||params - ref||^2, ||ref||^2)`` against the parameters saved in ``ref_file``
+    (:func:`~varbatch_kit.train.runs.results.param_sq_sums`, the arithmetic of ``compare``'s
+    ``param_rel_diff``); None when there is no such file or it holds other parameter names:
+    the caller then saves its own parameters, and ``compare`` reads both files as before."""
+    if not ref_file.is_file():
+        return None
+    ref = torch.load(ref_file, map_location="cpu", weights_only=True, mmap=True)
+    if set(ref) != set(params):
+        return None
+    return param_sq_sums(params, ref)
 
 
 def _ordered(record: dict, cfg: TrainConfig, device: torch.device) -> dict:
@@ -566,13 +589,14 @@ def main(argv: list[str] | None = None) -> int:
                                layout=job.configs[0].layout)
         resume = job.resume_from or [None] * len(job.configs)
         prints = job.fingerprints or [None] * len(job.configs)
-        for cfg, spec, steps, lp_steps, out, ckpt, fp in zip(
+        refs = job.params_refs or [None] * len(job.configs)
+        for k, (cfg, spec, steps, lp_steps, out, ckpt, fp) in enumerate(zip(
                 job.configs, job.models, job.steps, job.log_prob_steps, job.out_dirs, resume,
-                prints):
+                prints)):
             current = cfg.name
             use_layout(cfg.layout)  # megatron's tp / pp / vpp sizes of this run
             train(cfg, spec, steps, lp_steps, job.rollouts, Path(out), device, resume_from=ckpt,
-                  fingerprint=fp, feed=job.feed)
+                  fingerprint=fp, feed=job.feed, params_ref=refs[k])
     except BaseException:  # noqa: BLE001 - any failure must reach the launcher, then exit
         _write_error(job_dir, rank, f"rank {rank} failed in {current!r}:\n{traceback.format_exc()}")
         sys.stdout.flush()
