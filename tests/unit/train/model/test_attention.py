@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 import torch
 from _megatron import single_process_megatron
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from varbatch_kit.train import ModelConfig
@@ -38,6 +38,23 @@ def _max_rel(a: torch.Tensor, b: torch.Tensor) -> float:
     """max |a - b| / max |b| (0 when both are 0)."""
     scale = float(b.abs().max())
     return float((a - b).abs().max()) / scale if scale else float((a - b).abs().max())
+
+
+#: a parameter's gradient that cancels to below this share of the model's largest gradient
+#: entry is judged at that scale, not its own: on a row of 2 tokens the q/k norms' weight
+#: gradients of the RoPE model cancel to 1e-9 of it (26 here), and both attention paths give
+#: float32 noise there, relative differences up to 29 (measured over 1500 rows of 1-5 tokens:
+#: the noise is at most 1.8e-9 of the largest entry, the check's bound 1e-7 of it)
+GRAD_FLOOR = 1e-2
+
+
+def _grads_rel(a: dict, b: dict) -> dict[str, float]:
+    """Per parameter, ``max |a - b|`` over ``max(max |b|, GRAD_FLOOR * the largest |b| entry
+    of all parameters)``: relative for every gradient of some size, absolute at the model's
+    scale for one that cancels to ~0."""
+    top = max(float(g.abs().max()) for g in b.values())
+    return {n: float((a[n] - b[n]).abs().max()) / max(float(b[n].abs().max()), GRAD_FLOOR * top)
+            for n in b}
 
 
 def _reference_attention(q, k, v, lengths, scale):
@@ -232,11 +249,12 @@ def test_per_sample_equals_dense_and_each_sample_alone(twin):
     w = torch.as_tensor(rng.normal(size=got.numel()), device=device)
     g_fast, g_ref = _grads(fast, packed, w), _grads(ref, dense, w)
     assert g_fast.keys() == g_ref.keys()
-    for n in g_ref:
-        assert _max_rel(g_fast[n], g_ref[n]) < TOL, (name, n)
+    for n, rel in _grads_rel(g_fast, g_ref).items():
+        assert rel < TOL, (name, n, rel)
 
 
 @given(lengths=st.lists(st.integers(1, 24), min_size=1, max_size=6), seed=st.integers(0, 999))
+@example(lengths=[2], seed=233)  # the q/k norms' gradients cancel to 1e-9 (GRAD_FLOOR)
 def test_random_segments_logits_and_gradients(twin, lengths, seed):
     """Random segment lengths, length-1 segments included, straight through GPTModel."""
     from megatron.core.packed_seq_params import PackedSeqParams
@@ -260,8 +278,8 @@ def test_random_segments_logits_and_gradients(twin, lengths, seed):
         outs.append(logits.detach())
         grads.append({n: p.grad.detach().clone() for n, p in model.named_parameters()})
     assert _max_rel(outs[0], outs[1]) < TOL, (name, lengths)
-    for n in grads[1]:
-        assert _max_rel(grads[0][n], grads[1][n]) < TOL, (name, lengths, n)
+    for n, rel in _grads_rel(grads[0], grads[1]).items():
+        assert rel < TOL, (name, lengths, n, rel)
 
 
 def test_per_sample_path_never_builds_a_row_by_row_tensor(twin):
