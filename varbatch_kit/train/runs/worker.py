@@ -126,6 +126,11 @@ def train(cfg: TrainConfig, model_spec, steps: list, log_prob_steps: list, rollo
     ``feed.horizon``); after a batch's last step its weights are saved
     (``params_stepN.pt``) and rank 0 marks it done. A resumed job reads the batches again
     from the first and trains only the steps after its checkpoint.
+
+    ``params_ref`` (a run folder, no feed): at each step of ``run.save_params_at`` whose
+    parameters that run saved already, rank 0 records ``param_sq_diff`` and ``param_sq_ref``
+    against them (:func:`compared_with`) instead of saving its own (``compare``'s
+    ``keep_params=False``).
     """
     from megatron.core.distributed import (
         DistributedDataParallel,
