@@ -32,6 +32,7 @@ from _report_cases import (
 
 from varbatch_kit.compat.slime import metrics as slime_metrics
 from varbatch_kit.report import get_report_mode, reduce_train_step_metrics
+from varbatch_kit.report.objective import masked_whiten
 
 SPLITS_OF_FOUR = {  # extra splits of the 4-sample case (layout[dp_rank][micro_batch]), per dp
     1: [[[[0, 2], [1, 3]]], [[[3], [0, 1, 2]]]],
@@ -135,6 +136,15 @@ def _rollout_log(dp_rank: int, cp_rank: int, dp: int, cp: int, group, world: int
     return reduced, error
 
 
+def whiten_share(case: Case, rank: int, world: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rank ``rank``'s share of ``case`` for whitening: the values and masks of samples
+    ``rank, rank + world, ...``, concatenated (the parent test slices its reference alike)."""
+    pieces = case.values.split(case.response_lengths)
+    mine = range(rank, case.n, world)
+    return (torch.cat([pieces[i] for i in mine]),
+            torch.cat([case.loss_masks[i] for i in mine]))
+
+
 def run(rank: int, world: int, port: int, outdir: str) -> None:
     torch.set_num_threads(1)
     dist.init_process_group(
@@ -171,6 +181,9 @@ def run(rank: int, world: int, port: int, outdir: str) -> None:
                 )
                 out[("mlp_grad", name)] = _mlp_gradient(name, dp_rank, cp_rank, dp, cp, group)
             out["rollout_log"] = _rollout_log(dp_rank, cp_rank, dp, cp, group, world)
+        # advantages whitened over the group: with a group given, statistics are all-reduced
+        # by default (all_reduce=None), so every rank's share matches one process's
+        results["whiten"] = masked_whiten(*whiten_share(mixed_case(), rank, world), group=group)
     except Exception:  # report, then let the parent see a non-zero exit
         results["error"] = traceback.format_exc()
         raise

@@ -33,6 +33,7 @@ def case():
     targets[1] = 30  # on a later maximum: not correct
     logits[2, 33] = top
     targets[2] = 33  # the maximum on rank 1 alone
+    targets[3], targets[4] = SPLIT - 1, SPLIT  # either side of the shard boundary
     w_lp = torch.rand(N, generator=g, dtype=torch.float64) * 2 - 1
     w_ent = torch.rand(N, generator=g, dtype=torch.float64) * 2 - 1
     return logits, targets, w_lp, w_ent

@@ -8,6 +8,7 @@ reports, gradients and logs meet through real all_reduce / all_gather_object.
 
 
 import pytest
+import torch
 from _report_cases import emulated_gradient, mixed_case, relative_difference, report_gradient
 from _spawn import run_ranks
 
@@ -43,8 +44,17 @@ def test_reports_gradients_and_logs_across_real_ranks(world, tmp_path, reference
     layouts = [(dp, world // dp) for dp in (1, 2, 4) if world % dp == 0]
     expected = {1: [(1, 1)], 2: [(1, 2), (2, 1)], 4: [(1, 4), (2, 2), (4, 1)]}
     assert layouts == expected[world]
+    from _report_dist_worker import whiten_share
+
+    from varbatch_kit.report.objective import masked_whiten
+
+    case = mixed_case()
+    values, masks = whiten_share(case, 0, 1)
+    whole = masked_whiten(values, masks).split([int(m.numel()) for m in case.loss_masks])
     for rank, results in enumerate(ranks):
         assert "error" not in results
+        want = torch.cat([whole[i] for i in range(rank, case.n, world)])
+        torch.testing.assert_close(results["whiten"], want, rtol=1e-5, atol=1e-5)
         for dp, cp in layouts:
             out = results[(dp, cp)]
             where = f"rank {rank}, dp={dp}, cp={cp}"

@@ -131,3 +131,48 @@ def test_non_integer_lengths_are_value_errors():
         zigzag_slice(12.5, 8, cp_rank=0, cp_size=2)
     with pytest.raises(ValueError, match=r"cp_size=True is not an integer"):
         validate_cp(0, True)
+
+
+# the edges below are where an outside-style mutation run of report/ (one operator or constant
+# changed at a time) found no test that fails: each test fails on that mutant
+
+
+def test_a_zero_cp_size_is_named_in_the_message():
+    with pytest.raises(ValueError, match=r"cp_size=0 is invalid; it must be an integer >= 1"):
+        validate_cp(0, 0)
+
+
+def test_an_empty_sequence_is_a_value_error():
+    with pytest.raises(ValueError, match=r"total_length=0 is invalid"):
+        zigzag_chunk_size(0, 2)
+    with pytest.raises(ValueError, match=r"total_length=0 is invalid"):
+        zigzag_slice(0, 0, cp_rank=0, cp_size=2)
+
+
+def test_a_one_token_response_without_prompt_is_a_value_error_under_cp():
+    with pytest.raises(ValueError, match=r"no prompt"):
+        zigzag_slice(1, 1, cp_rank=0, cp_size=2)
+    assert zigzag_slice(1, 0, cp_rank=0, cp_size=2).response_ranges == ((0, 0), (0, 0))
+
+
+@pytest.mark.parametrize("cp_size", [1, 2])
+def test_no_samples_slice_to_an_empty_tensor(cp_size):
+    for ranks, sizes in ((0, cp_size), ([], [])):
+        out = slice_flat_responses_for_cp(torch.zeros(0), [], [], cp_rank=ranks, cp_size=sizes)
+        assert out.shape == (0,)
+
+
+def test_per_sample_degrees_as_tensors_or_arrays_equal_lists():
+    # sample 0 (T=12, R=8) on rank 1 of 2: chunks [3, 9), response tokens 0-5 (6 of them);
+    # sample 1 (T=5, R=3) alone (degree 1): its 3
+    lists = cp_local_response_lengths([12, 5], [8, 3], cp_rank=[1, 0], cp_size=[2, 1])
+    tensors = cp_local_response_lengths([12, 5], [8, 3], cp_rank=torch.tensor([1, 0]),
+                                        cp_size=torch.tensor([2, 1]))
+    arrays = cp_local_response_lengths([12, 5], [8, 3], cp_rank=np.array([1, 0]),
+                                       cp_size=np.array([2, 1]))
+    assert lists == tensors == arrays == [6, 3]
+    flat = torch.arange(11.0)
+    a = slice_flat_responses_for_cp(flat, [12, 5], [8, 3], cp_rank=[1, 0], cp_size=[2, 1])
+    b = slice_flat_responses_for_cp(flat, [12, 5], [8, 3], cp_rank=torch.tensor([1, 0]),
+                                    cp_size=torch.tensor([2, 1]))
+    assert torch.equal(a, b) and a.tolist() == [0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 8.0, 9.0, 10.0]

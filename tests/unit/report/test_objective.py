@@ -108,6 +108,21 @@ def test_gae_by_hand():
     close(a0, [-0.25, 0.75])
 
 
+def test_gae_refuses_tensors_that_are_not_one_response_each():
+    with pytest.raises(ValueError, match="pass 1-D per-token tensors"):
+        obj.gae([torch.zeros(2, 2)], [torch.zeros(2, 2)], 1.0, 1.0)
+
+
+def test_estimate_advantages_adds_no_kl_penalty_unless_asked():
+    # reinforce++ with a per-token KL of 0.5 and the default kl_coef (0): the returns are the
+    # reward alone on every token; kl_coef=1 subtracts the KL, summed from each token on
+    kl, masks = [t(0.5, 0.5)], [t(1.0, 1.0)]
+    (adv,), _ = obj.estimate_advantages("reinforce_plus_plus", [1.0], kl, masks)
+    close(adv, [1.0, 1.0])
+    (pen,), _ = obj.estimate_advantages("reinforce_plus_plus", [1.0], kl, masks, kl_coef=1.0)
+    close(pen, [0.0, 0.5])
+
+
 def test_importance_weights_by_hand():
     new, rollout = t(0.0, 0.0, 0.0), t(math.log(4.0), 0.0, -math.log(4.0))  # ratio .25, 1, 4
     tis = obj.truncated_is_weights(new, rollout, 0.5, 2.0)
@@ -129,6 +144,9 @@ def test_normalize_group_rewards_by_hand():
     assert math.isnan(obj.normalize_group_rewards([1.0], 1, divide_by_std=True)[0])
     with pytest.raises(ValueError, match="group_size"):
         obj.normalize_group_rewards([1, 2, 3], 2, divide_by_std=False)
+    with pytest.raises(ValueError, match="group_size=0 does not divide"):
+        obj.normalize_group_rewards([1, 2, 3], 0, divide_by_std=False)
+    assert obj.normalize_group_rewards([], 2, divide_by_std=True) == []  # no samples, no groups
 
 
 # --------------------------------------------------------------------------- properties

@@ -84,6 +84,20 @@ def test_response_rows_of_a_packed_micro_batch():
         start += total
 
 
+def test_a_sample_without_response_tokens_scores_nothing():
+    """A prompt-only sample (response 0) between two others gets empty tensors and moves the
+    next sample's rows by its length."""
+    g = torch.Generator().manual_seed(1)
+    totals, responses = [3, 2, 3], [1, 0, 2]
+    logits = torch.randn(sum(totals), 5, generator=g)
+    tokens = [torch.randint(0, 5, (n,), generator=g) for n in totals]
+    lps, ents = response_log_probs_and_entropy(logits, tokens, totals, responses)
+    assert [len(x) for x in lps] == [len(x) for x in ents] == [1, 0, 2]
+    want, _ = token_log_probs_and_entropy(logits[5:7], tokens[2][1:])
+    assert torch.equal(lps[2], want)
+    assert response_log_probs_and_entropy(logits, [], [], [])[0] == []
+
+
 @pytest.mark.parametrize("kwargs, match", [
     ({"total_lengths": [3, 4]}, "differ in length"),
     ({"response_lengths": [3, 1, 1]}, "response_length=3"),

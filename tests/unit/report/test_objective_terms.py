@@ -29,6 +29,17 @@ def _terms(options, log_probs, advantages, *, old=None, entropy=None, masks=None
     return policy_objective(options, log_probs, entropy, adv, masks, old_log_probs=old, **kw)
 
 
+def test_the_options_default_to_the_training_configs_and_so_to_slimes():
+    """``ObjectiveOptions()`` (a direct call of :func:`policy_objective`) has the defaults of
+    ``LossConfig`` (which tests/unit/compat/test_train_flags.py holds to slime's): PPO clip 0.2
+    both sides, no entropy bonus, no KL loss, TIS clip 2."""
+    pytest.importorskip("varbatch_kit.train.config.sub_configs")
+    from varbatch_kit.train.config.sub_configs import LossConfig
+
+    assert ObjectiveOptions() == LossConfig().objective_options()
+    assert (ObjectiveOptions().eps_clip, ObjectiveOptions().eps_clip_high) == (0.2, 0.2)
+
+
 def test_on_policy_value_is_minus_advantage_and_gradient_minus_advantage_dlogp():
     """No old log-probs: old = current (detached), ratio 1: value -A, gradient -A d log p."""
     lp = _t(-1.0, -2.0, -0.5, grad=True)

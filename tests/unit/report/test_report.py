@@ -6,6 +6,7 @@ import math
 import pytest
 import torch
 from _report_cases import (
+    Case,
     emulated_gradient,
     four_rollouts_cp,
     four_samples_two_rollouts,
@@ -192,6 +193,42 @@ def test_naive_modes_move_with_the_layout_by_hand():
         base = report(name, case)
         assert report(name, case, [[[0, 1, 2], [3]]]) == pytest.approx(base, rel=1e-14)
         assert report(name, case, [[[0, 1, 2]], [[3]]], 2) == pytest.approx(base, rel=1e-14)
+
+
+def uneven_case() -> Case:
+    """Two one-sample rollouts of 1 and 4 response tokens: sample 0 holds x = 4 (its one token),
+    sample 1 x = 1, 2, 3, 5 with its third token masked (token sum 8, 3 unmasked tokens)."""
+    return Case(total_lengths=[3, 6], response_lengths=[1, 4],
+                loss_masks=[torch.ones(1, dtype=torch.float64),
+                            torch.tensor([1.0, 1.0, 0.0, 1.0], dtype=torch.float64)],
+                rollout_ids=[0, 1], values=torch.tensor([4.0, 1, 2, 3, 5], dtype=torch.float64))
+
+
+def test_norm_constant_defaults_to_the_longest_response_not_the_shortest():
+    # seq-mean-token-sum-norm: token sums 4 and 8 over 2 samples x C, C the step's longest
+    # response (its length, 4, not its 3 unmasked tokens): 12 / 8; the shortest (1) gives 6
+    case = uneven_case()
+    assert report("seq-mean-token-sum-norm", case) == pytest.approx(12 / 8, rel=1e-14)
+    assert report("seq-mean-token-sum-norm", case, [[[1]], [[0]]]) == \
+        pytest.approx(12 / 8, rel=1e-14)
+
+
+def test_naive_microbatch_mean_divides_by_the_micro_batches_of_every_rank():
+    # four_samples_two_rollouts on 2 ranks, one micro-batch each: {0} (token mean 2) and
+    # {1, 2, 3} (8): the mean of the 2 = num_microbatches x dp micro-batch means is 5
+    case = four_samples_two_rollouts()
+    assert report("naive_microbatch_mean", case, [[[0]], [[1, 2, 3]]]) == pytest.approx(5.0)
+    # 2 ranks x 2 micro-batches: {0}, {1} | {2}, {3}: means 2, 5, 8, 11 -> 6.5
+    assert report("naive_microbatch_mean", case, [[[0], [1]], [[2], [3]]]) == pytest.approx(6.5)
+
+
+def test_naive_rank_mean_of_a_one_token_sample():
+    # uneven_case: sample means 4 (one token) and 8 / 3; one rank: (4 + 8/3) / 2; a rank each:
+    # the same two means averaged over dp = 2 ranks
+    case = uneven_case()
+    assert report("naive_rank_mean", case) == pytest.approx((4 + 8 / 3) / 2, rel=1e-14)
+    assert report("naive_rank_mean", case, [[[0]], [[1]]]) == \
+        pytest.approx((4 + 8 / 3) / 2, rel=1e-14)
 
 
 def test_every_invariant_mode_on_a_mixed_step_for_many_layouts():
@@ -448,6 +485,22 @@ def test_layout_must_cover_every_sample_once():
         report("per_token", case, [[[0, 1]], [[2], [3]]])
 
 
+@pytest.mark.parametrize("bad", [[4], [-1], [0, 4]])
+def test_denominators_of_a_sample_outside_the_step_are_refused(bad):
+    case = four_samples_two_rollouts()
+    norm = get_report_mode("per_sample_mean").step_normalizers(case.rollout_ids, case.loss_masks)
+    with pytest.raises(ValueError, match=r"has an index outside \[0, 4\)"):
+        norm.denominators_for(bad)
+
+
+@pytest.mark.parametrize("ranks", [[0, 0, 1], [0, 0, 1, 2], [0, -1, 1, 1]])
+def test_naive_rank_mean_refuses_a_rank_per_sample_that_is_missing_or_outside_dp(ranks):
+    case = four_samples_two_rollouts()
+    with pytest.raises(ValueError, match=r"must have 4 entries in \[0, dp_size=2\)"):
+        get_report_mode("naive_rank_mean").step_normalizers(
+            case.rollout_ids, case.loss_masks, dp_size=2, dp_rank_of_sample=ranks)
+
+
 def test_per_token_counts_a_fully_masked_sample_as_one_token_as_slime_does():
     """slime's loss_function: num_tokens = sum(clamp_min(loss_mask.sum(), 1)); verl's
     token-mean does not clamp. Hand-derived: masks with 3, 0 and 2 unmasked tokens."""
@@ -466,3 +519,13 @@ def test_per_token_counts_a_fully_masked_sample_as_one_token_as_slime_does():
     empty = [_torch.zeros(2), _torch.zeros(3)]
     assert per_token.step_normalizers([0, 1], empty).report_divisor == 2.0
     assert verl.step_normalizers([0, 1], empty).report_divisor == 1.0  # max(0, 1)
+
+
+@pytest.mark.parametrize("bad", [-1.0, float("nan"), float("inf")])
+def test_a_negative_or_non_finite_denominator_is_refused(bad):
+    from varbatch_kit.report.reducers import denominator_tensor
+
+    masks = [torch.ones(2, dtype=torch.float64), torch.ones(3, dtype=torch.float64)]
+    assert denominator_tensor([0.0, 3.0], masks).tolist() == [1.0, 3.0]  # clamped to >= 1
+    with pytest.raises(ValueError, match="negative or non-finite"):
+        denominator_tensor([2.0, bad], masks)

@@ -38,11 +38,13 @@ def test_int_list_names_the_entry():
 
 def test_check_samples_and_positive():
     assert check_samples([5, 4], [2, 0], [torch.ones(2), torch.ones(0)]) == ([5, 4], [2, 0])
+    # a response may be the whole sequence (no prompt); one token longer may not
+    assert check_samples([3], [3], [torch.ones(3)]) == ([3], [3])
     with pytest.raises(ValueError, match=r"response_lengths\[0\]=6 > total_lengths\[0\]=5"):
         check_samples([5], [6], [torch.ones(6)])
     assert positive("n", torch.tensor(2)) == 2.0
-    for bad in (0, -1, True, float("nan")):
-        with pytest.raises(ValueError, match="n="):
+    for bad in (0, -1, True, float("nan"), -float("inf")):
+        with pytest.raises(ValueError, match="must be a positive number"):
             positive("n", bad)
     with pytest.raises(ValueError, match="not finite"):
         positive("n", float("inf"))
