@@ -3,7 +3,8 @@
 Worlds of 1, 2 and 4 ranks cover (dp, cp) in {(1,1), (1,2), (2,1), (1,4), (2,2),
 (4,1)}; the reference gradient is the in-process dp=1, cp=1 one. Every rank computes
 only its own share;
-reports, gradients and logs meet through real all_reduce / all_gather_object.
+reports, gradients and logs meet through real all_reduce / all_gather_object, and
+advantages whitened over the group (``masked_whiten``) match one process's whitening.
 """
 
 
@@ -13,6 +14,7 @@ from _report_cases import emulated_gradient, mixed_case, relative_difference, re
 from _spawn import run_ranks
 
 from varbatch_kit.report import get_report_mode
+from varbatch_kit.report.objective import masked_whiten
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(180)]
 
@@ -44,9 +46,7 @@ def test_reports_gradients_and_logs_across_real_ranks(world, tmp_path, reference
     layouts = [(dp, world // dp) for dp in (1, 2, 4) if world % dp == 0]
     expected = {1: [(1, 1)], 2: [(1, 2), (2, 1)], 4: [(1, 4), (2, 2), (4, 1)]}
     assert layouts == expected[world]
-    from _report_dist_worker import whiten_share
-
-    from varbatch_kit.report.objective import masked_whiten
+    from _report_dist_worker import whiten_share  # as run_world: the worker module, lazily
 
     case = mixed_case()
     values, masks = whiten_share(case, 0, 1)
