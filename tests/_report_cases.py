@@ -83,6 +83,15 @@ def mixed_case() -> Case:
     )
 
 
+def uneven_case() -> Case:
+    """Two one-sample rollouts of 1 and 4 response tokens: sample 0 holds x = 4 (its one token),
+    sample 1 x = 1, 2, 3, 5 with its third token masked (token sum 8, 3 unmasked tokens)."""
+    return Case(total_lengths=[3, 6], response_lengths=[1, 4],
+                loss_masks=[torch.ones(1, dtype=torch.float64),
+                            torch.tensor([1.0, 1.0, 0.0, 1.0], dtype=torch.float64)],
+                rollout_ids=[0, 1], values=torch.tensor([4.0, 1, 2, 3, 5], dtype=torch.float64))
+
+
 def round_robin_layout(n: int, dp: int, mbs_per_rank: int) -> list[list[list[int]]]:
     """Sample i goes to rank i % dp, micro-batch (i // dp) % mbs_per_rank."""
     layout = [[[] for _ in range(mbs_per_rank)] for _ in range(dp)]

@@ -133,8 +133,8 @@ def test_non_integer_lengths_are_value_errors():
         validate_cp(0, True)
 
 
-# the edges below are where an outside-style mutation run of report/ (one operator or constant
-# changed at a time) found no test that fails: each test fails on that mutant
+# the edges below are where a mutation run of report/ (one operator or constant changed at
+# a time) found no failing test: each test fails on its mutant
 
 
 def test_a_zero_cp_size_is_named_in_the_message():

@@ -6,7 +6,6 @@ import math
 import pytest
 import torch
 from _report_cases import (
-    Case,
     emulated_gradient,
     four_rollouts_cp,
     four_samples_two_rollouts,
@@ -14,6 +13,7 @@ from _report_cases import (
     relative_difference,
     report_gradient,
     round_robin_layout,
+    uneven_case,
     unit_weight_backward,
 )
 
@@ -193,15 +193,6 @@ def test_naive_modes_move_with_the_layout_by_hand():
         base = report(name, case)
         assert report(name, case, [[[0, 1, 2], [3]]]) == pytest.approx(base, rel=1e-14)
         assert report(name, case, [[[0, 1, 2]], [[3]]], 2) == pytest.approx(base, rel=1e-14)
-
-
-def uneven_case() -> Case:
-    """Two one-sample rollouts of 1 and 4 response tokens: sample 0 holds x = 4 (its one token),
-    sample 1 x = 1, 2, 3, 5 with its third token masked (token sum 8, 3 unmasked tokens)."""
-    return Case(total_lengths=[3, 6], response_lengths=[1, 4],
-                loss_masks=[torch.ones(1, dtype=torch.float64),
-                            torch.tensor([1.0, 1.0, 0.0, 1.0], dtype=torch.float64)],
-                rollout_ids=[0, 1], values=torch.tensor([4.0, 1, 2, 3, 5], dtype=torch.float64))
 
 
 def test_norm_constant_defaults_to_the_longest_response_not_the_shortest():
